@@ -1,0 +1,41 @@
+"""`flyserve`: the command line.
+
+Each area registers its own commands (``register(app)`` in its ``cli`` module), so this file
+stays a table of contents and heavy imports (torch, vllm, uvicorn) happen only inside the
+command that needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="flyserve",
+    help="Observable, runtime-tunable dual-kernel attention dispatch for vLLM.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+# Order is the order of `flyserve --help`.
+_COMMAND_MODULES = (
+    "flyserve.policy.cli",  # check-config, profiles
+    "flyserve.control.cli",  # thresholds show|set|unset|rollback|history
+    "flyserve.sidecar.cli",  # sidecar, simulate
+    "flyserve.dashboards_cli",  # dashboards build
+    "flyserve.lab.cli",  # calibrate, replay, arms compare
+    "flyserve.demo",  # demo
+)
+
+for _name in _COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The pure decision core: which kernel path runs a batch, and why.
+
+numpy and pydantic only; nothing here imports torch, vllm or anything above it
+(control, telemetry, sidecar, vllm, lab all import this package, never the reverse).
+"""
+
+from flyserve.policy.rules import Decision, decide, decision_for
+from flyserve.policy.shape import BatchShape
+from flyserve.policy.thresholds import Thresholds, ThresholdsError
+from flyserve.policy.vocabulary import (
+    ADMITTED,
+    CIRCUIT_OPEN,
+    CONTEXT_TOO_LONG,
+    DISABLED,
+    LOW_OCCUPANCY,
+    NO_PREFILL_ROWS,
+    NOT_CAUSAL,
+    PATHS,
+    PREFILL,
+    REASONS,
+    SHORT_CONTEXT,
+    TOO_MANY_DECODE_ROWS,
+    UNIFIED,
+    UNSUPPORTED,
+)
+
+__all__ = [
+    "ADMITTED",
+    "CIRCUIT_OPEN",
+    "CONTEXT_TOO_LONG",
+    "DISABLED",
+    "LOW_OCCUPANCY",
+    "NO_PREFILL_ROWS",
+    "NOT_CAUSAL",
+    "PATHS",
+    "PREFILL",
+    "REASONS",
+    "SHORT_CONTEXT",
+    "TOO_MANY_DECODE_ROWS",
+    "UNIFIED",
+    "UNSUPPORTED",
+    "BatchShape",
+    "Decision",
+    "Thresholds",
+    "ThresholdsError",
+    "decide",
+    "decision_for",
+]

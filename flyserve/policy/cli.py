@@ -1,0 +1,62 @@
+"""`flyserve check-config` and `flyserve profiles`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def check_config(
+    path: Path = typer.Argument(..., help="A thresholds YAML file (a profile or an operator's config file)."),
+    base: str = typer.Option(
+        "gfx950",
+        "--base",
+        help="Profile whose values fill the keys the file leaves out (the layering the control plane uses).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the effective values as JSON."),
+) -> None:
+    """Validate a thresholds file and print the effective values. Exit 1 naming the field if it is bad."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from flyserve.policy.profiles import load_profile, read_yaml_file
+    from flyserve.policy.thresholds import Thresholds, ThresholdsError
+
+    err = Console(stderr=True)
+    try:
+        base_t = load_profile(base)
+        data = read_yaml_file(path)
+        effective = base_t.merged(data, source=str(path))
+    except ThresholdsError as exc:
+        err.print(f"[red]invalid[/red]: {exc}")
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(effective.model_dump(), indent=2))
+        return
+    table = Table(title=f"{path}: valid (base profile {base})")
+    table.add_column("key")
+    table.add_column("value", justify="right")
+    table.add_column("set by")
+    defaults = Thresholds().model_dump()
+    for k, v in effective.model_dump().items():
+        layer = "file" if k in data else f"profile {base}"
+        mark = "" if v == defaults[k] else " *"
+        table.add_row(k, f"{v}{mark}", layer)
+    Console().print(table)
+    Console().print("* differs from the seed (gfx950) default")
+
+
+def profiles() -> None:
+    """List the named threshold profiles and where they live."""
+    from flyserve.policy.profiles import available_profiles, profile_path
+
+    for name in available_profiles():
+        typer.echo(f"{name}\t{profile_path(name)}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("check-config")(check_config)
+    app.command("profiles")(profiles)

@@ -1,0 +1,116 @@
+"""BatchShape: the host-side numbers of one engine step that the dispatch rules read.
+
+Built once per engine step per rank from vLLM's ``query_start_loc_cpu`` (already on the
+host: no device read). One ``np.diff`` gives the row lengths; everything else is a
+vectorised reduction, never a Python loop over rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from flyserve.policy.thresholds import Thresholds
+
+# The seed's defaults, used when no Thresholds is given (kept equal to Thresholds' defaults;
+# tests/unit/test_shape.py checks that).
+_DEFAULT_DECODE_QUERY_LEN_MAX = 1
+_DEFAULT_BLOCK_M = 256
+
+
+def _as_int_array(x: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    numpy = getattr(x, "numpy", None)  # a CPU torch tensor, without importing torch
+    if numpy is not None:
+        return numpy()
+    return np.asarray(x)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """One batch, as the dispatcher sees it.
+
+    num_decode_rows: rows with query_len <= decode_query_len_max.
+    num_short_query_rows: rows with query_len < block_m (decode rows included): rows that
+    fill less than one q-block of the prefill kernel, which the LPT ordering cares about.
+    Zero-length rows (CUDA-graph padding) count as decode and short rows; vLLM pads only
+    uniform-decode batches, which take decode_path before any of these counts are read.
+    """
+
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    num_heads: int
+    causal: bool
+    num_decode_rows: int
+    num_short_query_rows: int
+
+    @classmethod
+    def from_query_lens(
+        cls,
+        query_lens: Any,
+        *,
+        max_seq_len: int,
+        num_heads: int,
+        causal: bool = True,
+        thresholds: Thresholds | None = None,
+    ) -> BatchShape:
+        """From per-row query lengths (a sequence, numpy array or CPU tensor)."""
+        lens = _as_int_array(query_lens)
+        return cls._from_lens(lens, int(lens.sum()), max_seq_len, num_heads, causal, thresholds)
+
+    @classmethod
+    def from_query_start_loc(
+        cls,
+        qsl: Any,
+        *,
+        max_seq_len: int,
+        num_heads: int,
+        causal: bool = True,
+        thresholds: Thresholds | None = None,
+    ) -> BatchShape:
+        """From vLLM's ``query_start_loc_cpu`` (num_reqs + 1 prefix sums; numpy or CPU tensor)."""
+        a = _as_int_array(qsl)
+        lens = np.diff(a)
+        return cls._from_lens(lens, int(a[-1] - a[0]) if a.size else 0, max_seq_len, num_heads, causal, thresholds)
+
+    @classmethod
+    def _from_lens(
+        cls,
+        lens: np.ndarray,
+        num_tokens: int,
+        max_seq_len: int,
+        num_heads: int,
+        causal: bool,
+        thresholds: Thresholds | None,
+    ) -> BatchShape:
+        if thresholds is None:
+            dq, bm = _DEFAULT_DECODE_QUERY_LEN_MAX, _DEFAULT_BLOCK_M
+        else:
+            dq, bm = thresholds.decode_query_len_max, thresholds.block_m
+        n = lens.size
+        if n == 0:
+            return cls(0, 0, 0, int(max_seq_len), int(num_heads), bool(causal), 0, 0)
+        return cls(
+            n,
+            num_tokens,
+            int(lens.max()),
+            int(max_seq_len),
+            int(num_heads),
+            bool(causal),
+            int(np.count_nonzero(lens <= dq)),
+            int(np.count_nonzero(lens < bm)),
+        )
+
+    @property
+    def num_prefill_rows(self) -> int:
+        return self.num_reqs - self.num_decode_rows
+
+    def num_q_blocks(self, block_m: int) -> int:
+        """q-blocks of the longest row: ceil(max_query_len / block_m)."""
+        return -(-self.max_query_len // block_m)

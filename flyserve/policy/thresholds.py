@@ -1,0 +1,187 @@
+"""Thresholds: every number of the dispatch rules, as data.
+
+In vLLM pull request 53335 these are module constants of the FlyDSL dualwave backend,
+hand-measured on MI350X for one model; here an operator can change each of them while
+serving (flyserve.control) and fit them to their own GPU (flyserve.lab.calibrate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ThresholdsError(ValueError):
+    """A thresholds document was rejected. Names every bad field and why.
+
+    ``errors`` is a list of (field, reason) pairs; ``field`` and ``reason`` are the first.
+    Raised before anything is applied, so the caller's running state is never half-changed.
+    """
+
+    def __init__(self, errors: list[tuple[str, str]], *, source: str | None = None) -> None:
+        self.errors = errors or [("<document>", "invalid")]
+        self.source = source
+        self.field, self.reason = self.errors[0]
+        where = f"{source}: " if source else ""
+        detail = "; ".join(f"field '{f}': {r}" for f, r in self.errors)
+        super().__init__(f"{where}{detail}")
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+class Thresholds(BaseModel):
+    """The dispatch policy's knobs. Frozen; a change is a new object (and a new version).
+
+    Defaults are the seed's gfx950 constants (MiniMax-M3, TP=4, MI350X, 16 query heads per rank).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
+
+    block_m: int = Field(256, description="q-block rows of the prefill kernel; a power of two.")
+    min_qblock_rows: int = Field(
+        48,
+        ge=0,
+        description="Occupancy floor: num_heads * num_actual_tokens must reach min_qblock_rows * block_m. "
+        "0 disables the check.",
+    )
+    min_seq_len: int = Field(
+        1536, ge=0, description="Shortest max_seq_len the prefill path takes. 0 disables the check."
+    )
+    max_seq_len: int = Field(
+        131072, ge=0, description="Longest max_seq_len the prefill path takes. 0 means no upper limit."
+    )
+    min_query_len: int = Field(
+        2, ge=1, description="A batch whose max_query_len is below this has no prefill row."
+    )
+    decode_rows_base: int = Field(
+        8, ge=0, description="Decode rows allowed in a prefill batch per decode_ctx_unit of context."
+    )
+    decode_ctx_unit: int = Field(
+        8192, ge=1, description="Context length per step of the decode-row cap."
+    )
+    decode_query_len_max: int = Field(
+        1, ge=1, description="Rows with query_len up to this are decode rows (raise for speculative decoding)."
+    )
+    lpt_qblocks_always: int = Field(96, ge=0, description="LPT rule: this many q-blocks or more -> LPT.")
+    lpt_qblocks_one_short: int = Field(
+        48, ge=0, description="LPT rule: exactly one short row and this many q-blocks or more -> LPT."
+    )
+    lpt_min_short_rows: int = Field(
+        8, ge=0, description="LPT rule: at least this many short rows ..."
+    )
+    lpt_qblocks_many_short_max: int = Field(
+        32, ge=0, description="... and at most this many q-blocks -> LPT."
+    )
+    lpt: Literal["auto", "always", "never"] = Field(
+        "auto", description="auto: the LPT rule decides; always/never override it."
+    )
+    prefill_enabled: bool = Field(True, description="false sends every prefill batch to the unified path.")
+    decode_path: Literal["unified", "prefill"] = Field(
+        "unified",
+        description="Where batches with no prefill row go. Fixed at server start (CUDA graphs are "
+        "captured for exactly those batches); changing it takes a restart.",
+    )
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> Thresholds:
+        errors: list[tuple[str, str]] = []
+        if not _is_power_of_two(self.block_m):
+            errors.append(("block_m", f"must be a positive power of two (got {self.block_m})"))
+        if self.max_seq_len and self.min_seq_len > self.max_seq_len:
+            errors.append(
+                ("min_seq_len", f"must not exceed max_seq_len ({self.min_seq_len} > {self.max_seq_len})")
+            )
+        if self.min_query_len <= self.decode_query_len_max:
+            errors.append(
+                (
+                    "min_query_len",
+                    f"must exceed decode_query_len_max ({self.min_query_len} <= {self.decode_query_len_max}): "
+                    "a row is either a decode row or a prefill row",
+                )
+            )
+        if errors:
+            # Raised as ValueError inside pydantic; unwrapped to ThresholdsError by parse().
+            raise ValueError("|".join(f"{f}\x1f{r}" for f, r in errors))
+        return self
+
+    # ----------------------------------------------------------------- constructors
+
+    @classmethod
+    def parse(cls, data: Any, *, source: str | None = None) -> Thresholds:
+        """Validate a mapping (from YAML, JSON or an HTTP body) in full; raise ThresholdsError.
+
+        Missing keys take the defaults. Use ``base.merged(data)`` to lay keys over another object.
+        """
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ThresholdsError(
+                [("<document>", f"must be a mapping of threshold names to values, got {type(data).__name__}")],
+                source=source,
+            )
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise ThresholdsError(_pydantic_errors(exc), source=source) from None
+
+    def merged(self, changes: Mapping[str, Any], *, source: str | None = None) -> Thresholds:
+        """These thresholds with ``changes`` laid over them, validated as a whole."""
+        return type(self).parse({**self.model_dump(), **dict(changes)}, source=source)
+
+    @classmethod
+    def from_yaml_text(cls, text: str, *, source: str | None = None) -> Thresholds:
+        """Parse a YAML document. An empty document is an error: it is almost always a truncated write."""
+        from flyserve.policy.profiles import parse_yaml_mapping
+
+        return cls.parse(parse_yaml_mapping(text, source=source), source=source)
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> Thresholds:
+        """A profile by name (``gfx950``, ``h200``) or a thresholds YAML file by path."""
+        from flyserve.policy.profiles import load_profile
+
+        return load_profile(name_or_path)
+
+    @classmethod
+    def profile(cls, name: str) -> Thresholds:
+        """A named profile from config/profiles (``gfx950`` is the seed's values)."""
+        return cls.load(name)
+
+    # ----------------------------------------------------------------- views
+
+    def diff(self, other: Thresholds) -> dict[str, tuple[Any, Any]]:
+        """{field: (self's value, other's value)} for every field that differs."""
+        a, b = self.model_dump(), other.model_dump()
+        return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+
+    def decode_row_cap(self, max_seq_len: int) -> int:
+        """Decode rows a prefill batch may carry at this context length (grows with context)."""
+        return self.decode_rows_base * max(1, max_seq_len // self.decode_ctx_unit)
+
+
+FIELDS: tuple[str, ...] = tuple(Thresholds.model_fields)
+
+
+def _pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg", "invalid"))
+        kind = err.get("type", "")
+        if kind == "extra_forbidden":
+            out.append((loc, f"unknown key (known keys: {', '.join(FIELDS)})"))
+        elif kind == "value_error" and "\x1f" in msg:
+            body = msg.removeprefix("Value error, ")
+            for part in body.split("|"):
+                f, _, r = part.partition("\x1f")
+                out.append((f, r))
+        else:
+            got = err.get("input")
+            shown = f" (got {got!r})" if not isinstance(got, Mapping) else ""
+            out.append((loc or "<document>", f"{msg}{shown}"))
+    return out

