@@ -26,6 +26,7 @@ _COMMAND_MODULES = (
     "flyserve.sidecar.cli",  # sidecar, simulate
     "flyserve.dashboards_cli",  # dashboards build
     "flyserve.lab.cli",  # calibrate, replay, arms compare
+    "flyserve.lab.arms_cli",  # arms compare
     "flyserve.demo",  # demo
 )
 
