@@ -7,6 +7,7 @@ matplotlib) is imported inside the command so `flyserve --help` stays fast.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -20,14 +21,18 @@ arms_app = typer.Typer(
 
 @arms_app.command("compare")
 def compare(
-    a: str = typer.Option(..., "--a", help="Arm A base URL, ending in /v1 (the reference arm, e.g. baseline)."),
-    b: str = typer.Option(..., "--b", help="Arm B base URL, ending in /v1 (the candidate arm)."),
-    prompts: Path = typer.Option(
-        ...,
-        "--prompts",
-        help="JSONL file: one object a line with `prompt` (completions API) or `messages` (chat API), "
-        "an optional `answer` and an optional `id`.",
-    ),
+    a: Annotated[
+        str, typer.Option("--a", help="Arm A base URL, ending in /v1 (the reference arm, e.g. the baseline).")
+    ],
+    b: Annotated[str, typer.Option("--b", help="Arm B base URL, ending in /v1 (the candidate arm).")],
+    prompts: Annotated[
+        Path,
+        typer.Option(
+            "--prompts",
+            help="JSONL file: one object a line with `prompt` (completions API) or `messages` (chat API), "
+            "an optional `answer`, `id` and `stop`.",
+        ),
+    ],
     runs: int = typer.Option(2, "--runs", min=1, help="Runs per arm (K). K >= 2 gives the noise floor."),
     concurrency: int = typer.Option(
         8, "--concurrency", min=1, help="Requests in flight per arm (both arms see the same load)."
@@ -40,16 +45,24 @@ def compare(
         5, "--top-logprobs", min=2, max=20, help="Top alternatives per token (>= 2: the margin needs two)."
     ),
     seed: int = typer.Option(0, "--seed", help="The `seed` sent with every request (temperature is 0)."),
-    results: Path | None = typer.Option(
-        None,
-        "--results",
-        help="Resumable raw results (JSONL). A re-run skips (arm, run, prompt) already recorded. "
-        "Default: <prompts>.arms-results.jsonl",
-    ),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON to this path."),
-    plot: Path | None = typer.Option(
-        None, "--plot", help="Write a plot of the divergence-margin distribution (PNG/SVG/PDF; needs matplotlib)."
-    ),
+    results: Annotated[
+        Path | None,
+        typer.Option(
+            "--results",
+            help="Resumable raw results (JSONL). A re-run skips (arm, run, prompt) already recorded. "
+            "Default: <prompts file>.arms-results.jsonl",
+        ),
+    ] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the report as JSON to this path.")
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Write a plot of the divergence-margin distribution (PNG/SVG/PDF; needs matplotlib).",
+        ),
+    ] = None,
     extractor: str = typer.Option(
         "number",
         "--extractor",

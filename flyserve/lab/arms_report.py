@@ -1,0 +1,108 @@
+"""The report of `flyserve arms compare`: a terminal table, the JSON file and the margin plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None, fmt: str = ".3f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def render_table(report: dict[str, Any], console: Console) -> None:
+    arms = report.get("arms", {})
+    title = f"flyserve arms: {report['prompts']} prompts x {report['runs']} runs per arm"
+    t = Table(title=title, show_lines=False)
+    t.add_column("figure")
+    t.add_column("A vs B", justify="right")
+    t.add_column("A vs A", justify="right")
+    t.add_column("B vs B", justify="right")
+    selfd = report["self_divergence_share"]
+    selfc = report["self_answer_changed_share"]
+    t.add_row("responses that diverge", _pct(report["diverged_share"]), _pct(selfd["a"]), _pct(selfd["b"]))
+    t.add_row(
+        "final answer changes", _pct(report["answer_changed_share"]), _pct(selfc["a"]), _pct(selfc["b"])
+    )
+    t.add_row("answer changes, of the diverged", _pct(report["answer_changed_given_diverged_share"]), "", "")
+    t.add_row(
+        "median first-divergence token", _num(report["first_divergence_position_median"], ".0f"), "", ""
+    )
+    t.add_row("median margin at divergence (nats)", _num(report["margin_median"]), "", "")
+    t.add_row("margins exactly 0 (ties)", _pct(report["margin_zero_share"]), "", "")
+    t.add_row("divergences without margin", str(report["divergences_without_margin"]), "", "")
+    acc = report.get("accuracy")
+    if acc:
+        se = report.get("accuracy_stderr") or {}
+        for arm in ("a", "b"):
+            err = se.get(arm)
+            t.add_row(
+                f"accuracy {arm.upper()} ({report['extractor']})",
+                f"{100 * acc[arm]:.2f}%" + (f" +- {100 * err:.2f}" if err is not None else ""),
+                "",
+                "",
+            )
+    console.print(t)
+    for arm in ("a", "b"):
+        info = arms.get(arm)
+        if info:
+            console.print(f"arm {arm.upper()}: {info.get('url')}  model {info.get('model')}")
+    for key in ("accuracy_difference", "divergence_vs_noise"):
+        test = report["tests"].get(key)
+        if test:
+            console.print(f"[bold]{key.replace('_', ' ')}[/bold]: {test['statement']}")
+
+
+def write_json(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_plot(report: dict[str, Any], path: Path) -> None:
+    """Histogram of the top-two logprob margin at the first divergence: cross-arm and each arm vs itself.
+
+    matplotlib is optional (the `lab` extra) and imported here only.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise RuntimeError("--plot needs matplotlib (pip install 'flyserve[lab]')") from exc
+
+    cross = report["divergence_margins"]
+    selfm = report["self_divergence_margins"]
+    every = cross + selfm["a"] + selfm["b"]
+    top = max(every) if every else 1.0
+    bins = [0.0, 1e-9] + [top * k / 30 for k in range(1, 31)] if top > 0 else [0.0, 1e-9, 1.0]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    series = [("A vs B", cross), ("A vs A", selfm["a"]), ("B vs B", selfm["b"])]
+    for label, values in series:
+        if values:
+            ax.hist(values, bins=bins, histtype="step", linewidth=1.5, label=f"{label} (n={len(values)})")
+    zero = report["margin_zero_share"]
+    ax.set_xlabel("logprob(top-1) - logprob(top-2) at the first divergence (arm A's distribution)")
+    ax.set_ylabel("diverged response pairs")
+    med = report["margin_median"]
+    ax.set_title(
+        f"{report['prompts']} prompts x {report['runs']} runs: diverged {_pct(report['diverged_share'])}, "
+        f"median margin {_num(med)}, exactly 0: {_pct(zero)}",
+        fontsize=9,
+    )
+    if any(values for _, values in series):
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
