@@ -1,7 +1,326 @@
-"""Commands of this area (filled in by its issue)."""
+"""`flyserve thresholds show|set|unset|rollback|history|reload|audit|circuit`: the control plane on
+the command line, working directly on the state directory (same code path as the sidecar's HTTP API).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
 
 import typer
 
+thresholds_app = typer.Typer(
+    name="thresholds",
+    help="Show and change the dispatch thresholds of a running server (validated, versioned, audited).",
+    no_args_is_help=True,
+)
+circuit_app = typer.Typer(
+    name="circuit", help="Open or close the prefill path's circuit breaker.", no_args_is_help=True
+)
+thresholds_app.add_typer(circuit_app, name="circuit")
+
+
+def _default_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+StateDirOpt = typer.Option(
+    None,
+    "--state-dir",
+    envvar="FLYSERVE_STATE_DIR",
+    help="The state directory shared with the server (default: $FLYSERVE_STATE_DIR, else "
+    "/dev/shm/flyserve/$FLYSERVE_INSTANCE).",
+    show_default=False,
+)
+ActorOpt = typer.Option(None, "--actor", help="Who makes the change, for the audit log (default user@host).")
+JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
+IfMatchOpt = typer.Option(
+    None, "--if-match", help="Refuse (exit 3) unless the current version is this one (optimistic locking)."
+)
+DryRunOpt = typer.Option(False, "--dry-run", help="Validate and show the diff; publish nothing.")
+AssignmentsArg = typer.Argument(..., help="KEY=VALUE pairs, e.g. min_seq_len=2048 lpt=never.")
+KeysArg = typer.Argument(
+    ..., help="Keys whose override to clear (each falls back to the file's value, else the profile's)."
+)
+ConfigOpt = typer.Option(
+    None,
+    "--config",
+    envvar="FLYSERVE_CONFIG",
+    help="The operator's config file (default: the path the current version was loaded from).",
+)
+
+
+def _plane(state_dir: Path | None, **kw: Any) -> Any:
+    from flyserve.control.plane import ControlPlane
+
+    return ControlPlane(state_dir, **kw)
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.echo(message, err=True)
+    return typer.Exit(code)
+
+
+def _run_change(fn: Any, as_json: bool) -> None:
+    """Run a change; map each error to a clear message and exit code (1 invalid, 2 I/O, 3 conflict)."""
+    from flyserve.control.errors import ControlIOError, VersionConflict
+    from flyserve.policy.thresholds import ThresholdsError
+
+    try:
+        res = fn()
+    except ThresholdsError as exc:
+        raise _fail(f"invalid: {exc}\nthe running thresholds are unchanged", 1) from None
+    except ControlIOError as exc:
+        raise _fail(f"error: {exc}\nthe running thresholds are unchanged", 2) from None
+    except VersionConflict as exc:
+        raise _fail(f"conflict: {exc}", 3) from None
+    if as_json:
+        typer.echo(json.dumps(res.to_dict(), indent=2, default=str))
+        return
+    s = res.snapshot
+    if not res.changed:
+        typer.echo(f"unchanged: version {s.version} already has this content")
+        return
+    head = "dry run, would publish" if res.dry_run else "published"
+    typer.echo(
+        f"{head} version {s.version} (source {s.source}, effective from engine step {s.effective_step})"
+    )
+    for k, (a, b) in res.diff.items():
+        typer.echo(f"  {k}: {a} -> {b}")
+    for k, c in s.conflicts.items():
+        typer.echo(
+            f"  note: {k}: the file says {c['file']}, the override {c['override']} wins "
+            f"(`flyserve thresholds unset {k}` to take the file's value)"
+        )
+
+
+def _parse_assignments(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE with YAML scalars (so 2048 is an int, true a bool, auto a string)."""
+    import yaml
+
+    from flyserve.policy.thresholds import ThresholdsError
+
+    out: dict[str, Any] = {}
+    for p in pairs:
+        key, eq, raw = p.partition("=")
+        if not eq or not key.strip():
+            raise ThresholdsError([(p, "expected KEY=VALUE")], source="command line")
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
+
+
+@thresholds_app.command("show")
+def show(state_dir: Path | None = StateDirOpt, as_json: bool = JsonOpt) -> None:
+    """The current version: every threshold, the layer that set it, and any file/override conflict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from flyserve.control.errors import ControlIOError
+
+    try:
+        plane = _plane(state_dir)
+        s = plane.snapshot()
+        ranks = plane.store.rank_reports()
+    except ControlIOError as exc:
+        raise _fail(f"error: {exc}", 2) from None
+    if as_json:
+        typer.echo(json.dumps({**s.to_dict(), "ranks": ranks}, indent=2, default=str))
+        return
+    title = f"thresholds version {s.version} ({s.source}" + (f" by {s.actor}" if s.actor else "") + ")"
+    if s.version == 0:
+        title += f" - nothing published yet in {plane.state_dir.path}; profile {s.profile} defaults"
+    t = Table(title=title)
+    for col in ("key", "value", "set by", "note"):
+        t.add_column(col)
+    for k, v in s.thresholds.model_dump().items():
+        note = ""
+        if k in s.conflicts:
+            note = f"file says {s.conflicts[k]['file']}"
+        t.add_row(k, str(v), s.provenance[k], note)
+    c = Console()
+    c.print(t)
+    c.print(
+        f"effective from engine step {s.effective_step}; sha256 {s.sha256[:16]}; profile {s.profile}; "
+        f"file {s.config_file or '-'}"
+    )
+    if s.circuit_open:
+        c.print(
+            f"[red]circuit OPEN[/red]: prefill path off on every rank ({s.circuit_reason or 'no reason'})"
+        )
+    for r in ranks:
+        c.print(
+            f"rank {r.get('rank')} (engine {r.get('engine')}, pid {r.get('pid')}): step {r.get('step')}, "
+            f"version {r.get('applied_version')} since step {r.get('applied_step')}"
+        )
+
+
+@thresholds_app.command("set")
+def set_(
+    assignments: list[str] = AssignmentsArg,
+    state_dir: Path | None = StateDirOpt,
+    actor: str | None = ActorOpt,
+    if_match: int | None = IfMatchOpt,
+    dry_run: bool = DryRunOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Override thresholds (the highest layer). All pairs are validated together; a bad one changes nothing."""
+    from flyserve.policy.thresholds import ThresholdsError
+
+    try:
+        changes = _parse_assignments(assignments)
+    except ThresholdsError as exc:
+        raise _fail(f"invalid: {exc}", 1) from None
+    _run_change(
+        lambda: _plane(state_dir).apply_overrides(
+            changes, actor=actor or _default_actor(), source="cli", if_match=if_match, dry_run=dry_run
+        ),
+        as_json,
+    )
+
+
+@thresholds_app.command("unset")
+def unset(
+    keys: list[str] = KeysArg,
+    state_dir: Path | None = StateDirOpt,
+    actor: str | None = ActorOpt,
+    if_match: int | None = IfMatchOpt,
+    dry_run: bool = DryRunOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Clear overrides."""
+    _run_change(
+        lambda: _plane(state_dir).unset_overrides(
+            keys, actor=actor or _default_actor(), source="cli", if_match=if_match, dry_run=dry_run
+        ),
+        as_json,
+    )
+
+
+@thresholds_app.command("rollback")
+def rollback(
+    version: int = typer.Argument(..., help="The version whose thresholds to restore (see `history`)."),
+    state_dir: Path | None = StateDirOpt,
+    actor: str | None = ActorOpt,
+    if_match: int | None = IfMatchOpt,
+    dry_run: bool = DryRunOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Publish a new version (source rollback) with the thresholds of an earlier one."""
+    _run_change(
+        lambda: _plane(state_dir).rollback(
+            version, actor=actor or _default_actor(), if_match=if_match, dry_run=dry_run
+        ),
+        as_json,
+    )
+
+
+@thresholds_app.command("reload")
+def reload(
+    config: Path | None = ConfigOpt,
+    state_dir: Path | None = StateDirOpt,
+    actor: str | None = ActorOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Re-read the operator's config file now (what a file watcher or SIGHUP does)."""
+    _run_change(
+        lambda: _plane(state_dir, config_file=config).reload(actor=actor or _default_actor()), as_json
+    )
+
+
+@thresholds_app.command("history")
+def history(
+    state_dir: Path | None = StateDirOpt,
+    limit: int = typer.Option(20, "--limit", "-n", help="Show at most this many recent versions."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Recent versions, oldest first, with what each changed."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from flyserve.control.errors import ControlIOError
+
+    try:
+        snaps = _plane(state_dir).history(limit + 1)
+    except ControlIOError as exc:
+        raise _fail(f"error: {exc}", 2) from None
+    if as_json:
+        typer.echo(json.dumps([s.to_dict() for s in snaps[-limit:]], indent=2, default=str))
+        return
+    t = Table(title="thresholds history")
+    for col in ("version", "time (UTC)", "source", "actor", "from step", "changed"):
+        t.add_column(col)
+    for prev, s in zip([None, *snaps], snaps, strict=False):
+        if prev is None and len(snaps) > limit:
+            continue
+        changes = (
+            ""
+            if prev is None
+            else ", ".join(f"{k} {a}->{b}" for k, (a, b) in prev.thresholds.diff(s.thresholds).items())
+        )
+        if prev is not None and prev.circuit_open != s.circuit_open:
+            changes = ", ".join(
+                x for x in (changes, f"circuit {'open' if s.circuit_open else 'closed'}") if x
+            )
+        t.add_row(str(s.version), s.time_iso, s.source, s.actor, str(s.effective_step), changes or "-")
+    Console().print(t)
+
+
+@thresholds_app.command("audit")
+def audit(
+    state_dir: Path | None = StateDirOpt,
+    limit: int = typer.Option(20, "--limit", "-n", help="Show at most this many recent entries."),
+) -> None:
+    """The audit log's recent entries (JSON lines): every change tried, accepted or not."""
+    for e in _plane(state_dir).audit_log(limit):
+        typer.echo(json.dumps(e, sort_keys=True, default=str))
+
+
+def _circuit(open_: bool, state_dir: Path | None, actor: str | None, reason: str, as_json: bool) -> None:
+    _run_change(
+        lambda: _plane(state_dir).set_circuit(
+            open_, actor=actor or _default_actor(), reason=reason, source="cli"
+        ),
+        as_json,
+    )
+
+
+@circuit_app.command("open")
+def circuit_open(
+    reason: str = typer.Option(
+        "opened by an operator", "--reason", help="Why (shown in `show` and audited)."
+    ),
+    state_dir: Path | None = StateDirOpt,
+    actor: str | None = ActorOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Turn the prefill path off on every rank (decisions report reason circuit_open)."""
+    _circuit(True, state_dir, actor, reason, as_json)
+
+
+@circuit_app.command("close")
+def circuit_close(
+    state_dir: Path | None = StateDirOpt,
+    actor: str | None = ActorOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Let the prefill path run again."""
+    _circuit(False, state_dir, actor, "", as_json)
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    import logging
+
+    # The commands print their own clear errors; keep the library's log lines off the terminal.
+    logging.getLogger("flyserve.control").addHandler(logging.NullHandler())
+    app.add_typer(thresholds_app, name="thresholds")

@@ -1,0 +1,74 @@
+"""Where the shared control state lives: one directory shared by the ranks and the sidecar.
+
+/dev/shm by default (tmpfs: writes never wait on a disk, and it is per host like the ranks);
+an emptyDir volume shared by the vLLM and sidecar containers in Kubernetes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def default_state_dir() -> Path:
+    """$FLYSERVE_STATE_DIR, else /dev/shm/flyserve/$FLYSERVE_INSTANCE (instance "default")."""
+    env = os.environ.get("FLYSERVE_STATE_DIR")
+    if env:
+        return Path(env)
+    return Path("/dev/shm/flyserve") / (os.environ.get("FLYSERVE_INSTANCE") or "default")
+
+
+@dataclass(frozen=True, slots=True)
+class StateDir:
+    """The layout of a state directory. Creating one touches nothing on disk."""
+
+    path: Path
+
+    def __init__(self, path: str | os.PathLike[str] | StateDir) -> None:
+        object.__setattr__(self, "path", Path(path.path if isinstance(path, StateDir) else path))
+
+    @property
+    def control_dir(self) -> Path:
+        return self.path / "control"
+
+    @property
+    def thresholds_yaml(self) -> Path:
+        """The effective thresholds as YAML, for people and tools (ranks read current.json)."""
+        return self.control_dir / "thresholds.yaml"
+
+    @property
+    def current_json(self) -> Path:
+        """The published snapshot, self-contained and sha-checked: the one file every rank reads."""
+        return self.control_dir / "current.json"
+
+    @property
+    def history_dir(self) -> Path:
+        return self.control_dir / "history"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.control_dir / "lock"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.path / "audit.jsonl"
+
+    @property
+    def ranks_dir(self) -> Path:
+        return self.path / "ranks"
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.path / "metrics"
+
+    def history_file(self, version: int) -> Path:
+        return self.history_dir / f"{version:08d}.json"
+
+    def rank_file(self, rank: int, engine: int = 0) -> Path:
+        """ranks/<rank>.json (engine 0) or ranks/<engine>-<rank>.json, so data-parallel engines never clash."""
+        name = f"{rank}.json" if engine == 0 else f"{engine}-{rank}.json"
+        return self.ranks_dir / name
+
+    def __fspath__(self) -> str:
+        return str(self.path)

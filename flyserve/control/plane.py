@@ -1,0 +1,471 @@
+"""ControlPlane: the operator side. Every change - file reload, API, CLI, rollback, circuit - goes
+through one function, _change(), which validates the whole candidate, publishes it under the lock,
+counts it and audits it. A change that fails anywhere publishes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flyserve.control._metrics import count_reload
+from flyserve.control.errors import ControlIOError, DecodePathChangeRefused, VersionConflict
+from flyserve.control.paths import StateDir, default_state_dir
+from flyserve.control.snapshot import ConfigSnapshot
+from flyserve.control.store import Store
+from flyserve.policy.profiles import load_profile, parse_yaml_mapping
+from flyserve.policy.thresholds import FIELDS, ThresholdsError
+
+log = logging.getLogger("flyserve.control")
+
+DEFAULT_STEP_MARGIN = 8
+"""Steps between the highest step a rank reports and a new version's effective_step. Must cover a
+rank's report age (about one second of steps) plus the time a rank takes to notice the new version;
+raise it (step_margin=) when engine steps are faster than a few milliseconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeResult:
+    """What a change did. ``changed`` is False when the content equals the current one (no new version)."""
+
+    snapshot: ConfigSnapshot
+    changed: bool
+    diff: Mapping[str, tuple[Any, Any]]
+    dry_run: bool = False
+
+    @property
+    def conflicts(self) -> Mapping[str, Mapping[str, Any]]:
+        return self.snapshot.conflicts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "changed": self.changed,
+            "dry_run": self.dry_run,
+            "diff": {k: {"old": a, "new": b} for k, a, b in ((k, *v) for k, v in self.diff.items())},
+            "snapshot": self.snapshot.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FileRead:
+    """The operator file as last read: its values and content hash (None when missing)."""
+
+    path: str
+    values: Mapping[str, Any]
+    sha256: str
+
+
+def read_config_file(path: str | os.PathLike[str]) -> FileRead:
+    """Read and parse the operator file (following symlinks: a ConfigMap's ..data swap). Raises
+    ControlIOError if it cannot be read (gone, unreadable) and ThresholdsError if it is not valid YAML."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError as exc:
+        raise ControlIOError("config file is missing (deleted, or mid-swap?)", path=str(p)) from exc
+    except OSError as exc:
+        raise ControlIOError(f"cannot read config file: {exc.strerror or exc}", path=str(p)) from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ThresholdsError([("<document>", f"not UTF-8 text: {exc.reason}")], source=str(p)) from None
+    values = parse_yaml_mapping(text, source=str(p))
+    return FileRead(str(p), values, hashlib.sha256(raw).hexdigest())
+
+
+def _diff(old: ConfigSnapshot, new: ConfigSnapshot) -> dict[str, tuple[Any, Any]]:
+    d: dict[str, tuple[Any, Any]] = dict(old.thresholds.diff(new.thresholds))
+    if old.circuit_open != new.circuit_open:
+        d["circuit_open"] = (old.circuit_open, new.circuit_open)
+    return d
+
+
+def _as_request(body: Any) -> dict[str, Any]:
+    return dict(body) if isinstance(body, Mapping) else {"body": repr(body)[:200]}
+
+
+def _check_mapping(m: Any) -> None:
+    if not isinstance(m, Mapping):
+        raise ThresholdsError(
+            [("<document>", f"must be a mapping of threshold names to values, got {type(m).__name__}")],
+            source="overrides",
+        )
+
+
+def _check_keys(keys: Iterable[str], *, source: str) -> None:
+    bad = [k for k in keys if k not in FIELDS]
+    if bad:
+        raise ThresholdsError(
+            [(k, f"unknown key (known keys: {', '.join(FIELDS)})") for k in bad], source=source
+        )
+
+
+class ControlPlane:
+    """Operator-side API over one state directory (used by the CLI, the sidecar and the watcher).
+
+    The layers live in the published snapshot, so a ControlPlane built without ``config_file`` (the
+    sidecar, the CLI) keeps the file layer as last published; ``profile`` and ``config_file`` matter
+    for the first version and for reload().
+    """
+
+    def __init__(
+        self,
+        state_dir: StateDir | str | os.PathLike[str] | None = None,
+        *,
+        profile: str = "gfx950",
+        config_file: str | os.PathLike[str] | None = None,
+        step_margin: int = DEFAULT_STEP_MARGIN,
+        history_keep: int = 50,
+        rank_stale_after_s: float = 30.0,
+        lock_timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state_dir = StateDir(state_dir if state_dir is not None else default_state_dir())
+        self.store = Store(self.state_dir, history_keep=history_keep)
+        self.profile = profile
+        self.config_file = str(config_file) if config_file is not None else None
+        self.step_margin = int(step_margin)
+        self.rank_stale_after_s = rank_stale_after_s
+        self.lock_timeout_s = lock_timeout_s
+        self._clock = clock
+
+    # ------------------------------------------------------------------ reads
+
+    def snapshot(self) -> ConfigSnapshot:
+        """The current snapshot; before the first publish, version 0 from the profile (not written)."""
+        cur = self.store.read_current()
+        return cur if cur is not None else self._initial()
+
+    def history(self, limit: int | None = None) -> list[ConfigSnapshot]:
+        """Kept versions, oldest first."""
+        return self.store.history(limit)
+
+    def audit_log(self, limit: int | None = None) -> list[dict[str, Any]]:
+        return self.store.read_audit(limit)
+
+    def _initial(self) -> ConfigSnapshot:
+        return ConfigSnapshot.build(
+            version=0,
+            thresholds=load_profile(self.profile),
+            source="default",
+            actor="",
+            time=0.0,
+            effective_step=0,
+            profile=self.profile,
+        )
+
+    # ------------------------------------------------------------------ changes
+
+    def apply_overrides(
+        self,
+        changes: Mapping[str, Any],
+        *,
+        actor: str,
+        source: str = "api",
+        if_match: int | None = None,
+        dry_run: bool = False,
+    ) -> ChangeResult:
+        """PATCH: lay ``changes`` over the override layer. A value of None clears that key's override."""
+
+        def build(cur: ConfigSnapshot) -> dict[str, Any]:
+            _check_mapping(changes)
+            _check_keys(changes, source="overrides")
+            ov = dict(cur.overrides)
+            for k, v in changes.items():
+                if v is None:
+                    ov.pop(k, None)
+                else:
+                    ov[k] = v
+            return {"overrides": ov}
+
+        return self._change(
+            "set",
+            build,
+            actor=actor,
+            source=source,
+            if_match=if_match,
+            dry_run=dry_run,
+            request=_as_request(changes),
+        )
+
+    def unset_overrides(
+        self,
+        keys: Iterable[str],
+        *,
+        actor: str,
+        source: str = "api",
+        if_match: int | None = None,
+        dry_run: bool = False,
+    ) -> ChangeResult:
+        """Clear overrides: each key falls back to the file's value, or the profile's."""
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        return self.apply_overrides(
+            dict.fromkeys(keys), actor=actor, source=source, if_match=if_match, dry_run=dry_run
+        )
+
+    def replace(
+        self,
+        values: Mapping[str, Any],
+        *,
+        actor: str,
+        source: str = "api",
+        if_match: int | None = None,
+        dry_run: bool = False,
+    ) -> ChangeResult:
+        """PUT: ``values`` becomes the whole override layer (keys not in it fall back to file/profile)."""
+
+        def build(cur: ConfigSnapshot) -> dict[str, Any]:
+            _check_mapping(values)
+            return {"overrides": dict(values)}
+
+        return self._change(
+            "replace",
+            build,
+            actor=actor,
+            source=source,
+            if_match=if_match,
+            dry_run=dry_run,
+            request=_as_request(values),
+        )
+
+    def rollback(
+        self,
+        version: int,
+        *,
+        actor: str,
+        if_match: int | None = None,
+        dry_run: bool = False,
+    ) -> ChangeResult:
+        """A new version (source 'rollback') whose effective thresholds equal ``version``'s.
+
+        The file layer stays what the file says; the values that differ from it become overrides,
+        so `unset` later falls back to the file, and a conflict with the file is reported. The
+        circuit breaker's state is not rolled back (it is a safety switch, not a threshold).
+        """
+
+        def build(cur: ConfigSnapshot) -> dict[str, Any]:
+            old = self.store.read_version(int(version))
+            if old is None:
+                kept = self.store.history_versions()
+                raise ThresholdsError(
+                    [
+                        (
+                            "version",
+                            (
+                                f"version {version} is not in history (kept: {kept[0] if kept else '-'}"
+                                f"..{kept[-1] if kept else '-'})"
+                            ),
+                        )
+                    ]
+                )
+            base = load_profile(cur.profile).merged(cur.file_values, source=cur.config_file or "file")
+            target, below = old.thresholds.model_dump(), base.model_dump()
+            return {"overrides": {k: v for k, v in target.items() if below[k] != v or k in old.overrides}}
+
+        return self._change(
+            "rollback",
+            build,
+            actor=actor,
+            source="rollback",
+            if_match=if_match,
+            dry_run=dry_run,
+            request={"version": int(version)},
+        )
+
+    def reload(self, *, actor: str, startup: bool = False, source: str = "file") -> ChangeResult:
+        """Re-read the operator file (this plane's ``config_file``, else the path the current version
+        recorded) and publish it as the file layer. With no file at all, republishes the profile.
+
+        ``startup=True`` is for the serving process before it captures CUDA graphs: it takes this
+        plane's profile and may change decode_path (the only time that is allowed).
+        """
+
+        def build(cur: ConfigSnapshot) -> dict[str, Any]:
+            path = self.config_file or cur.config_file
+            out: dict[str, Any] = {}
+            if startup or cur.version == 0:
+                out["profile"] = self.profile
+            if path is None:
+                out.update(file_values={}, config_file=None, file_sha256=None)
+                return out
+            fr = read_config_file(path)
+            out.update(file_values=dict(fr.values), config_file=fr.path, file_sha256=fr.sha256)
+            return out
+
+        return self._change(
+            "reload",
+            build,
+            actor=actor,
+            source=source,
+            allow_decode_path=startup,
+            request={"config_file": self.config_file},
+        )
+
+    def set_circuit(self, open: bool, *, actor: str, reason: str = "", source: str = "api") -> ChangeResult:
+        """Open (every rank stops using the prefill path) or close the circuit breaker: a new version."""
+
+        def build(cur: ConfigSnapshot) -> dict[str, Any]:
+            return {"circuit_open": bool(open), "circuit_reason": reason if open else ""}
+
+        return self._change(
+            "circuit",
+            build,
+            actor=actor,
+            source=source,
+            request={"circuit_open": bool(open), "reason": reason},
+        )
+
+    # ------------------------------------------------------------------ the one publishing path
+
+    def _change(
+        self,
+        action: str,
+        build: Callable[[ConfigSnapshot], dict[str, Any]],
+        *,
+        actor: str,
+        source: str,
+        request: Mapping[str, Any],
+        if_match: int | None = None,
+        dry_run: bool = False,
+        allow_decode_path: bool = False,
+    ) -> ChangeResult:
+        now = self._clock()
+        entry: dict[str, Any] = {
+            "time": now,
+            "actor": actor,
+            "source": source,
+            "action": action,
+            "request": dict(request),
+        }
+        cur: ConfigSnapshot | None = None
+        try:
+            with self.store.lock(timeout_s=self.lock_timeout_s):
+                cur = self.snapshot()
+                entry["version_before"] = cur.version
+                if if_match is not None and int(if_match) != cur.version:
+                    raise VersionConflict(int(if_match), cur.version)
+                fields = build(cur)
+                candidate = self._candidate(cur, fields, source=source, actor=actor, now=now)
+                if candidate.thresholds.decode_path != cur.thresholds.decode_path and not (
+                    allow_decode_path or cur.version == 0
+                ):
+                    raise DecodePathChangeRefused(
+                        cur.thresholds.decode_path, candidate.thresholds.decode_path, source=source
+                    )
+                diff = _diff(cur, candidate)
+                if candidate.sha256 == cur.sha256 and cur.version > 0:
+                    if not dry_run:
+                        entry.update(result="unchanged", version=cur.version)
+                        self.store.audit(entry)
+                        count_reload("success", source, at=now)
+                    return ChangeResult(cur, False, {}, dry_run)
+                if dry_run:
+                    return ChangeResult(candidate, True, diff, True)
+                # Never earlier than the current version's: ranks apply versions in order.
+                step = self.store.max_rank_step(stale_after_s=self.rank_stale_after_s, now=now)
+                snap = candidate.replace(effective_step=max(step + self.step_margin, cur.effective_step))
+                self.store.publish(snap)
+                entry.update(
+                    result="success",
+                    version=snap.version,
+                    effective_step=snap.effective_step,
+                    diff={k: {"old": a, "new": b} for k, (a, b) in diff.items()},
+                )
+                if snap.conflicts:
+                    entry["conflicts"] = {k: dict(v) for k, v in snap.conflicts.items()}
+                    log.warning(
+                        "thresholds v%d: the file and overrides disagree on %s (override wins; "
+                        "`flyserve thresholds unset KEY` to take the file's value)",
+                        snap.version,
+                        ", ".join(snap.conflicts),
+                    )
+                self.store.audit(entry)
+                count_reload("success", source, at=now)
+                log.info(
+                    "thresholds v%d published (%s by %s, effective at step %d): %s",
+                    snap.version,
+                    source,
+                    actor or "-",
+                    snap.effective_step,
+                    ", ".join(f"{k} {a}->{b}" for k, (a, b) in diff.items()) or "no value changed",
+                )
+                return ChangeResult(snap, True, diff, False)
+        except VersionConflict as exc:
+            entry.update(result="conflict", reason=str(exc))
+            self.store.audit(entry)
+            log.warning("thresholds change refused (%s by %s): %s", source, actor or "-", exc)
+            raise
+        except ThresholdsError as exc:
+            if dry_run:
+                raise
+            entry.update(
+                result="invalid",
+                field=exc.field,
+                reason=exc.reason,
+                errors=[{"field": f, "reason": r} for f, r in exc.errors],
+            )
+            self.store.audit(entry)
+            count_reload("invalid", source)
+            log.error(
+                "thresholds change rejected (%s by %s): %s; running version %s unchanged",
+                source,
+                actor or "-",
+                exc,
+                cur.version if cur else "?",
+            )
+            raise
+        except ControlIOError as exc:
+            entry.update(result="io_error", reason=str(exc))
+            self.store.audit(entry)
+            count_reload("io_error", source)
+            log.error(
+                "thresholds change failed (%s by %s): %s; running version unchanged",
+                source,
+                actor or "-",
+                exc,
+            )
+            raise
+
+    def _candidate(
+        self, cur: ConfigSnapshot, fields: Mapping[str, Any], *, source: str, actor: str, now: float
+    ) -> ConfigSnapshot:
+        """Validate profile < file < overrides as a whole; each layer's errors name that layer."""
+        profile = fields.get("profile", cur.profile)
+        file_values = fields.get("file_values", cur.file_values)
+        config_file = fields.get("config_file", cur.config_file)
+        overrides = fields.get("overrides", cur.overrides)
+        base = load_profile(profile)
+        with_file = base.merged(file_values, source=config_file or "file")
+        _check_keys(overrides, source="overrides")
+        effective = with_file.merged(overrides, source="overrides")
+        return ConfigSnapshot.build(
+            version=cur.version + 1,
+            thresholds=effective,
+            source=source,
+            actor=actor,
+            time=now,
+            effective_step=0,
+            profile=profile,
+            file_values=file_values,
+            overrides=overrides,
+            circuit_open=fields.get("circuit_open", cur.circuit_open),
+            circuit_reason=fields.get("circuit_reason", cur.circuit_reason),
+            config_file=config_file,
+            file_sha256=fields.get("file_sha256", cur.file_sha256),
+        )
+
+    # ------------------------------------------------------------------ watching
+
+    def watch(self, *, poll_interval_s: float = 5.0, actor: str = "watcher", **kwargs: Any) -> Any:
+        """Start a Watcher on this plane's config file (directory watch + poll backstop + SIGHUP)."""
+        from flyserve.control.watcher import Watcher
+
+        w = Watcher(self, poll_interval_s=poll_interval_s, actor=actor, **kwargs)
+        w.start()
+        return w

@@ -1,0 +1,210 @@
+"""RankControl: the rank side. The hot path is current(step): one int compare, no I/O, no allocation.
+
+A daemon thread (about once a second) writes ranks/<rank>.json and looks at control/current.json;
+when a new version appears it is queued with its effective_step, and current() switches when the
+step reaches it. Every rank gets the same effective_step from the publisher, so all switch together;
+a rank that learns of a version late switches at its next step and reports applied_step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Self
+
+from flyserve.control.errors import ControlIOError
+from flyserve.control.paths import StateDir, default_state_dir
+from flyserve.control.snapshot import ConfigSnapshot
+from flyserve.control.store import Store
+from flyserve.policy.profiles import load_profile
+
+log = logging.getLogger("flyserve.control")
+
+_NEVER = sys.maxsize
+
+
+class RankControl:
+    """One per rank process (vLLM creates one routing object per attention group: share this one)."""
+
+    def __init__(
+        self,
+        state_dir: StateDir | str | os.PathLike[str] | None = None,
+        rank: int = 0,
+        *,
+        engine: int = 0,
+        profile: str = "gfx950",
+        interval_s: float = 1.0,
+        report: bool = True,
+    ) -> None:
+        self.state_dir = StateDir(state_dir if state_dir is not None else default_state_dir())
+        self.store = Store(self.state_dir)
+        self.rank, self.engine = int(rank), int(engine)
+        self.interval_s = float(interval_s)
+        self.report = report
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._step = 0
+        self._pending: list[ConfigSnapshot] = []  # ascending version; touched under _lock only
+        self._pending_step = _NEVER
+        self._seen_stat: tuple[int, int, int] | None = None
+        self.applied: list[tuple[int, int, int]] = []  # (version, effective_step, applied_step), bounded
+        snap = self._read_current_quiet()
+        if snap is None:
+            snap = ConfigSnapshot.build(
+                version=0,
+                thresholds=load_profile(profile),
+                source="default",
+                actor="",
+                time=0.0,
+                effective_step=0,
+                profile=profile,
+            )
+        self._snapshot = snap
+        self.applied_step = 0
+        self._known_version = snap.version
+        self.applied.append((snap.version, snap.effective_step, 0))
+
+    # ------------------------------------------------------------------ hot path
+
+    def current(self, step: int) -> ConfigSnapshot:
+        """The snapshot for this engine step. Once per step per rank: keep it tiny."""
+        self._step = step
+        if step >= self._pending_step:
+            self._switch(step)
+        return self._snapshot
+
+    def _switch(self, step: int) -> None:
+        """Apply every queued version whose effective_step has come (rare: once per version)."""
+        with self._lock:
+            n = 0  # versions apply in order: the due prefix of the queue
+            while n < len(self._pending) and self._pending[n].effective_step <= step:
+                n += 1
+            if n == 0:
+                return
+            due, self._pending = self._pending[:n], self._pending[n:]
+            self._pending_step = self._pending[0].effective_step if self._pending else _NEVER
+            for s in due:
+                self.applied.append((s.version, s.effective_step, step))
+            del self.applied[:-256]
+            self._snapshot = due[-1]
+            self.applied_step = step
+
+    @property
+    def snapshot(self) -> ConfigSnapshot:
+        """The applied snapshot (what current() returns now), without reporting a step."""
+        return self._snapshot
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    # ------------------------------------------------------------------ background thread
+
+    def start(self) -> RankControl:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._run, name=f"flyserve-control-rank{self.rank}", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self, *, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        self.poll()  # a last report, so the final step and version are on record
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception:
+                log.exception("rank %d: control poll failed", self.rank)
+            self._stop.wait(self.interval_s)
+
+    def poll(self) -> None:
+        """One round of the background thread: pick up a new version, then report. Public for tests."""
+        self._refresh()
+        if self.report:
+            self.write_report()
+
+    def _read_current_quiet(self) -> ConfigSnapshot | None:
+        try:
+            return self.store.read_current()
+        except ControlIOError as exc:
+            log.error("rank %d: %s; keeping the running thresholds", self.rank, exc)
+            return None
+
+    def _refresh(self) -> None:
+        path: Path = self.state_dir.current_json
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key == self._seen_stat:
+            return
+        snap = self._read_current_quiet()
+        if snap is None:
+            return  # unreadable or failed its sha check: try again next round (stat key not recorded)
+        self._seen_stat = key
+        if snap.version <= self._known_version:
+            return
+        new = [snap]
+        # Versions published between two polls: take them from history so no rank skips one.
+        for v in range(snap.version - 1, self._known_version, -1):
+            try:
+                old = self.store.read_version(v)
+            except ControlIOError:
+                old = None
+            if old is None:
+                break
+            new.insert(0, old)
+        self._known_version = snap.version
+        with self._lock:
+            self._pending.extend(new)
+            self._pending.sort(key=lambda s: s.version)
+            self._pending_step = self._pending[0].effective_step
+        late = [s.version for s in new if s.effective_step <= self._step]
+        if late:
+            log.warning(
+                "rank %d learned of version(s) %s at step %d, past their effective_step: applying at once",
+                self.rank,
+                late,
+                self._step,
+            )
+
+    def report_dict(self) -> dict[str, Any]:
+        s = self._snapshot
+        return {
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "engine": self.engine,
+            "step": self._step,
+            "applied_version": s.version,
+            "applied_sha256": s.sha256,
+            "applied_step": self.applied_step,
+            "effective_step": s.effective_step,
+            "pending_version": self._pending[-1].version if self._pending else None,
+            "circuit_open": s.circuit_open,
+            "time": time.time(),
+        }
+
+    def write_report(self) -> None:
+        try:
+            self.store.write_rank_report(self.report_dict(), rank=self.rank, engine=self.engine)
+        except OSError as exc:
+            log.error("rank %d: cannot write its report: %s", self.rank, exc)

@@ -1,0 +1,266 @@
+"""The state directory on disk: atomic writes, the writers' lock, history, the audit log, rank reports.
+
+Every write that a reader may see goes temp file (same directory) -> fsync -> os.replace, so a
+reader sees the old file or the new one, never half of one. Writers serialise on an fcntl lock on
+control/lock, so versions stay monotonic when the sidecar and rank 0 both publish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from flyserve.control.errors import ControlIOError
+from flyserve.control.paths import StateDir
+from flyserve.control.snapshot import ConfigSnapshot
+from flyserve.policy.thresholds import ThresholdsError
+
+log = logging.getLogger("flyserve.control")
+
+
+def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644) -> None:
+    """Write ``path`` so that readers see either the old or the new content: temp, fsync, os.replace."""
+    raw = data.encode() if isinstance(data, str) else data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    # The rename itself is durable only once the directory is synced (matters on disk, free on tmpfs).
+    with contextlib.suppress(OSError):
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None if the file does not exist. Bad JSON raises ValueError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")  # noqa: TRY004 - callers catch ValueError
+    return data
+
+
+class Store:
+    """Reads and writes one state directory. Holds no state of its own beyond the paths."""
+
+    def __init__(self, state_dir: StateDir | str | os.PathLike[str], *, history_keep: int = 50) -> None:
+        self.dir = StateDir(state_dir)
+        self.history_keep = max(1, int(history_keep))
+
+    # ------------------------------------------------------------------ lock
+
+    @contextlib.contextmanager
+    def lock(self, *, timeout_s: float = 10.0) -> Iterator[None]:
+        """Exclusive writers' lock (fcntl.flock on control/lock). Raises ControlIOError when the state
+        directory cannot be created or the lock is held longer than ``timeout_s``."""
+        try:
+            self.dir.control_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.dir.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ControlIOError(
+                f"state directory not writable: {exc.strerror or exc}", path=str(self.dir.control_dir)
+            ) from exc
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                        raise ControlIOError(
+                            f"cannot lock: {exc.strerror}", path=str(self.dir.lock_file)
+                        ) from exc
+                    if time.monotonic() > deadline:
+                        raise ControlIOError(
+                            f"another writer held the lock for more than {timeout_s:g}s",
+                            path=str(self.dir.lock_file),
+                        ) from None
+                    time.sleep(0.005)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    # ------------------------------------------------------------------ snapshots
+
+    def read_current(self) -> ConfigSnapshot | None:
+        """The published snapshot, or None if nothing has been published yet.
+
+        A current.json that exists but is unreadable or fails its sha check raises ControlIOError:
+        callers keep what they have rather than guess.
+        """
+        path = self.dir.current_json
+        try:
+            data = read_json(path)
+        except (OSError, ValueError) as exc:
+            raise ControlIOError(f"cannot read the current snapshot: {exc}", path=str(path)) from exc
+        if data is None:
+            return None
+        try:
+            return ConfigSnapshot.from_dict(data, source=str(path))
+        except ThresholdsError as exc:
+            raise ControlIOError(f"current snapshot rejected: {exc}", path=str(path)) from exc
+
+    def read_version(self, version: int) -> ConfigSnapshot | None:
+        """A snapshot from history, or None if it was never published or has been pruned."""
+        path = self.dir.history_file(version)
+        try:
+            data = read_json(path)
+        except (OSError, ValueError) as exc:
+            raise ControlIOError(f"cannot read history: {exc}", path=str(path)) from exc
+        if data is None:
+            return None
+        try:
+            return ConfigSnapshot.from_dict(data, source=str(path))
+        except ThresholdsError as exc:
+            raise ControlIOError(f"history entry rejected: {exc}", path=str(path)) from exc
+
+    def history_versions(self) -> list[int]:
+        try:
+            names = os.listdir(self.dir.history_dir)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise ControlIOError(
+                f"cannot list history: {exc.strerror}", path=str(self.dir.history_dir)
+            ) from exc
+        out = []
+        for n in names:
+            stem, dot, ext = n.partition(".")
+            if ext == "json" and dot and stem.isdigit():
+                out.append(int(stem))
+        return sorted(out)
+
+    def history(self, limit: int | None = None) -> list[ConfigSnapshot]:
+        """Kept snapshots, oldest first (at most the last ``limit``)."""
+        versions = self.history_versions()
+        if limit is not None:
+            versions = versions[-limit:]
+        snaps = []
+        for v in versions:
+            s = self.read_version(v)
+            if s is not None:
+                snaps.append(s)
+        return snaps
+
+    def publish(self, snap: ConfigSnapshot) -> None:
+        """Make ``snap`` current. Call under lock(). Order matters: history first, then the YAML view,
+        then current.json last - the one rename that commits the version for every rank."""
+        import yaml
+
+        body = snap.to_json()
+        try:
+            atomic_write(self.dir.history_file(snap.version), body)
+            header = (
+                f"# flyserve effective thresholds: version {snap.version}, sha256 {snap.sha256}\n"
+                f"# effective from engine step {snap.effective_step}; source {snap.source}, actor {snap.actor}, "
+                f"{snap.time_iso}\n# written by the control plane - change thresholds with the config file, "
+                "`flyserve thresholds set` or PATCH /thresholds, not here\n"
+            )
+            atomic_write(
+                self.dir.thresholds_yaml,
+                header + yaml.safe_dump(snap.thresholds.model_dump(), sort_keys=False),
+            )
+            atomic_write(self.dir.current_json, body)
+        except OSError as exc:
+            raise ControlIOError(
+                f"cannot publish version {snap.version}: {exc.strerror or exc}",
+                path=getattr(exc, "filename", None) or str(self.dir.control_dir),
+            ) from exc
+        self._prune()
+
+    def _prune(self) -> None:
+        versions = self.history_versions()
+        for v in versions[: -self.history_keep]:
+            with contextlib.suppress(OSError):
+                os.unlink(self.dir.history_file(v))
+
+    # ------------------------------------------------------------------ audit
+
+    def audit(self, entry: Mapping[str, Any]) -> bool:
+        """Append one JSON line to audit.jsonl (O_APPEND, fsync). Returns False (and logs) if it cannot:
+        an unwritable state directory must not turn a rejection into a crash."""
+        line = json.dumps(dict(entry), sort_keys=True, default=str) + "\n"
+        try:
+            self.dir.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.dir.audit_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return True
+        except OSError as exc:
+            log.error("audit log not writable (%s): %s", self.dir.audit_log, exc)
+            return False
+
+    def read_audit(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Audit entries, oldest first; a torn last line (crash mid-append) is skipped."""
+        try:
+            lines = self.dir.audit_log.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for ln in lines[-limit:] if limit else lines:
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(ln))
+        return out
+
+    # ------------------------------------------------------------------ ranks
+
+    def rank_reports(self) -> list[dict[str, Any]]:
+        """Every readable ranks/*.json (a half-written or foreign file is skipped, never fatal)."""
+        try:
+            names = sorted(os.listdir(self.dir.ranks_dir))
+        except OSError:
+            return []
+        out = []
+        for n in names:
+            if not n.endswith(".json") or n.startswith("."):
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                d = read_json(self.dir.ranks_dir / n)
+                if d is not None:
+                    out.append(d)
+        return out
+
+    def max_rank_step(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:
+        """The highest step any live rank reports. Reports older than ``stale_after_s`` (a rank that died,
+        or a previous run's leftovers) are ignored so they cannot push effective_step out of reach."""
+        now = time.time() if now is None else now
+        best = 0
+        for d in self.rank_reports():
+            try:
+                if now - float(d.get("time", 0)) > stale_after_s:
+                    continue
+                best = max(best, int(d.get("step", 0)))
+            except (TypeError, ValueError):
+                continue
+        return best
+
+    def write_rank_report(self, report: Mapping[str, Any], *, rank: int, engine: int = 0) -> None:
+        atomic_write(self.dir.rank_file(rank, engine), json.dumps(dict(report), sort_keys=True))

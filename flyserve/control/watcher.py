@@ -1,0 +1,196 @@
+"""Watcher: reload the operator's config file when it changes, however it changes.
+
+A Kubernetes ConfigMap volume replaces the file by swapping a symlinked directory (..data ->
+..2026_xx_xx); a watch on the file itself goes deaf after the first swap. So: watch the file's
+DIRECTORY (any event there triggers a check), compare the content's sha256 with the last one
+handled, poll on a timer as a backstop (lost events, network filesystems), and reload on SIGHUP.
+Any number of processes may watch: publishing is idempotent by content hash and serialised by the lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Self
+
+from flyserve.control.errors import ControlIOError
+from flyserve.policy.thresholds import ThresholdsError
+
+log = logging.getLogger("flyserve.control")
+
+
+def file_sha256(path: str | Path) -> str | None:
+    """Content hash of the file behind ``path`` (symlinks followed); None if it cannot be read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+class _Wake:
+    """An object watchfiles polls (is_set) to end its wait: on stop or on a SIGHUP request."""
+
+    def __init__(self, stop: threading.Event, hup: threading.Event) -> None:
+        self._stop, self._hup = stop, hup
+
+    def is_set(self) -> bool:
+        return self._stop.is_set() or self._hup.is_set()
+
+
+class Watcher:
+    """Background thread that keeps the published file layer equal to the operator's file.
+
+    The same bad content is reported once (one invalid count, one audit entry), not every poll;
+    a new content hash, or SIGHUP, is always tried again.
+    """
+
+    def __init__(
+        self,
+        plane: Any,
+        config_file: str | Path | None = None,
+        *,
+        poll_interval_s: float = 5.0,
+        debounce_ms: int = 100,
+        actor: str = "watcher",
+        use_watchfiles: bool = True,
+    ) -> None:
+        self.plane = plane
+        path = config_file or plane.config_file
+        if path is None:
+            raise ValueError("Watcher needs a config file (ControlPlane(config_file=...) or config_file=)")
+        self.path = Path(path)
+        if plane.config_file is None:
+            plane.config_file = str(self.path)
+        self.poll_interval_s = float(poll_interval_s)
+        self.debounce_ms = int(debounce_ms)
+        self.actor = actor
+        self.use_watchfiles = use_watchfiles
+        self._stop = threading.Event()
+        self._hup = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handled: str | None = self._published_file_sha()  # last content hash tried
+        self._missing_reported = False
+        self.checks = 0  # how many times the file was looked at (tests read it)
+        self.last_error: Exception | None = None
+
+    def _published_file_sha(self) -> str | None:
+        try:
+            snap = self.plane.snapshot()
+        except (ControlIOError, ThresholdsError):
+            return None
+        return snap.file_sha256 if snap.config_file == str(self.path) else None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> Watcher:
+        self.check()  # the file as it is now, before waiting for any event
+        self._thread = threading.Thread(target=self._run, name="flyserve-config-watcher", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, *, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def request_reload(self) -> None:
+        """Ask for a reload regardless of the content hash (what SIGHUP does). Safe from a signal handler."""
+        self._hup.set()
+
+    def install_sighup(self) -> None:
+        """Reload on SIGHUP. Main thread only (Python's rule). The handler only sets an event: the
+        reload runs on the watcher thread, never inside the handler, where it could block on the
+        lock this very process holds."""
+        previous = signal.getsignal(signal.SIGHUP)
+
+        def handler(signum: int, frame: Any) -> None:
+            self._hup.set()
+            if callable(previous) and previous not in (signal.SIG_IGN, signal.SIG_DFL):
+                previous(signum, frame)
+
+        signal.signal(signal.SIGHUP, handler)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run(self) -> None:
+        wake = _Wake(self._stop, self._hup)
+        use_wf = self.use_watchfiles
+        while not self._stop.is_set():
+            if use_wf:
+                try:
+                    self._watch_once(wake)
+                except Exception as exc:  # noqa: BLE001 - e.g. inotify limits: fall back to polling
+                    log.warning(
+                        "directory watch on %s failed (%s); polling every %.1fs",
+                        self.path.parent,
+                        exc,
+                        self.poll_interval_s,
+                    )
+                    use_wf = False
+            else:
+                if not self._hup.is_set():
+                    self._stop.wait(self.poll_interval_s)
+                self.check()
+            if self._hup.is_set():
+                self._hup.clear()
+                self.check(force=True)
+
+    def _watch_once(self, wake: _Wake) -> None:
+        """Block on directory events; check the file on every batch of events and on each poll timeout."""
+        import watchfiles
+
+        directory = self.path.parent
+        if not directory.is_dir():
+            self._stop.wait(self.poll_interval_s)
+            self.check()
+            return
+        for _changes in watchfiles.watch(
+            directory,
+            watch_filter=None,
+            debounce=self.debounce_ms,
+            step=50,
+            stop_event=wake,
+            rust_timeout=int(self.poll_interval_s * 1000),
+            yield_on_timeout=True,
+            recursive=False,
+            raise_interrupt=False,
+        ):
+            self.check()
+            if wake.is_set():
+                return
+
+    def check(self, *, force: bool = False) -> bool:
+        """Look at the file once; reload if its content hash is new (or ``force``). True if it reloaded."""
+        self.checks += 1
+        sha = file_sha256(self.path)
+        if sha is None:
+            if force or not self._missing_reported:
+                self._missing_reported = True
+                return self._reload(sha)
+            return False
+        self._missing_reported = False
+        if not force and sha == self._handled:
+            return False
+        return self._reload(sha)
+
+    def _reload(self, sha: str | None) -> bool:
+        try:
+            res = self.plane.reload(actor=self.actor)
+        except (ThresholdsError, ControlIOError) as exc:
+            self.last_error = exc  # already counted, logged and audited by the plane
+            if sha is not None:
+                self._handled = sha
+            return False
+        self.last_error = None
+        self._handled = res.snapshot.file_sha256 or sha
+        return res.changed
