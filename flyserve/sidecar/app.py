@@ -1,0 +1,133 @@
+"""create_app(settings): the sidecar's FastAPI application.
+
+Everything the app needs hangs off ``app.state`` (settings, control plane, stats service,
+metrics registry, a shutdown flag), so several apps with different state directories can live
+in one process (tests) and nothing is global but the metric objects themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from flyserve.control import ControlIOError, ControlPlane, VersionConflict
+from flyserve.policy.thresholds import ThresholdsError
+from flyserve.sidecar.middleware import BodyLimitMiddleware, RequestMetricsMiddleware
+from flyserve.sidecar.models import RankView
+from flyserve.sidecar.routes import router
+from flyserve.sidecar.service import StatsService
+from flyserve.sidecar.settings import SidecarSettings
+from flyserve.telemetry import metrics as tm
+
+log = logging.getLogger("flyserve.sidecar")
+
+DESCRIPTION = """\
+The flyserve sidecar runs next to `vllm serve` and shares its state directory.
+
+* **Read** (open): `/dispatch-stats` (JSON), `/dispatch-stats/stream` (SSE), `/thresholds`,
+  `/thresholds/history`, `/metrics` (Prometheus), `/healthz`, `/readyz`.
+* **Change** (bearer token): `PUT`/`PATCH /thresholds`, `POST /thresholds/rollback`, `POST /reload`.
+  Every change goes through the control plane: validated in full, versioned, audited, and applied
+  by every rank at the same engine step. `If-Match: <version>` guards against lost updates;
+  `?dry_run=true` reports the diff and the routing change on recently sampled batch shapes.
+
+Binds to 127.0.0.1 by default: put it behind your own network policy before binding wider.
+"""
+
+
+def _registry(metrics_dir: Path) -> CollectorRegistry:
+    """The /metrics registry: ranks' files + this process's sidecar metrics.
+
+    In a real sidecar process this also makes the control plane's counters (reloads done through
+    this API) land in the shared files, via telemetry's exposition_registry. A process that
+    already writes its metrics elsewhere (tests building several apps) gets the read-only variant.
+    """
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return tm.exposition_registry(metrics_dir)
+    except ValueError:
+        reg = CollectorRegistry()
+        for m in tm.SIDECAR_METRICS:
+            reg.register(m)
+        MultiProcessCollector(reg, path=str(metrics_dir))
+        return reg
+
+
+def _update_rank_gauges(views: list[RankView], agree: bool | None) -> None:
+    for v in views:
+        tm.RANK_UP.labels(str(v.rank)).set(0.0 if v.stale else 1.0)
+        if v.age_s is not None:
+            tm.RANK_REPORT_AGE.labels(str(v.rank)).set(v.age_s)
+    if agree is None:
+        agree = len({v.applied_version for v in views if not v.stale}) <= 1
+    tm.RANKS_AGREE.set(1.0 if agree else 0.0)
+
+
+def _error(status: int, detail: str, field: str | None = None, errors: list[dict[str, str]] | None = None):
+    return JSONResponse({"detail": detail, "field": field, "errors": errors or []}, status_code=status)
+
+
+def create_app(settings: SidecarSettings) -> FastAPI:
+    """Build the app. Starts nothing until the ASGI lifespan starts (the counter sampler thread)."""
+    control = ControlPlane(settings.state_dir, profile=settings.profile, config_file=settings.config_file)
+    stats = StatsService(settings, control)
+    shutting_down = threading.Event()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        shutting_down.clear()
+        stats.start()
+        try:
+            yield
+        finally:
+            shutting_down.set()
+            stats.stop()
+
+    app = FastAPI(
+        title="flyserve sidecar",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.control = control
+    app.state.stats = stats
+    app.state.shutting_down = shutting_down
+    app.state.registry = _registry(control.state_dir.metrics_dir)
+    app.state.update_rank_gauges = _update_rank_gauges
+
+    @app.exception_handler(ThresholdsError)
+    async def _thresholds_error(_: Request, exc: ThresholdsError):
+        return _error(422, str(exc), exc.field, [{"field": f, "reason": r} for f, r in exc.errors])
+
+    @app.exception_handler(VersionConflict)
+    async def _conflict(_: Request, exc: VersionConflict):
+        return _error(409, str(exc), "If-Match")
+
+    @app.exception_handler(ControlIOError)
+    async def _io(_: Request, exc: ControlIOError):
+        return _error(503, f"state directory: {exc}")
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):
+        errors = []
+        for e in exc.errors():
+            loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "header", "path")]
+            errors.append({"field": ".".join(loc) or "<body>", "reason": str(e.get("msg", "invalid"))})
+        first = errors[0] if errors else {"field": "<request>", "reason": "invalid"}
+        detail = "; ".join(f"field '{x['field']}': {x['reason']}" for x in errors) or "invalid request"
+        return _error(422, detail, first["field"], errors)
+
+    app.include_router(router)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetricsMiddleware)  # added last = outermost: counts 413s too
+    return app

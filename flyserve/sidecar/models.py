@@ -1,0 +1,183 @@
+"""Pydantic response (and request) models: the documented schema of the sidecar's JSON.
+
+These are what OpenAPI shows and what the schemathesis fuzz validates responses against;
+a field added here is a field every client may rely on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ThresholdValue = int | str | bool
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class KeyProvenance(_Frozen):
+    """A key whose value differs from the profile's default, and which layer set it."""
+
+    value: ThresholdValue
+    default: ThresholdValue = Field(description="The profile's value for this key.")
+    provenance: str = Field(description="'file' (operator config file) or 'override' (API/CLI).")
+
+
+class ThresholdsView(_Frozen):
+    """The thresholds in force, as published by the control plane."""
+
+    version: int
+    sha256: str
+    source: str = Field(description="default | file | api | cli | rollback")
+    actor: str | None = None
+    time: float | None = Field(None, description="Unix time of the change.")
+    effective_step: int = Field(description="Engine step at which ranks switch to this version.")
+    profile: str
+    circuit_open: bool = False
+    values: dict[str, ThresholdValue]
+    overrides: dict[str, ThresholdValue] = Field(default_factory=dict)
+    differs_from_profile: dict[str, KeyProvenance] = Field(
+        default_factory=dict, description="Keys whose value is not the profile's, with the layer that set it."
+    )
+
+
+class Totals(_Frozen):
+    """Decision counts and derived ratios. Each engine step counts once per engine, not once per rank."""
+
+    batches: int = Field(description="Decisions counted (engine steps).")
+    decisions: dict[str, int] = Field(description="Batches per path (unified, prefill).")
+    reasons: dict[str, int] = Field(description="Batches per reason (admitted, short_context, ...).")
+    prefill_ratio: float | None = Field(description="prefill / all batches; null with no batches.")
+    prefill_ratio_of_prefill_batches: float | None = Field(
+        description="prefill / batches that had a prefill row (reason != no_prefill_rows)."
+    )
+    tokens: dict[str, int] = Field(description="Query tokens per path.")
+    rows: dict[str, dict[str, int]] = Field(description="{path: {prefill: rows, decode: rows}}.")
+    lpt_share: float | None = Field(description="Share of prefill-path batches run with LPT ordering.")
+
+
+class Window(Totals):
+    """Totals over a sliding window, from periodic snapshots of the counters."""
+
+    span_s: float = Field(description="Seconds the window actually covers (less than asked early on).")
+    complete: bool = Field(description="True when the snapshot history covers the whole window.")
+
+
+class KernelStats(_Frozen):
+    """Sampled kernel time of one path, from the flyserve_kernel_seconds histogram (all ranks pooled)."""
+
+    count: int
+    mean_s: float | None
+    p50_s: float | None = Field(description="Interpolated within histogram buckets, as histogram_quantile.")
+    p99_s: float | None
+
+
+class RankView(_Frozen):
+    """One rank's last report (ranks/<rank>.json) and its own counters."""
+
+    rank: int
+    engine: int
+    pid: int | None
+    step: int | None
+    applied_version: int | None
+    applied_step: int | None
+    circuit_open: bool | None = None
+    age_s: float | None = Field(
+        description="Seconds since the rank's last report; null if it never reported."
+    )
+    stale: bool = Field(description="No report for stale_after_s seconds (or never): not an error.")
+    totals: Totals | None = Field(None, description="This rank's own counters (equal across TP ranks).")
+
+
+class EngineStats(_Frozen):
+    """One engine (a TP group of ranks): its totals come from one representative rank."""
+
+    engine: int
+    representative_rank: int | None = Field(
+        description="The rank whose counters stand for the engine: the one with the most decisions "
+        "(all TP ranks record the same decisions; a dead rank's counters stop growing)."
+    )
+    ranks: list[int]
+    ranks_agree: bool
+    totals: Totals
+    windows: dict[str, Window]
+    kernels: dict[str, KernelStats]
+
+
+class DispatchStats(_Frozen):
+    """GET /dispatch-stats: everything about dispatch, totals over all engines."""
+
+    time: float = Field(description="Unix time the stats were computed.")
+    thresholds: ThresholdsView | None = Field(description="Null if the control plane could not be read.")
+    totals: Totals
+    windows: dict[str, Window] = Field(description='Keys "60s", "300s", "900s".')
+    ranks: list[RankView]
+    ranks_agree: bool = Field(description="All live ranks applied the same thresholds version.")
+    live_ranks: int
+    kernels: dict[str, KernelStats]
+    engines: list[EngineStats]
+    errors: list[str] = Field(default_factory=list, description="Problems reading the state directory.")
+
+
+class RoutingChange(_Frozen):
+    """What a dry-run change would do to the recent batch shapes the ranks sampled."""
+
+    samples: int = Field(description="Recent shapes replayed through decide().")
+    current: dict[str, int] = Field(description="Batches per path with the thresholds in force.")
+    proposed: dict[str, int] = Field(description="Batches per path with the proposed thresholds.")
+    prefill_ratio_current: float | None
+    prefill_ratio_proposed: float | None
+    changed: int = Field(description="Samples whose path or reason would change.")
+    transitions: dict[str, int] = Field(
+        description='"path/reason -> path/reason": count, for the samples that change.'
+    )
+
+
+class ChangeResponse(_Frozen):
+    """The answer to a mutation (or its dry run)."""
+
+    dry_run: bool
+    changed: bool
+    diff: dict[str, list[Any]] = Field(description="{key: [old, new]} of the effective values.")
+    thresholds: ThresholdsView = Field(description="The resulting snapshot (the would-be one for a dry run).")
+    routing_change: RoutingChange | None = Field(None, description="Dry runs only.")
+
+
+class HistoryEntry(_Frozen):
+    version: int
+    sha256: str
+    source: str
+    actor: str | None = None
+    time: float | None = None
+    effective_step: int | None = None
+    overrides: dict[str, ThresholdValue] = Field(default_factory=dict)
+
+
+class History(_Frozen):
+    entries: list[HistoryEntry]
+
+
+class RollbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: int = Field(ge=0, description="The version to return to (from /thresholds/history).")
+
+
+class Health(_Frozen):
+    status: str
+
+
+class Readiness(_Frozen):
+    ready: bool
+    state_dir_readable: bool
+    live_ranks: int
+    detail: str
+
+
+class ErrorDetail(_Frozen):
+    """422/409/413/503 bodies: which field, and why."""
+
+    detail: str
+    field: str | None = None
+    errors: list[dict[str, str]] = Field(default_factory=list)

@@ -1,0 +1,302 @@
+"""The sidecar's routes: stats (read-only, open), thresholds (mutations behind the bearer token), ops.
+
+Handlers are plain ``def`` where they do file I/O (FastAPI runs them in its thread pool, so a
+slow state directory never blocks the event loop); the SSE stream is async and checks for
+shutdown and client disconnect between events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from flyserve.control import ChangeResult, ControlPlane, VersionConflict
+from flyserve.policy.thresholds import Thresholds, ThresholdsError
+from flyserve.sidecar.auth import require_token
+from flyserve.sidecar.models import (
+    ChangeResponse,
+    DispatchStats,
+    ErrorDetail,
+    Health,
+    History,
+    HistoryEntry,
+    Readiness,
+    RollbackRequest,
+    RoutingChange,
+    ThresholdsView,
+)
+from flyserve.sidecar.service import StatsService, thresholds_view
+from flyserve.sidecar.shapes import read_shape_samples, routing_change
+
+router = APIRouter()
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorDetail, "description": "No bearer token."},
+    403: {"model": ErrorDetail, "description": "Wrong bearer token, or mutations disabled."},
+    409: {"model": ErrorDetail, "description": "If-Match names a version that is no longer current."},
+    413: {"model": ErrorDetail, "description": "Request body too large."},
+    422: {"model": ErrorDetail, "description": "Invalid input: names the field and the reason."},
+    503: {"model": ErrorDetail, "description": "The state directory could not be written."},
+}
+
+
+def _service(request: Request) -> StatsService:
+    return request.app.state.stats
+
+
+def _plane(request: Request) -> ControlPlane:
+    return request.app.state.control
+
+
+Actor = Annotated[str, Depends(require_token)]
+DryRun = Annotated[bool, Query(description="Validate and report the diff and routing change; apply nothing.")]
+IfMatch = Annotated[
+    str | None,
+    Header(
+        alias="If-Match",
+        description="The version the change is based on (from GET /thresholds or its ETag); 409 if stale.",
+    ),
+]
+
+
+def parse_if_match(value: str | None) -> int | None:
+    """``3``, ``"3"`` or ``W/"3"`` -> 3; ``*`` or absent -> None; anything else is a 422 on If-Match."""
+    if value is None:
+        return None
+    v = value.strip()
+    if v == "*":
+        return None
+    v = v.removeprefix("W/").strip('"')
+    if not v.isdigit():
+        raise ThresholdsError([("If-Match", f"must be a thresholds version number, got {value!r}")])
+    return int(v)
+
+
+def _thresholds_body_schema(nullable: bool) -> dict[str, Any]:
+    props = Thresholds.model_json_schema()["properties"]
+    if nullable:
+        props = {
+            k: {
+                "anyOf": [v, {"type": "null"}],
+                **({"description": v["description"]} if "description" in v else {}),
+            }
+            for k, v in props.items()
+        }
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {"type": "object", "properties": props, "additionalProperties": False}
+                }
+            },
+        }
+    }
+
+
+# ----------------------------------------------------------------------------- stats
+
+
+@router.get("/dispatch-stats", response_model=DispatchStats, tags=["stats"])
+def dispatch_stats(request: Request) -> DispatchStats:
+    """Decisions by path and reason, prefill ratio (total and 60s/300s/900s windows), tokens and rows
+    per path, sampled kernel time, LPT share, the thresholds in force, and every rank's state."""
+    stats = _service(request).dispatch_stats()
+    request.app.state.update_rank_gauges(stats.ranks, stats.ranks_agree)
+    return stats
+
+
+@router.get(
+    "/dispatch-stats/stream",
+    tags=["stats"],
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "SSE: one `stats` event per interval."}
+    },
+)
+async def dispatch_stats_stream(
+    request: Request,
+    interval: Annotated[
+        float | None, Query(gt=0, le=3600, description="Seconds between events (default: the sidecar's).")
+    ] = None,
+    max_events: Annotated[int | None, Query(ge=1, le=1_000_000, description="Stop after this many.")] = None,
+) -> StreamingResponse:
+    """Server-sent events: the /dispatch-stats payload every few seconds. Ends on shutdown or disconnect."""
+    service = _service(request)
+    every = interval or request.app.state.settings.stream_interval_s
+    shutting_down = request.app.state.shutting_down
+
+    async def events():
+        sent = 0
+        while not shutting_down.is_set():
+            stats = await asyncio.to_thread(service.dispatch_stats)
+            yield f"event: stats\nid: {sent}\ndata: {stats.model_dump_json()}\n\n"
+            sent += 1
+            if max_events is not None and sent >= max_events:
+                return
+            # Sleep in short slices so a shutdown or a gone client ends the stream within ~0.25 s.
+            deadline = asyncio.get_running_loop().time() + every
+            while not shutting_down.is_set():
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(min(0.25, left))
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+# ----------------------------------------------------------------------------- thresholds
+
+
+@router.get("/thresholds", response_model=ThresholdsView, tags=["thresholds"])
+def get_thresholds(request: Request, response: Response) -> ThresholdsView:
+    """The thresholds in force (the published snapshot). ETag is the version, for If-Match."""
+    view = thresholds_view(_plane(request).snapshot())
+    response.headers["ETag"] = f'"{view.version}"'
+    return view
+
+
+@router.get("/thresholds/history", response_model=History, tags=["thresholds"])
+def get_history(
+    request: Request, limit: Annotated[int, Query(ge=1, le=1000, description="Newest N versions.")] = 50
+) -> History:
+    """Kept versions, oldest first (rollback targets)."""
+    snaps = _plane(request).history(limit)
+    return History(
+        entries=[
+            HistoryEntry(
+                version=s.version,
+                sha256=s.sha256,
+                source=s.source,
+                actor=s.actor or None,
+                time=s.time or None,
+                effective_step=s.effective_step,
+                overrides=dict(s.overrides),
+            )
+            for s in snaps
+        ]
+    )
+
+
+def _respond(request: Request, result: ChangeResult, dry_run: bool) -> ChangeResponse:
+    rc = None
+    if dry_run:
+        settings = request.app.state.settings
+        current = _plane(request).snapshot().thresholds
+        samples = read_shape_samples(settings.state_dir, limit=settings.dry_run_shape_limit)
+        rc = RoutingChange(**routing_change(samples, current, result.snapshot.thresholds))
+    else:
+        request.app.state.stats.invalidate()
+    return ChangeResponse(
+        dry_run=dry_run,
+        changed=result.changed,
+        diff={k: [a, b] for k, (a, b) in result.diff.items()},
+        thresholds=thresholds_view(result.snapshot),
+        routing_change=rc,
+    )
+
+
+_MUTATION = {"response_model": ChangeResponse, "responses": _ERRORS, "tags": ["thresholds"]}
+
+
+@router.put("/thresholds", openapi_extra=_thresholds_body_schema(False), **_MUTATION)
+def put_thresholds(
+    request: Request,
+    actor: Actor,
+    body: Annotated[dict[str, Any], Body()],
+    if_match: IfMatch = None,
+    dry_run: DryRun = False,
+) -> ChangeResponse:
+    """Replace the whole override layer: keys left out fall back to the config file, then the profile."""
+    r = _plane(request).replace(
+        body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
+    )
+    return _respond(request, r, dry_run)
+
+
+@router.patch("/thresholds", openapi_extra=_thresholds_body_schema(True), **_MUTATION)
+def patch_thresholds(
+    request: Request,
+    actor: Actor,
+    body: Annotated[dict[str, Any], Body()],
+    if_match: IfMatch = None,
+    dry_run: DryRun = False,
+) -> ChangeResponse:
+    """Set some overrides; a key set to null drops its override (JSON merge-patch style)."""
+    r = _plane(request).apply_overrides(
+        body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
+    )
+    return _respond(request, r, dry_run)
+
+
+@router.post("/thresholds/rollback", **_MUTATION)
+def rollback_thresholds(
+    request: Request,
+    actor: Actor,
+    body: RollbackRequest,
+    if_match: IfMatch = None,
+    dry_run: DryRun = False,
+) -> ChangeResponse:
+    """Publish a new version whose values equal an earlier one's (see /thresholds/history)."""
+    r = _plane(request).rollback(
+        body.version, actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run
+    )
+    return _respond(request, r, dry_run)
+
+
+@router.post("/reload", **_MUTATION)
+def reload_config(request: Request, actor: Actor, if_match: IfMatch = None) -> ChangeResponse:
+    """Re-read the operator config file and publish it (what SIGHUP or a file edit would do)."""
+    expected = parse_if_match(if_match)
+    plane = _plane(request)
+    if expected is not None:
+        # ControlPlane.reload() takes no if_match: check here (not atomic with the publish).
+        cur = plane.snapshot().version
+        if cur != expected:
+            raise VersionConflict(expected, cur)
+    r = plane.reload(actor=actor)  # counted in flyserve_config_reloads_total by the control plane
+    return _respond(request, r, False)
+
+
+# ----------------------------------------------------------------------------- ops
+
+
+@router.get(
+    "/metrics", tags=["ops"], response_class=Response, responses={200: {"content": {"text/plain": {}}}}
+)
+def metrics(request: Request) -> Response:
+    """Prometheus exposition: every rank's metrics (multiprocess files) plus the sidecar's own."""
+    request.app.state.update_rank_gauges(_service(request).rank_views_only(), None)
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/healthz", response_model=Health, tags=["ops"])
+def healthz() -> Health:
+    """The process is up and serving."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Readiness, tags=["ops"], responses={503: {"model": Readiness}})
+def readyz(request: Request):
+    """Ready when the state directory is readable and at least one rank reports."""
+    settings = request.app.state.settings
+    readable = settings.state_dir.is_dir()
+    try:
+        next(iter(settings.state_dir.iterdir()), None)
+    except OSError:
+        readable = False
+    live = sum(1 for v in _service(request).rank_views_only() if not v.stale) if readable else 0
+    ready = readable and live >= 1
+    detail = "ok" if ready else ("state directory not readable" if not readable else "no live rank")
+    body = Readiness(ready=ready, state_dir_readable=readable, live_ranks=live, detail=detail)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)

@@ -1,0 +1,241 @@
+"""StatsService: builds the /dispatch-stats payload, caches it briefly, keeps the counter history.
+
+One instance per app. A daemon thread snapshots the counters every ``counter_snapshot_interval_s``
+for the sliding windows; request handlers call ``dispatch_stats()``, which reuses the last result
+for ``stats_ttl_s`` (reading every rank's multiprocess files is the costly part; see
+docs/performance.md "Sidecar latency").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flyserve.control import ConfigSnapshot, ControlPlane
+from flyserve.policy.profiles import load_profile
+from flyserve.sidecar.models import DispatchStats, EngineStats, KeyProvenance, RankView, ThresholdsView
+from flyserve.sidecar.settings import SidecarSettings
+from flyserve.sidecar.stats import (
+    WINDOWS,
+    CounterHistory,
+    CounterSnapshot,
+    RankCounters,
+    kernels_of,
+    read_counters,
+    representative,
+    totals_of,
+    window_of,
+)
+
+log = logging.getLogger("flyserve.sidecar")
+
+
+def thresholds_view(snap: ConfigSnapshot) -> ThresholdsView:
+    """The snapshot as the API shows it, with the keys that differ from the profile and their layer."""
+    values = snap.thresholds.model_dump()
+    try:
+        defaults = load_profile(snap.profile).model_dump()
+    except Exception:  # an unknown profile must not break the stats page  # noqa: BLE001
+        defaults = {}
+    differs = {
+        k: KeyProvenance(value=v, default=defaults[k], provenance=snap.provenance.get(k, "profile"))
+        for k, v in values.items()
+        if k in defaults and defaults[k] != v
+    }
+    return ThresholdsView(
+        version=snap.version,
+        sha256=snap.sha256,
+        source=snap.source,
+        actor=snap.actor or None,
+        time=snap.time or None,
+        effective_step=snap.effective_step,
+        profile=snap.profile,
+        circuit_open=snap.circuit_open,
+        values=values,
+        overrides=dict(snap.overrides),
+        differs_from_profile=differs,
+    )
+
+
+def _int_or_none(x: Any) -> int | None:
+    try:
+        return None if x is None else int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def rank_views(
+    reports: list[Mapping[str, Any]],
+    counters: Mapping[int, RankCounters],
+    *,
+    now: float,
+    stale_after_s: float,
+) -> list[RankView]:
+    """One view per rank seen in a report or in the counters. A rank that only left counters
+    behind (its report is gone) is shown stale, with its counters."""
+    by_key: dict[tuple[int, int], Mapping[str, Any]] = {}
+    for d in reports:
+        r = _int_or_none(d.get("rank"))
+        if r is None:
+            continue
+        by_key[(_int_or_none(d.get("engine")) or 0, r)] = d
+    known_ranks = {r for (_, r) in by_key}
+    for r in counters:
+        if r not in known_ranks:
+            by_key[(0, r)] = {}
+    out = []
+    for (engine, rank), d in sorted(by_key.items()):
+        t = d.get("time")
+        try:
+            age = max(0.0, now - float(t)) if t is not None else None
+        except (TypeError, ValueError):
+            age = None
+        c = counters.get(rank)
+        out.append(
+            RankView(
+                rank=rank,
+                engine=engine,
+                pid=_int_or_none(d.get("pid")),
+                step=_int_or_none(d.get("step")),
+                applied_version=_int_or_none(d.get("applied_version")),
+                applied_step=_int_or_none(d.get("applied_step")),
+                circuit_open=d.get("circuit_open") if isinstance(d.get("circuit_open"), bool) else None,
+                age_s=None if age is None else round(age, 3),
+                stale=age is None or age > stale_after_s,
+                totals=totals_of([c]) if c is not None else None,
+            )
+        )
+    return out
+
+
+def _agree(views: list[RankView]) -> bool:
+    return len({v.applied_version for v in views if not v.stale}) <= 1
+
+
+class StatsService:
+    """Computes DispatchStats; thread-safe; owns the sampler thread (start/stop)."""
+
+    def __init__(
+        self,
+        settings: SidecarSettings,
+        control: ControlPlane,
+        *,
+        wall: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.control = control
+        self.metrics_dir = control.state_dir.metrics_dir
+        self.history = CounterHistory(settings.counter_snapshot_interval_s)
+        self._wall, self._mono = wall, mono
+        self._lock = threading.Lock()
+        self._cached: tuple[float, DispatchStats] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ sampler
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="flyserve-sidecar-sampler", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def sample_once(self) -> None:
+        try:
+            self.history.add(CounterSnapshot(self._mono(), read_counters(self.metrics_dir)))
+        except OSError:
+            pass  # no metrics dir yet (no rank started): nothing to remember
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample_once()
+            self._stop.wait(self.settings.counter_snapshot_interval_s)
+
+    # ------------------------------------------------------------------ payload
+
+    def dispatch_stats(self) -> DispatchStats:
+        now = self._mono()
+        with self._lock:
+            c = self._cached
+            if c is not None and now - c[0] < self.settings.stats_ttl_s:
+                return c[1]
+            stats = self._compute(now)
+            self._cached = (now, stats)
+            return stats
+
+    def invalidate(self) -> None:
+        """Drop the cached payload (after a change made through this sidecar)."""
+        with self._lock:
+            self._cached = None
+
+    def rank_views_only(self) -> list[RankView]:
+        """Rank liveness without reading counters (for /readyz and the rank gauges)."""
+        return rank_views(
+            self.control.store.rank_reports(), {}, now=self._wall(), stale_after_s=self.settings.stale_after_s
+        )
+
+    def _compute(self, now_mono: float) -> DispatchStats:
+        errors: list[str] = []
+        wall = self._wall()
+        try:
+            counters = read_counters(self.metrics_dir)
+        except OSError as exc:
+            counters = {}
+            errors.append(f"metrics: {exc}")
+        try:
+            view: ThresholdsView | None = thresholds_view(self.control.snapshot())
+        except Exception as exc:  # noqa: BLE001 - the page must show what it can
+            view = None
+            errors.append(f"thresholds: {exc}")
+        ranks = rank_views(
+            self.control.store.rank_reports(), counters, now=wall, stale_after_s=self.settings.stale_after_s
+        )
+        engines: dict[int, list[int]] = {}
+        for v in ranks:
+            engines.setdefault(v.engine, []).append(v.rank)
+        now_snap = CounterSnapshot(now_mono, counters)
+        bases = {name: self.history.baseline(now_mono, secs) for name, secs in WINDOWS.items()}
+
+        engine_stats = []
+        for e, members in sorted(engines.items()):
+            rep = representative(counters, members)
+            member_views = [v for v in ranks if v.engine == e]
+            engine_stats.append(
+                EngineStats(
+                    engine=e,
+                    representative_rank=rep,
+                    ranks=sorted(members),
+                    ranks_agree=_agree(member_views),
+                    totals=totals_of([counters[rep]] if rep in counters else []),
+                    windows={
+                        name: window_of(now_snap, base, complete, {e: members})
+                        for name, (base, complete) in bases.items()
+                    },
+                    kernels=kernels_of(counters[r] for r in members if r in counters),
+                )
+            )
+        reps = [es.representative_rank for es in engine_stats]
+        return DispatchStats(
+            time=wall,
+            thresholds=view,
+            totals=totals_of(counters[r] for r in reps if r is not None and r in counters),
+            windows={
+                name: window_of(now_snap, base, complete, engines) for name, (base, complete) in bases.items()
+            },
+            ranks=ranks,
+            ranks_agree=_agree(ranks),
+            live_ranks=sum(1 for v in ranks if not v.stale),
+            kernels=kernels_of(counters.values()),
+            engines=engine_stats,
+            errors=errors,
+        )

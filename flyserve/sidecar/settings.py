@@ -1,0 +1,88 @@
+"""SidecarSettings: everything the sidecar app is built from, as one frozen value.
+
+``create_app(settings)`` takes nothing else, so a test builds an app with its own state
+directory and token, and the CLI is a thin layer that fills these fields from flags.
+The token is never a flag value (it would show in ``ps``): it comes from a file or from
+$FLYSERVE_SIDECAR_TOKEN.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+log = logging.getLogger("flyserve.sidecar")
+
+TOKEN_ENV = "FLYSERVE_SIDECAR_TOKEN"
+# A token shorter than this is refused: a bearer token is the only thing between the network
+# and the thresholds every rank runs with.
+MIN_TOKEN_LENGTH = 16
+
+
+class TokenError(ValueError):
+    """The token file or variable is unusable; the message names which and why."""
+
+
+class SidecarSettings(BaseModel):
+    """The sidecar's configuration. Frozen: the app never changes it while serving."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state_dir: Path = Field(description="The flyserve state directory shared with the ranks.")
+    profile: str = Field("gfx950", description="Threshold profile the control plane layers overrides on.")
+    config_file: Path | None = Field(None, description="Optional operator thresholds file (control plane).")
+    token: SecretStr | None = Field(
+        None, description="Bearer token for mutating routes. None: every mutation is refused (403)."
+    )
+    stale_after_s: float = Field(
+        5.0, gt=0, description="A rank whose report is older than this is marked stale (ranks report ~1/s)."
+    )
+    counter_snapshot_interval_s: float = Field(
+        5.0, gt=0, description="How often the counters are snapshotted for the 60s/300s/900s windows."
+    )
+    stats_ttl_s: float = Field(
+        0.5,
+        ge=0,
+        description="Computed /dispatch-stats are reused for this long: reading the multiprocess files "
+        "is the expensive part, and a dashboard polling at 200 req/s needs no fresher numbers.",
+    )
+    stream_interval_s: float = Field(2.0, gt=0, description="Seconds between /dispatch-stats/stream events.")
+    max_body_bytes: int = Field(64 * 1024, gt=0, description="Larger request bodies get 413.")
+    dry_run_shape_limit: int = Field(
+        2048, gt=0, description="At most this many recent shapes are replayed for a dry run's routing change."
+    )
+
+
+def read_token(token_file: Path | None, *, env: dict[str, str] | None = None) -> SecretStr | None:
+    """The bearer token from ``token_file`` (first line, stripped), else from $FLYSERVE_SIDECAR_TOKEN.
+
+    A token file readable by group or others is accepted with a warning: refusing would lock the
+    operator out of a running deployment, but they should know (docs/sidecar.md, security notes).
+    """
+    env = os.environ if env is None else env
+    if token_file is not None:
+        try:
+            mode = token_file.stat().st_mode
+            text = token_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise TokenError(f"--token-file {token_file}: cannot read ({exc.strerror or exc})") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log.warning(
+                "token file %s is accessible by group/others (mode %o); chmod 600 it",
+                token_file,
+                mode & 0o777,
+            )
+        token = text.strip().splitlines()[0].strip() if text.strip() else ""
+        where = f"--token-file {token_file}"
+    elif env.get(TOKEN_ENV):
+        token = env[TOKEN_ENV].strip()
+        where = f"${TOKEN_ENV}"
+    else:
+        return None
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise TokenError(f"{where}: the token must be at least {MIN_TOKEN_LENGTH} characters")
+    return SecretStr(token)

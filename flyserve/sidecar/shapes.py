@@ -1,0 +1,168 @@
+"""A bounded sample of recent batch shapes, per rank: what a dry run replays through decide().
+
+File format (documented in docs/sidecar.md for the vLLM routing): ``<state>/shapes/<engine>-<rank>.jsonl``,
+one JSON object per line, newest last, at most ``capacity`` lines, rewritten whole and atomically
+(temp file + os.replace) by the rank from time to time, never per step::
+
+    {"step": 1234, "query_lens": [1, 1, 2048, ...], "max_seq_len": 8192, "num_heads": 16, "causal": true}
+
+Query lengths are kept (not a BatchShape) so a dry run that changes ``block_m`` or
+``decode_query_len_max`` re-derives the row counts exactly as a rank would.
+
+The writer's ``add`` is one deque append of a tuple the caller already holds; the JSON encoding and
+the file write happen in ``flush``, which the rank calls off its step path (the simulator calls it
+once a second).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from flyserve.policy.rules import decide
+from flyserve.policy.shape import BatchShape
+from flyserve.policy.thresholds import Thresholds
+
+SHAPES_DIR = "shapes"
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeSample:
+    step: int
+    query_lens: tuple[int, ...]
+    max_seq_len: int
+    num_heads: int
+    causal: bool = True
+
+    def shape(self, t: Thresholds) -> BatchShape:
+        return BatchShape.from_query_lens(
+            np.asarray(self.query_lens, dtype=np.int64),
+            max_seq_len=self.max_seq_len,
+            num_heads=self.num_heads,
+            causal=self.causal,
+            thresholds=t,
+        )
+
+
+def shapes_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / SHAPES_DIR
+
+
+class ShapeSampleWriter:
+    """Keeps the last ``capacity`` shapes of one rank in memory; ``flush`` writes them out."""
+
+    def __init__(self, state_dir: Path, *, rank: int, engine: int = 0, capacity: int = 256) -> None:
+        self.path = shapes_dir(state_dir) / f"{engine}-{rank}.jsonl"
+        self._ring: deque[tuple[int, Sequence[int], int, int, bool]] = deque(maxlen=capacity)
+
+    def add(
+        self, step: int, query_lens: Sequence[int], max_seq_len: int, num_heads: int, causal: bool = True
+    ) -> None:
+        self._ring.append((step, query_lens, max_seq_len, num_heads, causal))
+
+    def flush(self) -> None:
+        """Rewrite the file atomically. Errors are swallowed: a missing sample only weakens a dry run."""
+        items = list(self._ring)
+        lines = [
+            json.dumps(
+                {
+                    "step": s,
+                    "query_lens": [int(x) for x in q],
+                    "max_seq_len": int(m),
+                    "num_heads": int(h),
+                    "causal": bool(c),
+                },
+                separators=(",", ":"),
+            )
+            for s, q, m, h, c in items
+        ]
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".jsonl")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write("\n".join(lines) + ("\n" if lines else ""))
+                os.replace(tmp, self.path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+
+
+def read_shape_samples(state_dir: Path, *, limit: int) -> list[ShapeSample]:
+    """Recent shapes from every rank file, newest first overall, at most ``limit``; bad lines skipped.
+
+    All TP ranks of an engine sample the same shapes; files are read in name order, which puts
+    one rank per engine first, and duplicates (same engine, same step) are dropped.
+    """
+    d = shapes_dir(state_dir)
+    try:
+        names = sorted(n for n in os.listdir(d) if n.endswith(".jsonl") and not n.startswith("."))
+    except OSError:
+        return []
+    seen: set[tuple[str, int]] = set()
+    out: list[ShapeSample] = []
+    for name in names:
+        engine = name.split("-", 1)[0]
+        for s in _read_file(d / name):
+            key = (engine, s.step)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(s)
+    out.sort(key=lambda s: s.step, reverse=True)
+    return out[:limit]
+
+
+def _read_file(path: Path) -> Iterator[ShapeSample]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+            yield ShapeSample(
+                step=int(d["step"]),
+                query_lens=tuple(int(x) for x in d["query_lens"]),
+                max_seq_len=int(d["max_seq_len"]),
+                num_heads=int(d["num_heads"]),
+                causal=bool(d.get("causal", True)),
+            )
+        except (ValueError, KeyError, TypeError):
+            continue
+
+
+def routing_change(samples: Sequence[ShapeSample], current: Thresholds, proposed: Thresholds) -> dict:
+    """Replay ``samples`` through decide() under both thresholds; counts per path and the transitions."""
+    cur_paths: dict[str, int] = {"unified": 0, "prefill": 0}
+    new_paths: dict[str, int] = {"unified": 0, "prefill": 0}
+    transitions: dict[str, int] = {}
+    changed = 0
+    for s in samples:
+        a = decide(s.shape(current), current)
+        b = decide(s.shape(proposed), proposed)
+        cur_paths[a.path] = cur_paths.get(a.path, 0) + 1
+        new_paths[b.path] = new_paths.get(b.path, 0) + 1
+        if (a.path, a.reason) != (b.path, b.reason):
+            changed += 1
+            key = f"{a.path}/{a.reason} -> {b.path}/{b.reason}"
+            transitions[key] = transitions.get(key, 0) + 1
+    n = len(samples)
+    return {
+        "samples": n,
+        "current": cur_paths,
+        "proposed": new_paths,
+        "prefill_ratio_current": cur_paths["prefill"] / n if n else None,
+        "prefill_ratio_proposed": new_paths["prefill"] / n if n else None,
+        "changed": changed,
+        "transitions": transitions,
+    }

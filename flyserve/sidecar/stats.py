@@ -1,0 +1,303 @@
+"""Dispatch statistics from the ranks' multiprocess counters and their reports.
+
+Three steps, each a small pure function so it can be tested without a server:
+
+1. ``read_counters(metrics_dir)``: prometheus_client's multiprocess files -> per-rank
+   ``RankCounters`` (plain dicts of floats). The only I/O.
+2. ``totals_of`` / ``kernels_of``: counters -> ``Totals`` / ``KernelStats``.
+3. ``CounterHistory``: periodic snapshots of the counters, so a 60s/300s/900s window is the
+   difference between now and the snapshot taken that long ago (the counters themselves are
+   monotonic and cheap; keeping a history of them is what Prometheus' ``increase()`` does too).
+
+Every TP rank of an engine decides the same thing each step (decide() is pure, the shape and the
+thresholds version are the same), so an engine's totals come from ONE rank, never the sum over
+ranks. The representative is the rank with the most decisions in the interval (ties: the lowest
+rank): a killed rank's counters stop growing, so the choice moves to a live rank by itself.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from flyserve.policy.vocabulary import NO_PREFILL_ROWS, PATHS, PREFILL, REASONS
+from flyserve.sidecar.models import KernelStats, Totals, Window
+
+DECISIONS = "flyserve_dispatch_decisions_total"
+TOKENS = "flyserve_dispatch_tokens_total"
+ROWS = "flyserve_dispatch_rows_total"
+LPT = "flyserve_dispatch_lpt_total"
+KERNEL = "flyserve_kernel_seconds"
+ROW_KINDS = ("prefill", "decode")
+
+WINDOWS: dict[str, float] = {"60s": 60.0, "300s": 300.0, "900s": 900.0}
+
+
+@dataclass
+class RankCounters:
+    """One rank's counters at one moment. Mutable while being filled by read_counters only."""
+
+    decisions: dict[tuple[str, str], float] = field(default_factory=dict)  # (path, reason)
+    tokens: dict[str, float] = field(default_factory=dict)  # path
+    rows: dict[tuple[str, str], float] = field(default_factory=dict)  # (path, kind)
+    lpt: dict[str, float] = field(default_factory=dict)  # ordering: lpt | plain
+    kernel_buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # path -> {le: cumulative}
+    kernel_sum: dict[str, float] = field(default_factory=dict)
+    kernel_count: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def batches(self) -> float:
+        return sum(self.decisions.values())
+
+    def minus(self, earlier: RankCounters | None) -> RankCounters:
+        """self - earlier, series by series. A series that went down was reset (a restarted rank
+        wiped its files): its delta is its current value, as Prometheus' increase() treats resets."""
+        if earlier is None:
+            return self
+
+        def sub(a: Mapping, b: Mapping) -> dict:
+            out = {}
+            for k, v in a.items():
+                d = v - b.get(k, 0.0)
+                out[k] = v if d < 0 else d
+            return out
+
+        return RankCounters(
+            decisions=sub(self.decisions, earlier.decisions),
+            tokens=sub(self.tokens, earlier.tokens),
+            rows=sub(self.rows, earlier.rows),
+            lpt=sub(self.lpt, earlier.lpt),
+            kernel_buckets={
+                p: sub(b, earlier.kernel_buckets.get(p, {})) for p, b in self.kernel_buckets.items()
+            },
+            kernel_sum=sub(self.kernel_sum, earlier.kernel_sum),
+            kernel_count=sub(self.kernel_count, earlier.kernel_count),
+        )
+
+
+def _rank_of(labels: Mapping[str, str]) -> int | None:
+    try:
+        return int(labels["rank"])
+    except (KeyError, ValueError):
+        return None
+
+
+def read_counters(metrics_dir: Path) -> dict[int, RankCounters]:
+    """All ranks' dispatch counters from a PROMETHEUS_MULTIPROC_DIR (read-only, no env needed).
+
+    Files of dead processes stay and keep counting toward their rank, as they should: counters
+    are totals over the run. Raises OSError if the directory cannot be listed.
+    """
+    if not metrics_dir.is_dir():
+        raise FileNotFoundError(f"metrics directory {metrics_dir} does not exist")
+    files = glob.glob(os.path.join(metrics_dir, "*.db"))
+    out: dict[int, RankCounters] = {}
+    for metric in MultiProcessCollector.merge(files, accumulate=True):
+        for s in metric.samples:
+            name = s.name
+            if not name.startswith("flyserve_"):
+                continue
+            rank = _rank_of(s.labels)
+            if rank is None:
+                continue
+            rc = out.get(rank)
+            if rc is None:
+                rc = out[rank] = RankCounters()
+            lab = s.labels
+            if name == DECISIONS:
+                rc.decisions[(lab.get("path", ""), lab.get("reason", ""))] = s.value
+            elif name == TOKENS:
+                rc.tokens[lab.get("path", "")] = s.value
+            elif name == ROWS:
+                rc.rows[(lab.get("path", ""), lab.get("kind", ""))] = s.value
+            elif name == LPT:
+                rc.lpt[lab.get("ordering", "")] = s.value
+            elif name == KERNEL + "_bucket":
+                le = float(lab.get("le", "inf"))
+                rc.kernel_buckets.setdefault(lab.get("path", ""), {})[le] = s.value
+            elif name == KERNEL + "_sum":
+                rc.kernel_sum[lab.get("path", "")] = s.value
+            elif name == KERNEL + "_count":
+                rc.kernel_count[lab.get("path", "")] = s.value
+    return out
+
+
+# ----------------------------------------------------------------------------- derived numbers
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return None if den <= 0 else num / den
+
+
+def representative(counters: Mapping[int, RankCounters], ranks: Iterable[int]) -> int | None:
+    """The rank that stands for an engine: most decisions, ties to the lowest rank."""
+    best: tuple[float, int] | None = None
+    for r in ranks:
+        c = counters.get(r)
+        n = c.batches if c is not None else 0.0
+        if best is None or n > best[0] or (n == best[0] and r < best[1]):
+            best = (n, r)
+    return None if best is None else best[1]
+
+
+def totals_of(counters: Iterable[RankCounters]) -> Totals:
+    """Sum of the given ranks' counters (pass one representative per engine)."""
+    decisions = {p: 0.0 for p in PATHS}
+    reasons = {r: 0.0 for r in REASONS}
+    tokens = {p: 0.0 for p in PATHS}
+    rows = {p: {k: 0.0 for k in ROW_KINDS} for p in PATHS}
+    lpt = {"lpt": 0.0, "plain": 0.0}
+    prefill_with_rows = 0.0  # prefill-path batches that had a prefill row
+    for c in counters:
+        for (p, r), v in c.decisions.items():
+            decisions[p] = decisions.get(p, 0.0) + v
+            reasons[r] = reasons.get(r, 0.0) + v
+            if p == PREFILL and r != NO_PREFILL_ROWS:
+                prefill_with_rows += v
+        for p, v in c.tokens.items():
+            tokens[p] = tokens.get(p, 0.0) + v
+        for (p, k), v in c.rows.items():
+            kinds = rows.setdefault(p, {})
+            kinds[k] = kinds.get(k, 0.0) + v
+        for o, v in c.lpt.items():
+            lpt[o] = lpt.get(o, 0.0) + v
+    batches = sum(decisions.values())
+    lpt_batches = lpt.get("lpt", 0.0) + lpt.get("plain", 0.0)
+    return Totals(
+        batches=round(batches),
+        decisions={p: round(v) for p, v in decisions.items()},
+        reasons={r: round(v) for r, v in reasons.items()},
+        prefill_ratio=_ratio(decisions.get(PREFILL, 0.0), batches),
+        prefill_ratio_of_prefill_batches=_ratio(
+            prefill_with_rows, batches - reasons.get(NO_PREFILL_ROWS, 0.0)
+        ),
+        tokens={p: round(v) for p, v in tokens.items()},
+        rows={p: {k: round(v) for k, v in kinds.items()} for p, kinds in rows.items()},
+        lpt_share=_ratio(lpt.get("lpt", 0.0), lpt_batches),
+    )
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative buckets {le: count}: linear within a bucket.
+
+    Falls in the +Inf bucket -> the largest finite bound (as Prometheus does).
+    """
+    if not buckets:
+        return None
+    items = sorted(buckets.items())
+    total = items[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in items:
+        if count >= rank:
+            if math.isinf(le):
+                return prev_le
+            if count == prev_count:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
+        prev_le, prev_count = le, count
+    return prev_le
+
+
+def kernels_of(counters: Iterable[RankCounters]) -> dict[str, KernelStats]:
+    """Per-path kernel time, every given rank's samples pooled (each rank times its own kernels)."""
+    buckets: dict[str, dict[float, float]] = {p: {} for p in PATHS}
+    sums: dict[str, float] = {p: 0.0 for p in PATHS}
+    counts: dict[str, float] = {p: 0.0 for p in PATHS}
+    for c in counters:
+        for p, b in c.kernel_buckets.items():
+            acc = buckets.setdefault(p, {})
+            for le, v in b.items():
+                acc[le] = acc.get(le, 0.0) + v
+        for p, v in c.kernel_sum.items():
+            sums[p] = sums.get(p, 0.0) + v
+        for p, v in c.kernel_count.items():
+            counts[p] = counts.get(p, 0.0) + v
+    out = {}
+    for p, b in buckets.items():
+        n = counts.get(p, 0.0)
+        out[p] = KernelStats(
+            count=round(n),
+            mean_s=_ratio(sums.get(p, 0.0), n),
+            p50_s=histogram_quantile(0.5, b) if n > 0 else None,
+            p99_s=histogram_quantile(0.99, b) if n > 0 else None,
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- windows
+
+
+@dataclass(frozen=True)
+class CounterSnapshot:
+    """All ranks' counters at one monotonic time."""
+
+    time: float
+    counters: Mapping[int, RankCounters]
+
+
+class CounterHistory:
+    """A bounded ring of counter snapshots, one every ``interval_s``, covering the longest window.
+
+    Thread-safe: the sampler thread appends while request handlers read.
+    """
+
+    def __init__(self, interval_s: float, horizon_s: float = max(WINDOWS.values())) -> None:
+        self.interval_s = interval_s
+        self._ring: deque[CounterSnapshot] = deque(maxlen=math.ceil(horizon_s / interval_s) + 2)
+        self._lock = threading.Lock()
+
+    def add(self, snap: CounterSnapshot) -> None:
+        with self._lock:
+            self._ring.append(snap)
+
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    def baseline(self, now: float, seconds: float) -> tuple[CounterSnapshot | None, bool]:
+        """The newest snapshot at least ``seconds`` old (complete window), else the oldest one."""
+        with self._lock:
+            ring = list(self._ring)
+        cutoff = now - seconds
+        best = None
+        for s in ring:  # oldest first
+            if s.time <= cutoff:
+                best = s
+            else:
+                break
+        if best is not None:
+            return best, True
+        return (ring[0] if ring else None), False
+
+
+def window_of(
+    now: CounterSnapshot,
+    base: CounterSnapshot | None,
+    complete: bool,
+    engines: Mapping[int, list[int]],
+) -> Window:
+    """Totals over (base, now], one representative rank per engine chosen on the window's deltas."""
+    if base is None:
+        deltas: dict[int, RankCounters] = {}
+        span = 0.0
+    else:
+        deltas = {r: c.minus(base.counters.get(r)) for r, c in now.counters.items()}
+        span = max(0.0, now.time - base.time)
+    reps = [representative(deltas, ranks) for ranks in engines.values()]
+    t = totals_of(deltas[r] for r in reps if r is not None and r in deltas)
+    return Window(**t.model_dump(), span_s=round(span, 3), complete=complete)
+
+
+def take_snapshot(metrics_dir: Path, clock=time.monotonic) -> CounterSnapshot:
+    return CounterSnapshot(time=clock(), counters=read_counters(metrics_dir))
