@@ -145,17 +145,30 @@ class Watcher:
                 self._hup.clear()
                 self.check(force=True)
 
+    def _watch_dirs(self) -> list[Path]:
+        """The file's directory, plus the directory its symlinks resolve to when that differs: an
+        in-place edit of a ConfigMap's ..2026_xx/flyserve.yaml raises events only there."""
+        dirs = [self.path.parent]
+        try:
+            real = self.path.resolve(strict=True).parent
+        except OSError:
+            real = None
+        if real is not None and real != self.path.parent.resolve():
+            dirs.append(real)
+        return [d for d in dirs if d.is_dir()]
+
     def _watch_once(self, wake: _Wake) -> None:
-        """Block on directory events; check the file on every batch of events and on each poll timeout."""
+        """Block on directory events; check the file on every batch of events and on each poll
+        timeout. Returns (to be called again) when the symlink target moved, on stop, or on SIGHUP."""
         import watchfiles
 
-        directory = self.path.parent
-        if not directory.is_dir():
+        dirs = self._watch_dirs()
+        self.check()  # anything that changed while no watch was running
+        if not dirs:
             self._stop.wait(self.poll_interval_s)
-            self.check()
             return
         for _changes in watchfiles.watch(
-            directory,
+            *dirs,
             watch_filter=None,
             debounce=self.debounce_ms,
             step=50,
@@ -166,7 +179,7 @@ class Watcher:
             raise_interrupt=False,
         ):
             self.check()
-            if wake.is_set():
+            if wake.is_set() or self._watch_dirs() != dirs:
                 return
 
     def check(self, *, force: bool = False) -> bool:
