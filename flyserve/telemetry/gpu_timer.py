@@ -1,0 +1,265 @@
+"""Sampled per-path kernel timing that never waits for the device.
+
+1 in N calls of each kernel path is timed. On CUDA a pair of
+``torch.cuda.Event(enable_timing=True)`` is recorded around the call on the current stream and
+put on a bounded pending queue; later sampled calls harvest the queue's head with
+``event.query()`` (a non-blocking cudaEventQuery) and read ``start.elapsed_time(end)`` only once
+``end`` has completed, so nothing ever calls ``synchronize()`` or ``.item()``. While the stream
+is capturing a CUDA graph nothing is recorded (an event recorded into a graph would be timed on
+every replay and never harvested here). On a CPU path the call is timed with
+``time.perf_counter_ns`` and observed at once.
+
+Each timing is observed into ``flyserve_kernel_seconds{path,rank}``; a full queue (the GPU is
+far behind, or nothing harvests) drops the new sample and counts it in
+``flyserve_kernel_timer_dropped_total{path,rank}``. A timed call that also wins the span draw
+(``random() < sampler.ratio``) becomes a ``flyserve.kernel`` span, created when the timing is
+harvested, with explicit start (host wall clock when the call was enqueued) and end (start +
+measured device time) timestamps.
+
+torch is imported lazily (when a CUDA timer is built), never at module import.
+
+Use from a step loop (one timer per rank process, bound per path once)::
+
+    timer = KernelTimer(rank, every=16, clock="cuda", tracing=tracing)
+    unified = timer.path("unified")          # pre-bound: no lookups per call
+    for step in ...:
+        for layer in layers:
+            tok = unified.start()            # None unless this call is sampled
+            out = attention(...)             # the kernel launch(es) of this path
+            unified.stop(tok)                # records the end event; never waits
+    timer.harvest()                          # optional: observe whatever has completed
+    timer.close()                            # optional: drop what is still pending
+
+``timer.path(p).call(fn, *args)`` wraps one call the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from random import random
+from typing import Any, Final, Protocol
+
+from flyserve.policy.vocabulary import PATHS
+from flyserve.telemetry import metrics
+from flyserve.telemetry.recorder import HistogramBinding
+from flyserve.telemetry.tracing import KERNEL_SPAN, ROOT_CONTEXT, Tracing
+
+DEFAULT_EVERY: Final = 16
+DEFAULT_MAX_PENDING: Final = 64
+CLOCKS: Final = ("cuda", "host")
+
+
+class TimingEvent(Protocol):
+    """What the timer needs from an event (torch.cuda.Event(enable_timing=True) fits)."""
+
+    def record(self) -> None: ...
+    def query(self) -> bool: ...
+    def elapsed_time(self, end: Any) -> float: ...  # milliseconds
+
+
+class _Pending:
+    __slots__ = ("end", "path", "span", "start", "wall_ns")
+
+    def __init__(self, path: _PathTimer, start: TimingEvent, end: TimingEvent, wall_ns: int, span: bool):
+        self.path = path
+        self.start = start
+        self.end = end
+        self.wall_ns = wall_ns
+        self.span = span
+
+
+class _PathTimer:
+    """The timer of one kernel path; bind it once (``KernelTimer.path``) and call start/stop."""
+
+    __slots__ = ("_left", "_owner", "dropped", "every", "hist", "name", "rank_label")
+
+    def __init__(self, owner: KernelTimer, name: str) -> None:
+        self._owner = owner
+        self.name = name
+        self.every = owner.every
+        self._left = 1  # time the first call: a series with data from the first step
+        self.rank_label = owner.rank_label
+        self._bind()
+
+    def _bind(self) -> None:
+        self.hist = HistogramBinding(metrics.KERNEL_SECONDS.labels(self.name, self.rank_label))
+        self.dropped = metrics.KERNEL_TIMER_DROPPED.labels(self.name, self.rank_label)._value.inc
+
+    def start(self) -> Any:
+        """Before the call: None (not sampled: one int decrement) or a token for stop()."""
+        self._left -= 1
+        if self._left:
+            return None
+        self._left = self.every
+        return self._owner._start(self)
+
+    def stop(self, token: Any) -> None:
+        """After the call (enqueued, not finished, on CUDA): never waits for the device."""
+        if token is not None:
+            self._owner._stop(self, token)
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        tok = self.start()
+        out = fn(*args, **kwargs)
+        if tok is not None:
+            self._owner._stop(self, tok)
+        return out
+
+
+class KernelTimer:
+    """Times 1 in ``every`` calls of each kernel path of one rank.
+
+    clock: "cuda" (events on the current stream), "host" (perf_counter_ns; CPU kernels),
+    or "auto" (cuda when torch is imported and CUDA is available, else host).
+    max_pending: CUDA timings waiting for their events; beyond it new samples are dropped.
+    event_factory / is_capturing: injectable for tests (fake events); default torch.cuda's.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        *,
+        every: int = DEFAULT_EVERY,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        clock: str = "auto",
+        tracing: Tracing | None = None,
+        event_factory: Callable[[], TimingEvent] | None = None,
+        is_capturing: Callable[[], bool] | None = None,
+    ) -> None:
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.rank = int(rank)
+        self.rank_label = str(self.rank)
+        self.every = int(every)
+        self.max_pending = int(max_pending)
+        self.tracing = tracing
+        self._sampler = tracing.sampler if tracing is not None else None
+        self.clock = self._pick_clock(clock, event_factory)
+        self._event_factory = event_factory
+        self._is_capturing = is_capturing
+        if self.clock == "cuda" and (event_factory is None or is_capturing is None):
+            import torch  # lazy: only a CUDA timer needs it
+
+            if event_factory is None:
+                self._event_factory = lambda: torch.cuda.Event(enable_timing=True)
+            if is_capturing is None:
+                self._is_capturing = torch.cuda.is_current_stream_capturing
+        self._pending: deque[_Pending] = deque()
+        # Spare events (completed pairs are reused): steady state allocates no event.
+        self._spare: list[TimingEvent] = []
+        metrics.precreate_rank_series(self.rank_label)
+        self._gen = metrics._BACKEND.generation
+        self._paths = {p: _PathTimer(self, p) for p in PATHS}
+
+    @staticmethod
+    def _pick_clock(clock: str, event_factory: Any) -> str:
+        if clock not in (*CLOCKS, "auto"):
+            raise ValueError(f"clock must be one of {(*CLOCKS, 'auto')}, got {clock!r}")
+        if clock != "auto":
+            return clock
+        if event_factory is not None:
+            return "cuda"
+        import sys
+
+        torch = sys.modules.get("torch")  # never import torch just to find out
+        return "cuda" if torch is not None and torch.cuda.is_available() else "host"
+
+    def path(self, name: str) -> _PathTimer:
+        """The pre-bound timer of kernel path ``name`` (unified or prefill)."""
+        try:
+            return self._paths[name]
+        except KeyError:
+            raise ValueError(f"unknown kernel path {name!r}; expected one of {PATHS}") from None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # -- sampled calls only below ----------------------------------------------------------
+
+    def _rebind_if_needed(self) -> None:
+        if self._gen != metrics._BACKEND.generation:
+            metrics.precreate_rank_series(self.rank_label)
+            self._gen = metrics._BACKEND.generation
+            for p in self._paths.values():
+                p._bind()
+
+    def _want_span(self) -> bool:
+        s = self._sampler
+        return s is not None and bool(s.ratio) and random() < s.ratio
+
+    def _start(self, p: _PathTimer) -> Any:
+        self._rebind_if_needed()
+        if self.clock == "host":
+            return (time.perf_counter_ns(), time.time_ns() if self._want_span() else 0)
+        if self._pending:
+            self.harvest()
+        assert self._is_capturing is not None and self._event_factory is not None
+        if self._is_capturing():
+            return None
+        if len(self._pending) >= self.max_pending:
+            p.dropped(1)
+            return None
+        spare = self._spare
+        start = spare.pop() if spare else self._event_factory()
+        start.record()
+        return (start, time.time_ns() if self._want_span() else 0)
+
+    def _stop(self, p: _PathTimer, token: Any) -> None:
+        if self.clock == "host":
+            t0, wall = token
+            ns = time.perf_counter_ns() - t0
+            self._observe(p, ns * 1e-9, wall, ns)
+            return
+        start, wall = token
+        spare = self._spare
+        end = spare.pop() if spare else self._event_factory()  # type: ignore[misc]
+        end.record()
+        self._pending.append(_Pending(p, start, end, wall, wall != 0))
+
+    def harvest(self) -> int:
+        """Observe every pending timing whose end event has completed, oldest first; returns how many.
+
+        Never blocks: stops at the first entry whose end event's query() is False (one stream per
+        rank: events complete in the order they were recorded)."""
+        q = self._pending
+        n = 0
+        while q:
+            e = q[0]
+            if not e.end.query():
+                break
+            q.popleft()
+            ms = e.start.elapsed_time(e.end)
+            self._spare.append(e.start)
+            self._spare.append(e.end)
+            self._observe(e.path, ms * 1e-3, e.wall_ns if e.span else 0, int(ms * 1e6))
+            n += 1
+        return n
+
+    def _observe(self, p: _PathTimer, seconds: float, wall_ns: int, dur_ns: int) -> None:
+        h = p.hist
+        h.buckets[bisect_left(h.bounds, seconds)](1)
+        h.sum(seconds)
+        if wall_ns and self.tracing is not None:
+            self.tracing.tracer.start_span(
+                KERNEL_SPAN,
+                context=ROOT_CONTEXT,
+                start_time=wall_ns,
+                attributes={
+                    "flyserve.path": p.name,
+                    "flyserve.rank": self.rank,
+                    "flyserve.clock": self.clock,
+                    "flyserve.kernel_seconds": seconds,
+                },
+            ).end(end_time=wall_ns + dur_ns)
+
+    def close(self) -> int:
+        """Forget what is still pending (never waits); returns how many were dropped."""
+        n = len(self._pending)
+        self._pending.clear()
+        return n
