@@ -78,7 +78,10 @@ def _error(status: int, detail: str, field: str | None = None, errors: list[dict
 
 def create_app(settings: SidecarSettings) -> FastAPI:
     """Build the app. Starts nothing until the ASGI lifespan starts (the counter sampler thread)."""
-    control = ControlPlane(settings.state_dir, profile=settings.profile, config_file=settings.config_file)
+    extra = {} if settings.step_margin is None else {"step_margin": settings.step_margin}
+    control = ControlPlane(
+        settings.state_dir, profile=settings.profile, config_file=settings.config_file, **extra
+    )
     stats = StatsService(settings, control)
     shutting_down = threading.Event()
 

@@ -1,7 +1,171 @@
-"""Commands of this area (filled in by its issue)."""
+"""`flyserve sidecar` and `flyserve simulate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
+def sidecar(
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="State directory shared with the ranks (default: $FLYSERVE_STATE_DIR or "
+            "/dev/shm/flyserve/$FLYSERVE_INSTANCE).",
+        ),
+    ] = None,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host", help="Bind address. Loopback by default: put a network policy in front first."
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 9400,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="File whose first line is the bearer token for mutations (chmod 600). Else "
+            "$FLYSERVE_SIDECAR_TOKEN; with neither, every mutation is refused (403).",
+        ),
+    ] = None,
+    profile: Annotated[
+        str, typer.Option("--profile", help="Threshold profile under the overrides.")
+    ] = "gfx950",
+    config_file: Annotated[
+        Path | None, typer.Option("--config-file", help="Operator thresholds file (for /reload).")
+    ] = None,
+    stream_interval: Annotated[
+        float, typer.Option("--stream-interval", min=0.05, help="Seconds between SSE events.")
+    ] = 2.0,
+    stale_after: Annotated[
+        float, typer.Option("--stale-after", min=0.5, help="Seconds before a silent rank is stale.")
+    ] = 5.0,
+    step_margin: Annotated[
+        int | None,
+        typer.Option(
+            "--step-margin",
+            min=1,
+            help="Engine steps between the highest reported step and a new version's effective step "
+            "(default: the control plane's). Must cover ~2 s of steps.",
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn/flyserve log level.")] = "info",
+) -> None:
+    """Serve /dispatch-stats, /thresholds and /metrics next to vLLM (uvicorn, one worker)."""
+    import logging
+
+    import uvicorn
+
+    from flyserve.control import default_state_dir
+    from flyserve.sidecar.app import create_app
+    from flyserve.sidecar.settings import SidecarSettings, TokenError, read_token
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    err = typer.echo
+    try:
+        token = read_token(token_file)
+    except TokenError as exc:
+        err(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    sd = state_dir if state_dir is not None else default_state_dir()
+    if sd.exists() and not sd.is_dir():
+        err(f"error: --state-dir {sd} is not a directory", err=True)
+        raise typer.Exit(2)
+    try:
+        sd.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        err(f"error: --state-dir {sd}: cannot create ({exc.strerror or exc})", err=True)
+        raise typer.Exit(2) from None
+    settings = SidecarSettings(
+        state_dir=sd,
+        profile=profile,
+        config_file=config_file,
+        token=token,
+        stream_interval_s=stream_interval,
+        stale_after_s=stale_after,
+        step_margin=step_margin,
+    )
+    if token is None:
+        err("warning: no token (--token-file or $FLYSERVE_SIDECAR_TOKEN): mutations are disabled", err=True)
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        err(
+            f"warning: binding {host}: anyone who can reach it can read stats; guard it with a network policy",
+            err=True,
+        )
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        workers=1,
+        log_level=log_level.lower(),
+        timeout_graceful_shutdown=5,
+        access_log=False,
+    )
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # Tell open SSE streams to end now, so graceful shutdown does not wait for them.
+            app.state.shutting_down.set()
+            super().handle_exit(sig, frame)
+
+    typer.echo(f"flyserve sidecar on http://{host}:{port} (state {sd})", err=True)
+    _Server(config).run()
+
+
+def simulate(
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="State directory (default as for `sidecar`).")
+    ] = None,
+    ranks: Annotated[
+        int, typer.Option("--ranks", min=1, max=64, help="Rank processes (engine 0, ranks 0..N-1).")
+    ] = 2,
+    workload: Annotated[
+        str,
+        typer.Option(
+            "--workload", help="Named workload: seed-{8k,32k,60k}-c{8,32} (flyserve.lab.workloads)."
+        ),
+    ] = "seed-8k-c8",
+    steps: Annotated[
+        int, typer.Option("--steps", min=1, help="Engine steps per rank (the trace repeats).")
+    ] = 1000,
+    step_interval: Annotated[
+        float,
+        typer.Option(
+            "--step-interval", min=0.0, max=60.0, help="Seconds per engine step (0: as fast as possible)."
+        ),
+    ] = 0.05,
+    profile: Annotated[str, typer.Option("--profile", help="Threshold profile of the ranks.")] = "gfx950",
+    num_heads: Annotated[
+        int, typer.Option("--num-heads", min=1, help="Query heads per rank (the seed: 16).")
+    ] = 16,
+) -> None:
+    """Play N vLLM ranks: feed a workload's batch shapes through the real policy, recorder and control."""
+    from flyserve.control import default_state_dir
+    from flyserve.sidecar.simulate import SimulateArgs
+    from flyserve.sidecar.simulate import simulate as run
+
+    args = SimulateArgs(
+        state_dir=state_dir if state_dir is not None else default_state_dir(),
+        ranks=ranks,
+        workload=workload,
+        steps=steps,
+        step_interval_s=step_interval,
+        profile=profile,
+        num_heads=num_heads,
+    )
+    try:
+        code = run(args, echo=lambda s: typer.echo(s, err=False))
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("sidecar")(sidecar)
+    app.command("simulate")(simulate)

@@ -51,6 +51,11 @@ class SidecarSettings(BaseModel):
         "is the expensive part, and a dashboard polling at 200 req/s needs no fresher numbers.",
     )
     stream_interval_s: float = Field(2.0, gt=0, description="Seconds between /dispatch-stats/stream events.")
+    step_margin: int | None = Field(
+        None,
+        ge=1,
+        description="Control plane step margin for new versions (None: the control plane's default).",
+    )
     max_body_bytes: int = Field(64 * 1024, gt=0, description="Larger request bodies get 413.")
     dry_run_shape_limit: int = Field(
         2048, gt=0, description="At most this many recent shapes are replayed for a dry run's routing change."

@@ -1,0 +1,252 @@
+"""`flyserve simulate`: N processes that play the ranks of one vLLM engine, without vLLM.
+
+Each rank process runs the real per-step path of flyserve's routing, once per engine step:
+
+    snap  = control.current(step)                       # RankControl: the step-synchronised switch
+    shape = BatchShape.from_query_lens(...)             # the named workload's step (lab.workloads)
+    d     = decide(shape, snap.thresholds)              # the real policy
+    recorder.record(d, shape, step, snap.version)       # the real DispatchRecorder -> <state>/metrics
+
+so the sidecar, Prometheus and the dashboards see exactly what they would see next to vLLM. All
+ranks replay the same trace step for step (TP ranks see the same batch), and step ``s`` replays
+trace step ``s % len(trace)``: the decisions of a run can be recomputed from (workload, steps,
+thresholds history), which is what the integration tests do.
+
+Ranks also keep a bounded sample of recent shapes in ``<state>/shapes/`` (flyserve.sidecar.shapes)
+for the sidecar's dry runs. Kernel times are NOT simulated: there is no kernel here, so
+``kernels`` in /dispatch-stats stays at count 0 (a made-up number would be a fake measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RANK_MODULE = "flyserve.sidecar.simulate"
+
+
+@dataclass(frozen=True)
+class SimulateArgs:
+    state_dir: Path
+    ranks: int
+    workload: str
+    steps: int
+    step_interval_s: float = 0.05
+    profile: str = "gfx950"
+    num_heads: int = 16
+    engine: int = 0
+
+
+# ----------------------------------------------------------------------------- one rank
+
+
+def run_rank(args: SimulateArgs, rank: int, start_at: float) -> int:
+    """One rank's loop. Returns its exit code; stops early (cleanly) on SIGTERM/SIGINT."""
+    from flyserve.control import RankControl, StateDir
+    from flyserve.lab.workloads import workload
+    from flyserve.policy import NO_PREFILL_ROWS, PREFILL, UNIFIED, BatchShape, decide, decision_for
+    from flyserve.policy.vocabulary import CIRCUIT_OPEN
+    from flyserve.sidecar.shapes import ShapeSampleWriter
+    from flyserve.telemetry import metrics
+    from flyserve.telemetry.recorder import DispatchRecorder
+
+    stop = False
+
+    def _stop(signum, frame):
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+
+    state = StateDir(args.state_dir)
+    metrics.setup_multiprocess(state.metrics_dir)  # the parent wiped dead files before starting us
+    trace = workload(args.workload)
+    control = RankControl(state, rank, engine=args.engine, profile=args.profile).start()
+    recorder = DispatchRecorder(rank)
+    shapes = ShapeSampleWriter(state.path, rank=rank, engine=args.engine)
+    circuit = decision_for(UNIFIED, CIRCUIT_OPEN)
+    n = len(trace)
+    heads = args.num_heads
+    next_flush = time.monotonic() + 1.0
+    # Wall-clock schedule shared by all ranks (start_at), so TP ranks step together; a rank that is
+    # late (slow start) catches up without sleeping.
+    try:
+        while time.time() < start_at and not stop:
+            time.sleep(min(0.05, max(0.0, start_at - time.time())))
+        for step in range(args.steps):
+            if stop:
+                break
+            ts = trace[step % n]
+            snap = control.current(step)
+            t = snap.thresholds
+            shape = BatchShape.from_query_lens(
+                ts.query_lens, max_seq_len=ts.max_seq_len, num_heads=heads, thresholds=t
+            )
+            d = decide(shape, t)
+            if snap.circuit_open and d.path == PREFILL and d.reason != NO_PREFILL_ROWS:
+                d = circuit  # what the vLLM routing does while its breaker is open
+            recorder.record(d, shape, step, snap.version)
+            shapes.add(step, ts.query_lens, ts.max_seq_len, heads)
+            now = time.monotonic()
+            if now >= next_flush:
+                shapes.flush()
+                next_flush = now + 1.0
+            if args.step_interval_s > 0:
+                delay = start_at + (step + 1) * args.step_interval_s - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+    finally:
+        shapes.flush()
+        control.stop()  # writes a last report with the final step
+    return 0
+
+
+def _rank_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog=f"python -m {RANK_MODULE}", description="one simulated rank (internal)")
+    p.add_argument("--state-dir", type=Path, required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--ranks", type=int, required=True)
+    p.add_argument("--workload", required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--step-interval", type=float, required=True)
+    p.add_argument("--profile", required=True)
+    p.add_argument("--num-heads", type=int, required=True)
+    p.add_argument("--start-at", type=float, required=True)
+    a = p.parse_args(argv)
+    args = SimulateArgs(a.state_dir, a.ranks, a.workload, a.steps, a.step_interval, a.profile, a.num_heads)
+    return run_rank(args, a.rank, a.start_at)
+
+
+# ----------------------------------------------------------------------------- the parent
+
+
+def validate(args: SimulateArgs) -> None:
+    """Refuse bad arguments before any process starts; raises ValueError naming the option."""
+    from flyserve.lab.workloads import workload_names
+    from flyserve.policy.profiles import load_profile
+    from flyserve.policy.thresholds import ThresholdsError
+
+    if args.ranks < 1 or args.ranks > 64:
+        raise ValueError(f"--ranks must be between 1 and 64 (got {args.ranks})")
+    if args.steps < 1:
+        raise ValueError(f"--steps must be >= 1 (got {args.steps})")
+    if args.step_interval_s < 0 or args.step_interval_s > 60:
+        raise ValueError(f"--step-interval must be between 0 and 60 seconds (got {args.step_interval_s})")
+    if args.num_heads < 1:
+        raise ValueError(f"--num-heads must be >= 1 (got {args.num_heads})")
+    if args.workload not in workload_names():
+        raise ValueError(
+            f"--workload: unknown workload {args.workload!r} (known: {', '.join(workload_names())})"
+        )
+    try:
+        load_profile(args.profile)
+    except ThresholdsError as exc:  # names the profile
+        raise ValueError(f"--profile: {exc}") from None
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    """Create the layout and drop metric files of processes that are gone (an earlier run)."""
+    from flyserve.control import StateDir
+    from flyserve.telemetry.metrics import wipe_metrics_dir
+
+    sd = StateDir(state_dir)
+    for d in (sd.path, sd.metrics_dir, sd.ranks_dir, sd.control_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    wipe_metrics_dir(sd.metrics_dir, only_dead=True)
+
+
+def rank_command(args: SimulateArgs, rank: int, start_at: float) -> list[str]:
+    return [
+        sys.executable, "-m", RANK_MODULE,
+        "--state-dir", str(args.state_dir), "--rank", str(rank), "--ranks", str(args.ranks),
+        "--workload", args.workload, "--steps", str(args.steps),
+        "--step-interval", repr(args.step_interval_s), "--profile", args.profile,
+        "--num-heads", str(args.num_heads), "--start-at", repr(start_at),
+    ]  # fmt: skip
+
+
+def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -> int:
+    """Start the ranks, print progress, wait for them. 0 if every rank finished cleanly.
+
+    Bounded: each rank runs ``steps`` steps; the parent waits at most steps * interval + 120 s.
+    Ctrl-C / SIGTERM stops the ranks (SIGTERM, then SIGKILL after 5 s).
+    """
+    import json
+
+    validate(args)
+    prepare_state_dir(args.state_dir)
+    # Rank start-up (imports, trace generation) takes about a second each on a small machine.
+    start_at = time.time() + 1.5 + 0.25 * args.ranks
+    env = dict(os.environ)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # flyserve picks its own metrics dir explicitly
+    procs = [subprocess.Popen(rank_command(args, r, start_at), env=env) for r in range(args.ranks)]
+    echo(
+        f"simulate: {args.ranks} rank(s) of engine {args.engine}, workload {args.workload}, {args.steps} steps "
+        f"every {args.step_interval_s}s, profile {args.profile}, {args.num_heads} heads; state {args.state_dir}"
+    )
+    echo("  pids: " + " ".join(str(p.pid) for p in procs))
+    deadline = time.monotonic() + 1.5 + 0.25 * args.ranks + args.steps * args.step_interval_s + 120.0
+    interrupted = False
+
+    def _term(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+
+    old = signal.signal(signal.SIGTERM, _term)
+    next_report = time.monotonic() + progress_every_s
+    try:
+        while any(p.poll() is None for p in procs):
+            if interrupted or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+            if time.monotonic() >= next_report:
+                next_report += progress_every_s
+                steps = []
+                for r in range(args.ranks):
+                    try:
+                        d = json.loads((args.state_dir / "ranks" / f"{r}.json").read_text())
+                        steps.append(int(d.get("step", 0)))
+                    except (OSError, ValueError):
+                        pass
+                alive = sum(1 for p in procs if p.poll() is None)
+                hi = max(steps) if steps else 0
+                echo(f"  step {hi + 1 if steps else 0}/{args.steps}, {alive}/{args.ranks} rank(s) running")
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        _stop_all(procs)
+    codes = [p.returncode for p in procs]
+    bad = [(r, c) for r, c in enumerate(codes) if c != 0]
+    if interrupted:
+        echo("simulate: interrupted; ranks stopped")
+        return 130
+    if bad:
+        echo("simulate: rank(s) failed: " + ", ".join(f"rank {r} exit {c}" for r, c in bad))
+        return 1
+    echo(f"simulate: done, {args.ranks} rank(s) x {args.steps} steps")
+    return 0
+
+
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    t_end = time.monotonic() + 5.0
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, t_end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(sys.argv[1:]))
