@@ -354,9 +354,9 @@ def kernel_paths() -> dash.Dashboard:
         _rate("flyserve_kernel_seconds_bucket", RANK_SEL, "le", 'path="unified"'), unit="s"))
     d = d.with_panel(_timeseries(
         "Timer samples dropped",
-        "Kernel timings dropped per second because their events were not complete when harvested "
-        "(the timer never waits for the device). A steady non-zero rate means the timings above "
-        "under-represent slow forwards.",
+        "Kernel timings skipped per second because the timer's queue of pending device events was "
+        "full: the GPU ran far behind the host (the timer never waits for the device). A steady "
+        "non-zero rate means the timings above under-represent the slowest forwards.",
         [_target(_rate("flyserve_kernel_timer_dropped_total", RANK_SEL, "path"), "{{path}}")],
         unit="ops", w=24, h=6))
 
