@@ -83,25 +83,38 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
 
     cross = report["divergence_margins"]
     selfm = report["self_divergence_margins"]
-    every = cross + selfm["a"] + selfm["b"]
-    top = max(every) if every else 1.0
-    bins = [0.0, 1e-9] + [top * k / 30 for k in range(1, 31)] if top > 0 else [0.0, 1e-9, 1.0]
-    fig, ax = plt.subplots(figsize=(7, 4))
     series = [("A vs B", cross), ("A vs A", selfm["a"]), ("B vs B", selfm["b"])]
+    every = cross + selfm["a"] + selfm["b"]
+    top = max(every) if every and max(every) > 0 else 1.0
+    w = top / 30
+    # Exact ties get a bin of their own left of 0, so "exactly 0" is visible next to "just above 0".
+    edges = [-w, 0.0] + [w * k for k in range(1, 31)]
+    fig, (hist, ecdf) = plt.subplots(1, 2, figsize=(11, 4))
     for label, values in series:
-        if values:
-            ax.hist(values, bins=bins, histtype="step", linewidth=1.5, label=f"{label} (n={len(values)})")
-    zero = report["margin_zero_share"]
-    ax.set_xlabel("logprob(top-1) - logprob(top-2) at the first divergence (arm A's distribution)")
-    ax.set_ylabel("diverged response pairs")
-    med = report["margin_median"]
-    ax.set_title(
-        f"{report['prompts']} prompts x {report['runs']} runs: diverged {_pct(report['diverged_share'])}, "
-        f"median margin {_num(med)}, exactly 0: {_pct(zero)}",
+        if not values:
+            continue
+        shown = [-w / 2 if v == 0.0 else v for v in values]
+        hist.hist(shown, bins=edges, histtype="step", linewidth=1.5, label=f"{label} (n={len(values)})")
+        xs = sorted(values)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ecdf.step([0.0, *xs], [0.0, *ys], where="post", label=label)
+    hist.axvline(0.0, color="grey", linewidth=0.5)
+    hist.set_xticks([-w / 2, *[top * k / 4 for k in range(1, 5)]])
+    hist.set_xticklabels(["=0", *[f"{top * k / 4:.2g}" for k in range(1, 5)]])
+    hist.set_xlabel("top-1 minus top-2 logprob at the first divergence (nats)")
+    hist.set_ylabel("diverged response pairs")
+    ecdf.set_xlabel("margin (nats); the jump at 0 is the share of exact ties")
+    ecdf.set_ylabel("share of diverged pairs with margin <= x")
+    ecdf.set_ylim(0, 1.02)
+    med, zero = report["margin_median"], report["margin_zero_share"]
+    fig.suptitle(
+        f"{report['prompts']} prompts x {report['runs']} runs: A vs B diverged {_pct(report['diverged_share'])}, "
+        f"median margin {_num(med)}, exactly 0: {_pct(zero)} (margins from the left arm: A, or the earlier run)",
         fontsize=9,
     )
-    if any(values for _, values in series):
-        ax.legend()
+    if every:
+        hist.legend()
+        ecdf.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -114,6 +114,18 @@ def _per_prompt_share(pairs: Sequence[PairComparison], prompts: int) -> np.ndarr
     return tot / np.maximum(cnt, 1)
 
 
+#: Below this many prompts the bootstrap's CI and p-value are rough (the resamples see few distinct sets).
+FEW_PROMPTS = 30
+
+
+def _caveat(n: int) -> str:
+    return (
+        f" Caution: only {n} prompts; a bootstrap over so few is rough (use hundreds)."
+        if n < FEW_PROMPTS
+        else ""
+    )
+
+
 def _plain_accuracy(acc_a: float, acc_b: float, t: BootstrapResult) -> str:
     pts = 100 * t.observed
     direction = "higher" if pts > 0 else "lower" if pts < 0 else "no different"
@@ -126,7 +138,7 @@ def _plain_accuracy(acc_a: float, acc_b: float, t: BootstrapResult) -> str:
     return (
         f"Arm B's accuracy ({100 * acc_b:.2f}%) is {amount} arm A's ({100 * acc_a:.2f}%); "
         f"95% CI of B - A: {100 * t.ci_low:+.2f} to {100 * t.ci_high:+.2f} points, p = {t.p_value:.3g} "
-        f"(paired bootstrap over {t.n} prompts): {verdict}."
+        f"(paired bootstrap over {t.n} prompts): {verdict}.{_caveat(t.n)}"
     )
 
 
@@ -141,7 +153,7 @@ def _plain_divergence(cross: float, noise: float, t: BootstrapResult) -> str:
         f"{100 * cross:.1f}% of cross-arm response pairs diverge, against a noise floor of {100 * noise:.1f}% "
         f"(each arm against itself); difference {100 * t.observed:+.1f} points, 95% CI "
         f"{100 * t.ci_low:+.1f} to {100 * t.ci_high:+.1f}, p = {t.p_value:.3g} (paired bootstrap over "
-        f"{t.n} prompts): {verdict}."
+        f"{t.n} prompts): {verdict}.{_caveat(t.n)}"
     )
 
 

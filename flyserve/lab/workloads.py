@@ -305,7 +305,11 @@ def generate(spec: WorkloadSpec, *, name: str | None = None) -> Trace:
 
 
 def shape_log_line(
-    step: int, query_lens: Sequence[int] | np.ndarray, seq_lens: Sequence[int] | np.ndarray, *, rank: int | None = None
+    step: int,
+    query_lens: Sequence[int] | np.ndarray,
+    seq_lens: Sequence[int] | np.ndarray,
+    *,
+    rank: int | None = None,
 ) -> str:
     """One line of the shape-log format (no trailing newline). Host ints only: call it with
     ``query_start_loc_cpu``'s diff and ``seq_lens_cpu``, never with device tensors."""
@@ -346,7 +350,9 @@ def parse_trace_lines(lines: Sequence[str], *, name: str, rank: int | None = Non
             if rec["format"] != SHAPE_LOG_FORMAT:
                 raise TraceError(f"{where}: field 'format' must be {SHAPE_LOG_FORMAT!r}")
             if rec.get("version", SHAPE_LOG_VERSION) != SHAPE_LOG_VERSION:
-                raise TraceError(f"{where}: field 'version': unsupported (this reader knows {SHAPE_LOG_VERSION})")
+                raise TraceError(
+                    f"{where}: field 'version': unsupported (this reader knows {SHAPE_LOG_VERSION})"
+                )
             meta.update({k: v for k, v in rec.items() if k not in ("format", "version")})
             continue
         if rank is not None and rec.get("rank", rank) != rank:
@@ -354,7 +360,9 @@ def parse_trace_lines(lines: Sequence[str], *, name: str, rank: int | None = Non
         q = _int_list(rec, "query_lens", where)
         s = _int_list(rec, "seq_lens", where)
         if q.size != s.size:
-            raise TraceError(f"{where}: fields 'query_lens' and 'seq_lens' differ in length ({q.size} != {s.size})")
+            raise TraceError(
+                f"{where}: fields 'query_lens' and 'seq_lens' differ in length ({q.size} != {s.size})"
+            )
         if q.size and bool((s < q).any()):
             raise TraceError(f"{where}: field 'seq_lens': every seq_len must be >= its query_len")
         steps.append(TraceStep(q, s))
