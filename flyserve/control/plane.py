@@ -138,8 +138,21 @@ class ControlPlane:
     # ------------------------------------------------------------------ reads
 
     def snapshot(self) -> ConfigSnapshot:
-        """The current snapshot; before the first publish, version 0 from the profile (not written)."""
-        cur = self.store.read_current()
+        """The current snapshot; before the first publish, version 0 from the profile (not written).
+
+        A current.json that is damaged (hand-edited, torn by a full disk) is not trusted: the newest
+        intact history entry stands in for it, so the next change repairs current.json. With neither,
+        ControlIOError.
+        """
+        try:
+            cur = self.store.read_current()
+        except ControlIOError as exc:
+            versions = self.store.history_versions()
+            fallback = self.store.read_version(versions[-1]) if versions else None
+            if fallback is None:
+                raise
+            log.error("%s; using history version %d instead", exc, fallback.version)
+            return fallback
         return cur if cur is not None else self._initial()
 
     def history(self, limit: int | None = None) -> list[ConfigSnapshot]:
@@ -379,6 +392,7 @@ class ControlPlane:
                 )
                 if snap.conflicts:
                     entry["conflicts"] = {k: dict(v) for k, v in snap.conflicts.items()}
+                if snap.conflicts and snap.conflicts != cur.conflicts:
                     log.warning(
                         "thresholds v%d: the file and overrides disagree on %s (override wins; "
                         "`flyserve thresholds unset KEY` to take the file's value)",

@@ -215,7 +215,8 @@ class Store:
                 os.close(fd)
             return True
         except OSError as exc:
-            log.error("audit log not writable (%s): %s", self.dir.audit_log, exc)
+            # The entry still reaches the process log, so no change goes unrecorded.
+            log.error("audit log not writable (%s): %s; audit entry: %s", self.dir.audit_log, exc, line.strip())
             return False
 
     def read_audit(self, limit: int | None = None) -> list[dict[str, Any]]:

@@ -1,0 +1,211 @@
+"""ControlPlane: layers and provenance, idempotency, rollback, optimistic locking, decode_path, circuit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flyserve.control import (
+    ConfigSnapshot,
+    ControlIOError,
+    ControlPlane,
+    DecodePathChangeRefused,
+    StateDir,
+    VersionConflict,
+    default_state_dir,
+)
+from flyserve.policy import Thresholds, ThresholdsError
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> Path:
+    p = tmp_path / "cfg" / "flyserve.yaml"
+    p.parent.mkdir()
+    p.write_text("min_seq_len: 2048\nlpt: never\n")
+    return p
+
+
+@pytest.fixture
+def plane(tmp_path: Path, cfg: Path) -> ControlPlane:
+    return ControlPlane(tmp_path / "state", config_file=cfg)
+
+
+def test_default_state_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLYSERVE_STATE_DIR", raising=False)
+    monkeypatch.setenv("FLYSERVE_INSTANCE", "blue")
+    assert default_state_dir() == Path("/dev/shm/flyserve/blue")
+    monkeypatch.delenv("FLYSERVE_INSTANCE")
+    assert default_state_dir() == Path("/dev/shm/flyserve/default")
+    monkeypatch.setenv("FLYSERVE_STATE_DIR", "/srv/x")
+    assert default_state_dir() == Path("/srv/x")
+    sd = StateDir("/srv/x")
+    assert sd.current_json == Path("/srv/x/control/current.json")
+    assert sd.thresholds_yaml == Path("/srv/x/control/thresholds.yaml")
+    assert sd.audit_log == Path("/srv/x/audit.jsonl")
+    assert (sd.ranks_dir, sd.metrics_dir) == (Path("/srv/x/ranks"), Path("/srv/x/metrics"))
+
+
+def test_nothing_published_is_version_zero_from_the_profile(tmp_path: Path) -> None:
+    p = ControlPlane(tmp_path / "s")
+    s = p.snapshot()
+    assert (s.version, s.source, s.thresholds) == (0, "default", Thresholds.profile("gfx950"))
+    assert not (tmp_path / "s").exists(), "reading must not create the state directory"
+
+
+def test_layers_provenance_and_fallback_to_the_file(plane: ControlPlane, cfg: Path) -> None:
+    r = plane.reload(actor="boot", startup=True)
+    s = r.snapshot
+    assert s.version == 1 and s.source == "file"
+    assert s.thresholds.min_seq_len == 2048 and s.thresholds.lpt == "never"
+    assert s.provenance["min_seq_len"] == "file" and s.provenance["block_m"] == "profile"
+    r = plane.apply_overrides({"min_seq_len": 4096}, actor="alice")
+    assert r.changed and r.diff == {"min_seq_len": (2048, 4096)}
+    assert r.snapshot.provenance["min_seq_len"] == "override"
+    assert r.snapshot.conflicts == {"min_seq_len": {"file": 2048, "override": 4096}}
+    # A file edit does not discard the override; the disagreement is reported, and audited.
+    cfg.write_text("min_seq_len: 3000\nlpt: never\n")
+    r = plane.reload(actor="watcher")
+    assert r.snapshot.thresholds.min_seq_len == 4096
+    assert dict(r.snapshot.conflicts["min_seq_len"]) == {"file": 3000, "override": 4096}
+    assert plane.audit_log()[-1]["conflicts"] == {"min_seq_len": {"file": 3000, "override": 4096}}
+    # Clearing the override falls back to the file's (new) value.
+    r = plane.unset_overrides(["min_seq_len"], actor="alice")
+    assert r.snapshot.thresholds.min_seq_len == 3000 and r.snapshot.provenance["min_seq_len"] == "file"
+    assert not r.snapshot.conflicts
+    # PATCH with null clears too; PUT replaces the whole override layer.
+    plane.apply_overrides({"min_qblock_rows": 16, "lpt": "always"}, actor="bob")
+    r = plane.apply_overrides({"lpt": None}, actor="bob")
+    assert dict(r.snapshot.overrides) == {"min_qblock_rows": 16}
+    r = plane.replace({"decode_rows_base": 4}, actor="bob")
+    assert dict(r.snapshot.overrides) == {"decode_rows_base": 4}
+    assert r.snapshot.thresholds.min_qblock_rows == Thresholds().min_qblock_rows
+
+
+def test_same_content_is_not_a_new_version(plane: ControlPlane) -> None:
+    v1 = plane.reload(actor="a").snapshot
+    assert not plane.reload(actor="b").changed
+    r = plane.apply_overrides({"min_seq_len": 2048}, actor="c")  # same value, but a new layer -> new version
+    assert r.changed and r.diff == {} and r.snapshot.provenance["min_seq_len"] == "override"
+    again = plane.apply_overrides({"min_seq_len": 2048}, actor="c")
+    assert not again.changed and again.snapshot.version == r.snapshot.version == v1.version + 1
+    assert [s.version for s in plane.history()] == [1, 2]
+
+
+def test_published_files_agree_and_verify(plane: ControlPlane) -> None:
+    s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    sd = plane.state_dir
+    cur = json.loads(sd.current_json.read_text())
+    assert cur["version"] == s.version and cur["sha256"] == s.sha256 and "effective_step" in cur
+    assert Thresholds.from_yaml_text(sd.thresholds_yaml.read_text()) == s.thresholds
+    assert ConfigSnapshot.from_dict(cur) == s
+    cur["thresholds"]["min_seq_len"] = 1  # a hand edit that the hash does not cover
+    with pytest.raises(ThresholdsError) as ei:
+        ConfigSnapshot.from_dict(cur)
+    assert ei.value.field == "sha256"
+    assert not list(sd.control_dir.glob(".*.tmp")), "no temp file left behind"
+
+
+def test_rollback_is_a_new_version_with_the_old_values(plane: ControlPlane, cfg: Path) -> None:
+    plane.reload(actor="a")  # v1: file
+    plane.apply_overrides({"min_qblock_rows": 8}, actor="a")  # v2
+    v2 = plane.snapshot()
+    plane.apply_overrides({"min_qblock_rows": 99, "lpt": "always"}, actor="a")  # v3
+    cfg.write_text("min_seq_len: 5000\n")
+    plane.reload(actor="a")  # v4
+    r = plane.rollback(2, actor="oncall")
+    s = r.snapshot
+    assert (s.version, s.source, s.actor) == (5, "rollback", "oncall")
+    assert s.thresholds == v2.thresholds
+    assert s.conflicts["min_seq_len"] == {"file": 5000, "override": 2048}  # the file moved on: reported
+    assert not plane.rollback(2, actor="oncall").changed  # already there
+    with pytest.raises(ThresholdsError) as ei:
+        plane.rollback(42, actor="oncall")
+    assert ei.value.field == "version"
+
+
+def test_history_keeps_the_last_n(tmp_path: Path) -> None:
+    p = ControlPlane(tmp_path / "s", history_keep=3)
+    for n in range(6):
+        p.apply_overrides({"min_qblock_rows": n}, actor="a")
+    assert [s.version for s in p.history()] == [4, 5, 6]
+    with pytest.raises(ThresholdsError):
+        p.rollback(1, actor="a")
+
+
+def test_if_match_refuses_a_stale_writer(plane: ControlPlane) -> None:
+    v = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot.version
+    plane.apply_overrides({"min_qblock_rows": 4}, actor="b", if_match=v)
+    with pytest.raises(VersionConflict) as ei:
+        plane.apply_overrides({"min_qblock_rows": 5}, actor="c", if_match=v)
+    assert (ei.value.expected, ei.value.current) == (v, v + 1)
+    assert plane.snapshot().thresholds.min_qblock_rows == 4
+    assert plane.audit_log()[-1]["result"] == "conflict"
+
+
+def test_dry_run_publishes_nothing(plane: ControlPlane) -> None:
+    plane.reload(actor="a")
+    before = plane.state_dir.current_json.read_bytes()
+    r = plane.apply_overrides({"min_seq_len": 9000}, actor="a", dry_run=True)
+    assert r.dry_run and r.changed and r.diff == {"min_seq_len": (2048, 9000)}
+    assert plane.state_dir.current_json.read_bytes() == before
+    with pytest.raises(ThresholdsError):
+        plane.apply_overrides({"min_seq_len": -1}, actor="a", dry_run=True)
+
+
+def test_decode_path_is_fixed_while_serving_but_not_at_startup(plane: ControlPlane, cfg: Path) -> None:
+    plane.reload(actor="a")
+    with pytest.raises(DecodePathChangeRefused) as ei:
+        plane.apply_overrides({"decode_path": "prefill"}, actor="a")
+    assert (
+        ei.value.field == "decode_path" and "CUDA graphs" in ei.value.reason and "restart" in ei.value.reason
+    )
+    assert isinstance(ei.value, ThresholdsError)
+    cfg.write_text("decode_path: prefill\n")
+    with pytest.raises(DecodePathChangeRefused):
+        plane.reload(actor="watcher")
+    assert plane.snapshot().thresholds.decode_path == "unified"
+    # A restarted server re-reads the file before capturing graphs: that may change it.
+    assert plane.reload(actor="startup", startup=True).snapshot.thresholds.decode_path == "prefill"
+
+
+def test_circuit_breaker_opens_and_closes(plane: ControlPlane) -> None:
+    plane.reload(actor="a")
+    r = plane.set_circuit(True, actor="rank3", reason="prefill kernel raised RuntimeError")
+    assert r.snapshot.circuit_open and r.diff == {"circuit_open": (False, True)}
+    assert r.snapshot.circuit_reason.startswith("prefill kernel")
+    assert not plane.set_circuit(True, actor="rank1", reason="again").changed
+    r = plane.set_circuit(False, actor="oncall")
+    assert not r.snapshot.circuit_open and r.snapshot.circuit_reason == ""
+    # A rollback restores thresholds, never the circuit's state.
+    plane.set_circuit(True, actor="rank3", reason="x")
+    assert plane.rollback(1, actor="oncall").snapshot.circuit_open
+
+
+def test_effective_step_is_past_the_live_ranks_and_never_goes_back(tmp_path: Path) -> None:
+    p = ControlPlane(tmp_path / "s", step_margin=8, rank_stale_after_s=30)
+    now = p._clock()
+    p.store.write_rank_report({"rank": 0, "step": 500, "time": now}, rank=0)
+    p.store.write_rank_report({"rank": 1, "step": 480, "time": now}, rank=1)
+    p.store.write_rank_report({"rank": 2, "step": 10**9, "time": now - 3600}, rank=2)  # a dead rank
+    s = p.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    assert s.effective_step == 508
+    p.store.write_rank_report({"rank": 0, "step": 3, "time": now}, rank=0)  # ranks restarted
+    p.store.write_rank_report({"rank": 1, "step": 3, "time": now}, rank=1)
+    assert p.apply_overrides({"min_seq_len": 5000}, actor="a").snapshot.effective_step == 508
+
+
+def test_a_damaged_current_json_is_replaced_from_history(plane: ControlPlane) -> None:
+    v = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    plane.state_dir.current_json.write_text('{"version": 1, "thr')  # torn
+    assert plane.snapshot() == v
+    r = plane.apply_overrides({"min_qblock_rows": 4}, actor="a")
+    assert r.snapshot.version == v.version + 1 and plane.store.read_current() == r.snapshot
+
+
+def test_unreadable_state_is_an_io_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ControlIOError):
+        ControlPlane(blocker).apply_overrides({"min_seq_len": 4096}, actor="a")
