@@ -44,7 +44,7 @@ Binds to 127.0.0.1 by default: put it behind your own network policy before bind
 """
 
 
-def _registry(metrics_dir: Path) -> CollectorRegistry:
+def _registry(metrics_dir: Path, share: bool) -> CollectorRegistry:
     """The /metrics registry: ranks' files + this process's sidecar metrics.
 
     In a real sidecar process this also makes the control plane's counters (reloads done through
@@ -52,14 +52,16 @@ def _registry(metrics_dir: Path) -> CollectorRegistry:
     already writes its metrics elsewhere (tests building several apps) gets the read-only variant.
     """
     metrics_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        return tm.exposition_registry(metrics_dir)
-    except ValueError:
-        reg = CollectorRegistry()
-        for m in tm.SIDECAR_METRICS:
-            reg.register(m)
-        MultiProcessCollector(reg, path=str(metrics_dir))
-        return reg
+    if share:
+        try:
+            return tm.exposition_registry(metrics_dir)
+        except ValueError as exc:
+            log.warning("control metrics stay in-process: %s", exc)
+    reg = CollectorRegistry()
+    for m in tm.SIDECAR_METRICS:
+        reg.register(m)
+    MultiProcessCollector(reg, path=str(metrics_dir))
+    return reg
 
 
 def _update_rank_gauges(views: list[RankView], agree: bool | None) -> None:
@@ -105,7 +107,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     app.state.control = control
     app.state.stats = stats
     app.state.shutting_down = shutting_down
-    app.state.registry = _registry(control.state_dir.metrics_dir)
+    app.state.registry = _registry(control.state_dir.metrics_dir, settings.share_control_metrics)
     app.state.update_rank_gauges = _update_rank_gauges
 
     @app.exception_handler(ThresholdsError)

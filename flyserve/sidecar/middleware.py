@@ -17,10 +17,6 @@ from flyserve.telemetry import metrics as tm
 STREAM_ROUTES = frozenset({"/dispatch-stats/stream"})
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 async def _send_413(send: Send, limit: int) -> None:
     body = json.dumps({"detail": f"request body larger than {limit} bytes", "field": "<body>"}).encode()
     await send(
@@ -34,13 +30,18 @@ async def _send_413(send: Send, limit: int) -> None:
 
 
 class BodyLimitMiddleware:
-    """413 for a body over ``max_bytes``: by Content-Length up front, or while a chunked body arrives."""
+    """413 for a body over ``max_bytes``: by Content-Length up front, or while a chunked body arrives.
+
+    Bodies of POST/PUT/PATCH are read here in full (at most ``max_bytes``, 64 KiB by default) and
+    replayed to the app: an error raised inside the app's own body parsing would be turned into a
+    400 by FastAPI, so the limit is enforced before the app sees a byte.
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
         for k, v in scope.get("headers", ()):
@@ -52,29 +53,30 @@ class BodyLimitMiddleware:
                 if too_big:
                     await _send_413(send, self.max_bytes)
                     return
-        seen = 0
-        started = False
-
-        async def limited_receive() -> Message:
-            nonlocal seen
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge
-            return msg
-
-        async def tracking_send(msg: Message) -> None:
-            nonlocal started
-            if msg["type"] == "http.response.start":
-                started = True
-            await send(msg)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
+            if msg["type"] != "http.request":  # client went away
+                return
+            body = msg.get("body", b"")
+            size += len(body)
+            if size > self.max_bytes:
                 await _send_413(send, self.max_bytes)
+                return
+            chunks.append(body)
+            if not msg.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 class RequestMetricsMiddleware:

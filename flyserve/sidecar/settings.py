@@ -56,6 +56,12 @@ class SidecarSettings(BaseModel):
         ge=1,
         description="Control plane step margin for new versions (None: the control plane's default).",
     )
+    share_control_metrics: bool = Field(
+        True,
+        description="Write this process's control-plane counters (reloads done through the API) into "
+        "<state>/metrics like the ranks do. Tests that build apps in-process turn it off so the "
+        "process-wide metrics backend is left alone.",
+    )
     max_body_bytes: int = Field(64 * 1024, gt=0, description="Larger request bodies get 413.")
     dry_run_shape_limit: int = Field(
         2048, gt=0, description="At most this many recent shapes are replayed for a dry run's routing change."
