@@ -1,0 +1,159 @@
+"""RankControl: switching at the effective step, late learners, versions in order, the hot path."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from flyserve.control import ControlPlane, RankControl
+from flyserve.policy import Thresholds
+
+
+def report_step(plane: ControlPlane, step: int, rank: int = 9) -> None:
+    """Pretend a live rank is at ``step`` (what effective_step is computed from)."""
+    plane.store.write_rank_report({"rank": rank, "step": step, "time": time.time()}, rank=rank)
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> ControlPlane:
+    p = ControlPlane(tmp_path / "state", step_margin=8)
+    p.reload(actor="startup", startup=True)
+    return p
+
+
+def test_starts_from_the_published_version_or_the_profile(tmp_path: Path, plane: ControlPlane) -> None:
+    rc = RankControl(plane.state_dir, 0, report=False)
+    assert rc.current(0).version == 1
+    empty = RankControl(tmp_path / "nothing", 0, profile="gfx950", report=False)
+    assert empty.current(0).version == 0 and empty.current(0).thresholds == Thresholds.profile("gfx950")
+
+
+def test_switches_exactly_at_the_effective_step(plane: ControlPlane) -> None:
+    rc = RankControl(plane.state_dir, 0, report=False)
+    for step in range(100):
+        rc.current(step)
+    report_step(plane, 100)
+    s2 = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    assert s2.effective_step == 108
+    rc.poll()
+    assert [rc.current(step).version for step in range(100, 108)] == [1] * 8
+    assert rc.current(108) is rc.snapshot and rc.snapshot.version == 2
+    assert rc.applied_step == 108 and rc.applied[-1] == (2, 108, 108)
+    assert rc.current(109).thresholds.min_seq_len == 4096
+
+
+def test_a_rank_that_learns_late_switches_at_once_and_says_so(plane: ControlPlane) -> None:
+    report_step(plane, 10)
+    plane.apply_overrides({"min_seq_len": 4096}, actor="a")  # effective at 18
+    rc = RankControl(plane.state_dir, 0, report=False)  # a rank that starts now starts at v2
+    assert rc.current(0).version == 2
+    late = RankControl(plane.state_dir, 1, report=False)
+    report_step(plane, 10)
+    plane.apply_overrides({"min_seq_len": 5000}, actor="a")  # effective at 18 (never earlier than v2's)
+    for step in range(40):
+        late.current(step)
+    late.poll()
+    assert late.current(40).version == 3
+    assert late.applied[-1] == (3, 18, 40) and late.applied_step == 40
+    late.write_report()
+    rep = json.loads(late.state_dir.rank_file(1).read_text())
+    assert (rep["applied_version"], rep["applied_step"], rep["step"]) == (3, 40, 40)
+
+
+def test_versions_published_between_two_polls_are_each_applied_in_order(plane: ControlPlane) -> None:
+    rc = RankControl(plane.state_dir, 0, report=False)
+    rc.current(0)
+    report_step(plane, 0)
+    plane.apply_overrides({"min_seq_len": 3000}, actor="a")  # v2 at 8
+    report_step(plane, 5)
+    plane.apply_overrides({"min_seq_len": 4000}, actor="a")  # v3 at 13
+    report_step(plane, 5)
+    plane.apply_overrides({"min_seq_len": 5000}, actor="a")  # v4 at 13
+    rc.poll()
+    seen = [rc.current(step).version for step in range(20)]
+    assert seen == [1] * 8 + [2] * 5 + [4] * 7
+    assert [(v, eff, at) for v, eff, at in rc.applied[1:]] == [(2, 8, 8), (3, 13, 13), (4, 13, 13)]
+
+
+def test_a_torn_current_json_is_ignored_until_it_is_whole(plane: ControlPlane) -> None:
+    rc = RankControl(plane.state_dir, 0, report=False)
+    good = plane.state_dir.current_json.read_text()
+    plane.state_dir.current_json.write_text(good[: len(good) // 2])
+    rc.poll()
+    assert rc.current(1000).version == 1
+    doc = json.loads(good)
+    doc["thresholds"]["min_seq_len"] = 7  # whole JSON, but not what was published: sha mismatch
+    plane.state_dir.current_json.write_text(json.dumps(doc))
+    rc.poll()
+    assert rc.current(1001).thresholds.min_seq_len == Thresholds().min_seq_len
+    report_step(plane, 1001)
+    plane.apply_overrides({"min_seq_len": 4096}, actor="a")  # repairs current.json
+    rc.poll()
+    assert rc.current(2000).thresholds.min_seq_len == 4096
+
+
+def test_the_background_thread_reports_and_picks_up(plane: ControlPlane) -> None:
+    rc = RankControl(plane.state_dir, 3, engine=0, interval_s=0.02)
+    with rc:
+        rc.current(50)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and plane.store.max_rank_step() < 50:
+            time.sleep(0.01)
+        s = plane.set_circuit(True, actor="rank3", reason="boom").snapshot
+        assert s.effective_step == 58
+        while time.monotonic() < deadline and not rc._pending:
+            time.sleep(0.01)
+        assert rc.current(58).circuit_open
+    rep = json.loads(plane.state_dir.rank_file(3).read_text())
+    assert rep["pid"] == os.getpid() and rep["rank"] == 3 and rep["engine"] == 0
+    assert (rep["step"], rep["applied_version"], rep["applied_step"], rep["circuit_open"]) == (
+        58,
+        2,
+        58,
+        True,
+    )
+    assert abs(rep["time"] - time.time()) < 10
+
+
+def test_the_hot_path_does_no_io_takes_the_slow_path_once_and_keeps_nothing(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rc = RankControl(plane.state_dir, 0, report=False)
+    report_step(plane, 10_000)
+    plane.apply_overrides({"min_seq_len": 4096}, actor="a")  # effective at 10_008
+    rc.poll()
+    slow_calls: list[int] = []
+    real_switch = rc._switch
+
+    def counting_switch(step: int) -> None:
+        slow_calls.append(step)
+        real_switch(step)
+
+    monkeypatch.setattr(rc, "_switch", counting_switch)
+    steps = list(range(20_000))  # built up front: the loop itself allocates nothing
+
+    def no_io(*a: object, **k: object) -> None:
+        raise AssertionError("I/O on the hot path")
+
+    monkeypatch.setattr(builtins, "open", no_io)
+    monkeypatch.setattr(os, "stat", no_io)
+    monkeypatch.setattr(os, "open", no_io)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for step in steps:
+            rc.current(step)
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    monkeypatch.undo()
+    assert slow_calls == [10_008], "the slow path must run once, at the effective step"
+    assert rc.snapshot.version == 2
+    # The one switch appends an (version, effective_step, applied_step) record; nothing per step.
+    assert retained < 2_000, f"{retained} bytes retained over 20000 steps"
