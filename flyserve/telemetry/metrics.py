@@ -119,6 +119,11 @@ class _MmapValue:
         # writes through this one reach the file. Files are closed only by _close_files and after
         # a fork, and both reset every value.
         self._m = f._m
+        if mode.endswith("mostrecent") and not self._timestamp:
+            # MultiProcessCollector reports a "mostrecent" gauge only with a timestamp > 0:
+            # stamp the zero of a pre-created series so it exists from the first scrape.
+            self._timestamp = time.time()
+            self._m[self._pos:self._end + 8] = _pack_two_doubles(self._value, self._timestamp)
 
     def inc(self, amount: float) -> None:
         with _BACKEND.lock:
