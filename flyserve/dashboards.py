@@ -60,8 +60,14 @@ class DashboardFile:
 # --------------------------------------------------------------------------- helpers
 
 
-def _target(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False,
-            fmt: prom_m.PromQueryFormat | None = None) -> prom.Dataquery:
+def _target(
+    expr: str,
+    legend: str = "",
+    ref: str = "A",
+    *,
+    instant: bool = False,
+    fmt: prom_m.PromQueryFormat | None = None,
+) -> prom.Dataquery:
     q = prom.Dataquery().expr(expr).ref_id(ref).datasource(DATASOURCE)
     if legend:
         q = q.legend_format(legend)
@@ -78,19 +84,47 @@ def _targets(panel, targets: Iterable[prom.Dataquery]):
 
 
 def _legend_table(calcs: list[str]) -> common_b.VizLegendOptions:
-    return (common_b.VizLegendOptions().show_legend(True).display_mode(common_m.LegendDisplayMode.TABLE)
-            .placement(common_m.LegendPlacement.BOTTOM).calcs(calcs))
+    return (
+        common_b.VizLegendOptions()
+        .show_legend(True)
+        .display_mode(common_m.LegendDisplayMode.TABLE)
+        .placement(common_m.LegendPlacement.BOTTOM)
+        .calcs(calcs)
+    )
 
 
-def _timeseries(title: str, description: str, targets: Iterable[prom.Dataquery], *, unit: str,
-                w: int = 12, h: int = 8, stacked: bool = False, percent: bool = False,
-                bars: bool = False, min_val: float | None = None, max_val: float | None = None,
-                legend_calcs: list[str] | None = None) -> timeseries.Panel:
-    p = (timeseries.Panel().title(title).description(description).datasource(DATASOURCE)
-         .unit(unit).span(w).height(h).fill_opacity(15 if not stacked else 60).line_width(1)
-         .tooltip(common_b.VizTooltipOptions().mode(common_m.TooltipDisplayMode.MULTI)
-                  .sort(common_m.SortOrder.DESCENDING))
-         .legend(_legend_table(legend_calcs or ["lastNotNull", "max"])))
+def _timeseries(
+    title: str,
+    description: str,
+    targets: Iterable[prom.Dataquery],
+    *,
+    unit: str,
+    w: int = 12,
+    h: int = 8,
+    stacked: bool = False,
+    percent: bool = False,
+    bars: bool = False,
+    min_val: float | None = None,
+    max_val: float | None = None,
+    legend_calcs: list[str] | None = None,
+) -> timeseries.Panel:
+    p = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(w)
+        .height(h)
+        .fill_opacity(15 if not stacked else 60)
+        .line_width(1)
+        .tooltip(
+            common_b.VizTooltipOptions()
+            .mode(common_m.TooltipDisplayMode.MULTI)
+            .sort(common_m.SortOrder.DESCENDING)
+        )
+        .legend(_legend_table(legend_calcs or ["lastNotNull", "max"]))
+    )
     if stacked:
         mode = common_m.StackingMode.PERCENT if percent else common_m.StackingMode.NORMAL
         p = p.stacking(common_b.StackingConfig().mode(mode))
@@ -103,13 +137,30 @@ def _timeseries(title: str, description: str, targets: Iterable[prom.Dataquery],
     return _targets(p, targets)
 
 
-def _stat(title: str, description: str, target: prom.Dataquery, *, unit: str, w: int = 6, h: int = 5,
-          thresholds: list[tuple[float | None, str]] | None = None,
-          mappings: dict[str, tuple[str, str]] | None = None, decimals: float | None = None) -> stat.Panel:
-    p = (stat.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
-         .span(w).height(h).graph_mode(common_m.BigValueGraphMode.AREA)
-         .color_mode(common_m.BigValueColorMode.BACKGROUND if thresholds else common_m.BigValueColorMode.VALUE)
-         .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+def _stat(
+    title: str,
+    description: str,
+    target: prom.Dataquery,
+    *,
+    unit: str,
+    w: int = 6,
+    h: int = 5,
+    thresholds: list[tuple[float | None, str]] | None = None,
+    mappings: dict[str, tuple[str, str]] | None = None,
+    decimals: float | None = None,
+) -> stat.Panel:
+    p = (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(w)
+        .height(h)
+        .graph_mode(common_m.BigValueGraphMode.AREA)
+        .color_mode(common_m.BigValueColorMode.BACKGROUND if thresholds else common_m.BigValueColorMode.VALUE)
+        .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
     if thresholds:
         p = p.thresholds(_thresholds(thresholds))
     if mappings:
@@ -120,76 +171,142 @@ def _stat(title: str, description: str, target: prom.Dataquery, *, unit: str, w:
 
 
 def _thresholds(steps: list[tuple[float | None, str]]) -> dash.ThresholdsConfig:
-    return (dash.ThresholdsConfig().mode(dash_m.ThresholdsMode.ABSOLUTE)
-            .steps([dash_m.Threshold(value=v, color=c) for v, c in steps]))
+    return (
+        dash.ThresholdsConfig()
+        .mode(dash_m.ThresholdsMode.ABSOLUTE)
+        .steps([dash_m.Threshold(value=v, color=c) for v, c in steps])
+    )
 
 
 def _value_mappings(mapping: dict[str, tuple[str, str]]) -> list[dash_m.ValueMapping]:
-    options = {value: dash_m.ValueMappingResult(text=text, color=color, index=i)
-               for i, (value, (text, color)) in enumerate(mapping.items())}
+    options = {
+        value: dash_m.ValueMappingResult(text=text, color=color, index=i)
+        for i, (value, (text, color)) in enumerate(mapping.items())
+    }
     return [dash_m.ValueMap(options=options)]
 
 
-def _bargauge_histogram(title: str, description: str, expr: str, *, unit: str, w: int = 12,
-                        h: int = 8) -> bargauge.Panel:
+def _bargauge_histogram(
+    title: str, description: str, expr: str, *, unit: str, w: int = 12, h: int = 8
+) -> bargauge.Panel:
     """A histogram's buckets in the chosen time range as bars (format=heatmap de-cumulates le)."""
-    return (bargauge.Panel().title(title).description(description).datasource(DATASOURCE)
-            .span(w).height(h).unit("short")
-            .display_mode(common_m.BarGaugeDisplayMode.GRADIENT)
-            .orientation(common_m.VizOrientation.VERTICAL)
-            .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
-            .with_target(_target(expr, "{{le}}", instant=True, fmt=prom_m.PromQueryFormat.HEATMAP)))
+    return (
+        bargauge.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(w)
+        .height(h)
+        .unit("short")
+        .display_mode(common_m.BarGaugeDisplayMode.GRADIENT)
+        .orientation(common_m.VizOrientation.VERTICAL)
+        .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .with_target(_target(expr, "{{le}}", instant=True, fmt=prom_m.PromQueryFormat.HEATMAP))
+    )
 
 
 def _heatmap(title: str, description: str, expr: str, *, unit: str, w: int = 12, h: int = 8) -> heatmap.Panel:
-    return (heatmap.Panel().title(title).description(description).datasource(DATASOURCE)
-            .span(w).height(h).calculate(False)
-            .color(heatmap.HeatmapColorOptions().mode(heatmap_m.HeatmapColorMode.SCHEME).scheme("Oranges")
-                   .scale(heatmap_m.HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64))
-            .y_axis(heatmap.YAxisConfig().unit(unit))
-            .cell_gap(1)
-            .with_target(_target(expr, "{{le}}", fmt=prom_m.PromQueryFormat.HEATMAP)))
+    return (
+        heatmap.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(w)
+        .height(h)
+        .calculate(False)
+        .color(
+            heatmap.HeatmapColorOptions()
+            .mode(heatmap_m.HeatmapColorMode.SCHEME)
+            .scheme("Oranges")
+            .scale(heatmap_m.HeatmapColorScale.EXPONENTIAL)
+            .exponent(0.5)
+            .steps(64)
+        )
+        .y_axis(heatmap.YAxisConfig().unit(unit))
+        .cell_gap(1)
+        .with_target(_target(expr, "{{le}}", fmt=prom_m.PromQueryFormat.HEATMAP))
+    )
 
 
 def _variables(d: dash.Dashboard, *, with_rank: bool = True) -> dash.Dashboard:
     d = d.with_variable(
-        dash.DatasourceVariable("datasource").label("Data source").type("prometheus")
-        .description("The Prometheus that scrapes the flyserve sidecars: chosen at import, no UID in the JSON."))
+        dash.DatasourceVariable("datasource")
+        .label("Data source")
+        .type("prometheus")
+        .description(
+            "The Prometheus that scrapes the flyserve sidecars: chosen at import, no UID in the JSON."
+        )
+    )
     d = d.with_variable(
-        dash.QueryVariable("instance").label("Instance").datasource(DATASOURCE)
+        dash.QueryVariable("instance")
+        .label("Instance")
+        .datasource(DATASOURCE)
         .query("label_values(flyserve_engine_step, instance)")
         .description("The flyserve sidecar(s) (one per vLLM server) to show.")
-        .multi(True).include_all(True).all_value(".*")
-        .refresh(dash_m.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dash_m.VariableSort.ALPHABETICAL_ASC))
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .refresh(dash_m.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dash_m.VariableSort.ALPHABETICAL_ASC)
+    )
     if with_rank:
         d = d.with_variable(
-            dash.QueryVariable("rank").label("Rank").datasource(DATASOURCE)
+            dash.QueryVariable("rank")
+            .label("Rank")
+            .datasource(DATASOURCE)
             .query('label_values(flyserve_engine_step{instance=~"$instance"}, rank)')
             .description("The tensor/pipeline-parallel ranks (worker processes) to show.")
-            .multi(True).include_all(True).all_value(".*")
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
             .refresh(dash_m.VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .sort(dash_m.VariableSort.NUMERICAL_ASC))
+            .sort(dash_m.VariableSort.NUMERICAL_ASC)
+        )
     return d
 
 
 def _annotation_thresholds_change() -> dash.AnnotationQuery:
-    return (dash.AnnotationQuery().name("Thresholds version change").datasource(DATASOURCE).enable(True)
-            .icon_color("orange")
-            .expr(f"changes(max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})[1m:]) > 0"))
+    return (
+        dash.AnnotationQuery()
+        .name("Thresholds version change")
+        .datasource(DATASOURCE)
+        .enable(True)
+        .icon_color("orange")
+        .expr(f"changes(max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})[1m:]) > 0")
+    )
 
 
 def _annotation_circuit_change() -> dash.AnnotationQuery:
-    return (dash.AnnotationQuery().name("Circuit breaker change").datasource(DATASOURCE).enable(True)
-            .icon_color("red")
-            .expr(f"changes(max by (rank) (flyserve_circuit_open{{{RANK_SEL}}})[1m:]) > 0"))
+    return (
+        dash.AnnotationQuery()
+        .name("Circuit breaker change")
+        .datasource(DATASOURCE)
+        .enable(True)
+        .icon_color("red")
+        .expr(f"changes(max by (rank) (flyserve_circuit_open{{{RANK_SEL}}})[1m:]) > 0")
+    )
 
 
 def _dashboard(uid: str, title: str, description: str) -> dash.Dashboard:
-    return (dash.Dashboard(title).uid(uid).description(description).tags(TAGS)
-            .editable().refresh("30s").time("now-1h", "now").timezone("browser")
-            .tooltip(dash_m.DashboardCursorSync.CROSSHAIR)
-            .link(dash.DashboardLink("flyserve").type(dash_m.DashboardLinkType.DASHBOARDS)
-                  .tags(["flyserve"]).as_dropdown(True).include_vars(True).keep_time(True)))
+    return (
+        dash.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .editable()
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        .tooltip(dash_m.DashboardCursorSync.CROSSHAIR)
+        .link(
+            dash.DashboardLink("flyserve")
+            .type(dash_m.DashboardLinkType.DASHBOARDS)
+            .tags(["flyserve"])
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+        )
+    )
 
 
 # --------------------------------------------------------------------------- shared expressions
@@ -203,18 +320,28 @@ def _rate(metric: str, sel: str, by: str = "", extra: str = "") -> str:
 
 DECISIONS = "flyserve_dispatch_decisions_total"
 TOKENS = "flyserve_dispatch_tokens_total"
-PREFILL_RATIO_DECISIONS = _rate(DECISIONS, RANK_SEL, extra='path="prefill"') + " / " + _rate(DECISIONS, RANK_SEL)
-PREFILL_RATIO_ELIGIBLE = (_rate(DECISIONS, RANK_SEL, extra='reason="admitted"') + " / "
-                          + _rate(DECISIONS, RANK_SEL, extra='reason!="no_prefill_rows"'))
+PREFILL_RATIO_DECISIONS = (
+    _rate(DECISIONS, RANK_SEL, extra='path="prefill"') + " / " + _rate(DECISIONS, RANK_SEL)
+)
+PREFILL_RATIO_ELIGIBLE = (
+    _rate(DECISIONS, RANK_SEL, extra='reason="admitted"')
+    + " / "
+    + _rate(DECISIONS, RANK_SEL, extra='reason!="no_prefill_rows"')
+)
 """Among batches that have prefill rows, the share the prefill specialist ran: what thresholds control."""
 PREFILL_RATIO_TOKENS = _rate(TOKENS, RANK_SEL, extra='path="prefill"') + " / " + _rate(TOKENS, RANK_SEL)
-LPT_SHARE = (_rate("flyserve_dispatch_lpt_total", RANK_SEL, extra='ordering="lpt"') + " / "
-             + _rate("flyserve_dispatch_lpt_total", RANK_SEL))
+LPT_SHARE = (
+    _rate("flyserve_dispatch_lpt_total", RANK_SEL, extra='ordering="lpt"')
+    + " / "
+    + _rate("flyserve_dispatch_lpt_total", RANK_SEL)
+)
 
 
 def _mean_kernel_seconds_by_path() -> str:
-    return (f"({_rate('flyserve_kernel_seconds_sum', RANK_SEL, 'path')}"
-            f" / {_rate('flyserve_kernel_seconds_count', RANK_SEL, 'path')})")
+    return (
+        f"({_rate('flyserve_kernel_seconds_sum', RANK_SEL, 'path')}"
+        f" / {_rate('flyserve_kernel_seconds_count', RANK_SEL, 'path')})"
+    )
 
 
 def _kernel_time_by_path() -> str:
@@ -230,260 +357,507 @@ def _kernel_time_by_path() -> str:
 
 
 def dispatch_overview() -> dash.Dashboard:
-    d = _dashboard("flyserve-dispatch", "flyserve / Dispatch overview",
-                   "Which attention kernel path vLLM's batches take, why they fall back, and whether "
-                   "every rank runs the same thresholds.")
+    d = _dashboard(
+        "flyserve-dispatch",
+        "flyserve / Dispatch overview",
+        "Which attention kernel path vLLM's batches take, why they fall back, and whether "
+        "every rank runs the same thresholds.",
+    )
     d = _variables(d).annotation(_annotation_thresholds_change()).annotation(_annotation_circuit_change())
     d = d.with_row(dash.Row("Now"))
-    d = d.with_panel(_stat(
-        "Prefill share of eligible batches",
-        "Share of batches WITH prefill rows that the prefill specialist ran (reason=admitted), over the "
-        "rate window. Pure-decode batches are left out: they always take the decode path. A sudden drop "
-        "right after a thresholds change or a circuit opening is what the PrefillRatioCollapsed alert "
-        "looks for.",
-        _target(PREFILL_RATIO_ELIGIBLE, "eligible"), unit="percentunit", decimals=1))
-    d = d.with_panel(_stat(
-        "Decisions per second",
-        "Dispatch decisions per second across the selected ranks: one per engine step per rank "
-        "(the routing decides once per batch, on CUDA-graph replays too). Zero means the engine is idle "
-        "or the ranks stopped reporting.",
-        _target(_rate(DECISIONS, RANK_SEL), "decisions/s"), unit="ops"))
-    d = d.with_panel(_stat(
-        "Thresholds version",
-        "The newest thresholds version any selected rank has applied. Compare with 'Ranks agree': a "
-        "version that went up on some ranks only is a split configuration.",
-        _target(f"max(flyserve_thresholds_version{{{RANK_SEL}}})", "version", instant=True),
-        unit="none", decimals=0))
-    d = d.with_panel(_stat(
-        "Ranks agree",
-        "1 (AGREE) when every live rank applied the same thresholds version, as the sidecar sees it. "
-        "DISAGREE for more than a few seconds means a rank missed a change (see the Control plane "
-        "dashboard) and ranks now route the same shapes differently.",
-        _target(f"min(flyserve_ranks_agree{{{INSTANCE_SEL}}})", "agree", instant=True),
-        unit="none", thresholds=[(None, "red"), (1, "green")],
-        mappings={"0": ("DISAGREE", "red"), "1": ("AGREE", "green")}))
+    d = d.with_panel(
+        _stat(
+            "Prefill share of eligible batches",
+            "Share of batches WITH prefill rows that the prefill specialist ran (reason=admitted), over the "
+            "rate window. Pure-decode batches are left out: they always take the decode path. A sudden drop "
+            "right after a thresholds change or a circuit opening is what the PrefillRatioCollapsed alert "
+            "looks for.",
+            _target(PREFILL_RATIO_ELIGIBLE, "eligible"),
+            unit="percentunit",
+            decimals=1,
+        )
+    )
+    d = d.with_panel(
+        _stat(
+            "Decisions per second",
+            "Dispatch decisions per second across the selected ranks: one per engine step per rank "
+            "(the routing decides once per batch, on CUDA-graph replays too). Zero means the engine is idle "
+            "or the ranks stopped reporting.",
+            _target(_rate(DECISIONS, RANK_SEL), "decisions/s"),
+            unit="ops",
+        )
+    )
+    d = d.with_panel(
+        _stat(
+            "Thresholds version",
+            "The newest thresholds version any selected rank has applied. Compare with 'Ranks agree': a "
+            "version that went up on some ranks only is a split configuration.",
+            _target(f"max(flyserve_thresholds_version{{{RANK_SEL}}})", "version", instant=True),
+            unit="none",
+            decimals=0,
+        )
+    )
+    d = d.with_panel(
+        _stat(
+            "Ranks agree",
+            "1 (AGREE) when every live rank applied the same thresholds version, as the sidecar sees it. "
+            "DISAGREE for more than a few seconds means a rank missed a change (see the Control plane "
+            "dashboard) and ranks now route the same shapes differently.",
+            _target(f"min(flyserve_ranks_agree{{{INSTANCE_SEL}}})", "agree", instant=True),
+            unit="none",
+            thresholds=[(None, "red"), (1, "green")],
+            mappings={"0": ("DISAGREE", "red"), "1": ("AGREE", "green")},
+        )
+    )
 
     d = d.with_row(dash.Row("Routing"))
-    d = d.with_panel(_timeseries(
-        "Prefill ratio",
-        "Share of work the prefill specialist ran, three ways: by decisions (all batches, decode "
-        "included), by decisions among batches that have prefill rows (the number the thresholds "
-        "control), and by tokens (how much of the attention work it carries). Orange marks are "
-        "thresholds version changes; a step down right after one is that change's effect.",
-        [_target(PREFILL_RATIO_DECISIONS, "by decisions (all batches)", "A"),
-         _target(PREFILL_RATIO_ELIGIBLE, "by decisions (batches with prefill rows)", "B"),
-         _target(PREFILL_RATIO_TOKENS, "by tokens", "C")],
-        unit="percentunit", min_val=0, max_val=1, legend_calcs=["mean", "lastNotNull"]))
-    d = d.with_panel(_timeseries(
-        "Fallback reasons",
-        "Batches with prefill rows that the unified kernel ran, stacked by the first rule that refused "
-        "the prefill path (short_context, low_occupancy, too_many_decode_rows, context_too_long, "
-        "not_causal, disabled, unsupported, circuit_open). The tallest band is the threshold worth "
-        "tuning; circuit_open or unsupported growing means the prefill kernel is unavailable, not "
-        "refused by the thresholds.",
-        [_target(_rate(DECISIONS, RANK_SEL, "reason", 'reason!~"admitted|no_prefill_rows"'), "{{reason}}")],
-        unit="ops", stacked=True, legend_calcs=["mean", "lastNotNull"]))
-    d = d.with_panel(_timeseries(
-        "Decisions per second by path",
-        "Batches per second routed to each kernel path (unified = general kernel, prefill = causal "
-        "prefill specialist). The total follows the engine step rate; the split follows the workload "
-        "and the thresholds.",
-        [_target(_rate(DECISIONS, RANK_SEL, "path"), "{{path}}")], unit="ops", stacked=True))
-    d = d.with_panel(_timeseries(
-        "LPT share",
-        "Share of prefill-path batches scheduled longest-processing-time first (ordering=lpt) rather "
-        "than in plain order. LPT pays off when one long sequence dominates a mixed batch; the "
-        "thresholds' lpt mode (auto/always/never) sets it.",
-        [_target(LPT_SHARE, "lpt share")],
-        unit="percentunit", min_val=0, max_val=1))
+    d = d.with_panel(
+        _timeseries(
+            "Prefill ratio",
+            "Share of work the prefill specialist ran, three ways: by decisions (all batches, decode "
+            "included), by decisions among batches that have prefill rows (the number the thresholds "
+            "control), and by tokens (how much of the attention work it carries). Orange marks are "
+            "thresholds version changes; a step down right after one is that change's effect.",
+            [
+                _target(PREFILL_RATIO_DECISIONS, "by decisions (all batches)", "A"),
+                _target(PREFILL_RATIO_ELIGIBLE, "by decisions (batches with prefill rows)", "B"),
+                _target(PREFILL_RATIO_TOKENS, "by tokens", "C"),
+            ],
+            unit="percentunit",
+            min_val=0,
+            max_val=1,
+            legend_calcs=["mean", "lastNotNull"],
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Fallback reasons",
+            "Batches with prefill rows that the unified kernel ran, stacked by the first rule that refused "
+            "the prefill path (short_context, low_occupancy, too_many_decode_rows, context_too_long, "
+            "not_causal, disabled, unsupported, circuit_open). The tallest band is the threshold worth "
+            "tuning; circuit_open or unsupported growing means the prefill kernel is unavailable, not "
+            "refused by the thresholds.",
+            [
+                _target(
+                    _rate(DECISIONS, RANK_SEL, "reason", 'reason!~"admitted|no_prefill_rows"'), "{{reason}}"
+                )
+            ],
+            unit="ops",
+            stacked=True,
+            legend_calcs=["mean", "lastNotNull"],
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Decisions per second by path",
+            "Batches per second routed to each kernel path (unified = general kernel, prefill = causal "
+            "prefill specialist). The total follows the engine step rate; the split follows the workload "
+            "and the thresholds.",
+            [_target(_rate(DECISIONS, RANK_SEL, "path"), "{{path}}")],
+            unit="ops",
+            stacked=True,
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Rows per second by path and kind",
+            "Batch rows (requests in a batch) per second by the path that ran them and their kind: "
+            "prefill rows (more than one query token) or decode rows. Prefill rows on the unified path "
+            "are prefills the specialist did not get; many decode rows riding along in prefill-path "
+            "batches is what the too_many_decode_rows rule limits.",
+            [
+                _target(
+                    _rate("flyserve_dispatch_rows_total", RANK_SEL, "path, kind"), "{{path}} {{kind}} rows"
+                )
+            ],
+            unit="ops",
+            legend_calcs=["mean", "lastNotNull"],
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "LPT share",
+            "Share of prefill-path batches scheduled longest-processing-time first (ordering=lpt) rather "
+            "than in plain order. LPT pays off when one long sequence dominates a mixed batch; the "
+            "thresholds' lpt mode (auto/always/never) sets it.",
+            [_target(LPT_SHARE, "lpt share")],
+            unit="percentunit",
+            min_val=0,
+            max_val=1,
+        )
+    )
 
     d = d.with_row(dash.Row("Configuration"))
-    d = d.with_panel(_timeseries(
-        "Thresholds version per rank",
-        "The thresholds version each rank applied. All lines should move together, at the same engine "
-        "step; orange annotations mark every change. A rank whose line lags is a rank that missed "
-        "the change.",
-        [_target(f"max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})", "rank {{rank}}")],
-        unit="none", legend_calcs=["lastNotNull"]))
-    d = d.with_panel(_timeseries(
-        "Ranks in agreement",
-        "Distinct thresholds versions among the selected ranks (should be 1) and the sidecar's own "
-        "verdict over live ranks (1 = agree). Two or more versions for longer than one change "
-        "takes is the RanksDisagreeOnThresholds alert.",
-        [_target(f'count(count_values("version", max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})))',
-                 "distinct versions", "A"),
-         _target(f"min(flyserve_ranks_agree{{{INSTANCE_SEL}}})", "sidecar: ranks agree", "B")],
-        unit="none", min_val=0, legend_calcs=["lastNotNull", "max"]))
+    d = d.with_panel(
+        _timeseries(
+            "Thresholds version per rank",
+            "The thresholds version each rank applied. All lines should move together, at the same engine "
+            "step; orange annotations mark every change. A rank whose line lags is a rank that missed "
+            "the change.",
+            [_target(f"max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})", "rank {{rank}}")],
+            unit="none",
+            legend_calcs=["lastNotNull"],
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Ranks in agreement",
+            "Distinct thresholds versions among the selected ranks (should be 1) and the sidecar's own "
+            "verdict over live ranks (1 = agree). Two or more versions for longer than one change "
+            "takes is the RanksDisagreeOnThresholds alert.",
+            [
+                _target(
+                    f'count(count_values("version", max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})))',
+                    "distinct versions",
+                    "A",
+                ),
+                _target(f"min(flyserve_ranks_agree{{{INSTANCE_SEL}}})", "sidecar: ranks agree", "B"),
+            ],
+            unit="none",
+            min_val=0,
+            legend_calcs=["lastNotNull", "max"],
+        )
+    )
     return d
 
 
 def kernel_paths() -> dash.Dashboard:
-    d = _dashboard("flyserve-kernels", "flyserve / Kernel paths",
-                   "How long each attention kernel path takes (sampled on the device, no sync) and "
-                   "which batch shapes each path receives.")
+    d = _dashboard(
+        "flyserve-kernels",
+        "flyserve / Kernel paths",
+        "How long each attention kernel path takes (sampled on the device, no sync) and "
+        "which batch shapes each path receives.",
+    )
     d = _variables(d).annotation(_annotation_thresholds_change())
     d = d.with_row(dash.Row("Kernel time"))
-    d = d.with_panel(_timeseries(
-        "Kernel time per path (p50, p99)",
-        "Sampled per-forward kernel time of each path, from device timers harvested without a sync "
-        "(1 in N forwards). p50 is the typical batch, p99 the long tail. A step up that is not "
-        "explained by a shape change (see 'Shapes' below) is a regression; the KernelTimeRegression "
-        "alert compares each path against its own last hour.",
-        [_target(f"histogram_quantile(0.5, {_rate('flyserve_kernel_seconds_bucket', RANK_SEL, 'le, path')})",
-                 "{{path}} p50", "A"),
-         _target(f"histogram_quantile(0.99, {_rate('flyserve_kernel_seconds_bucket', RANK_SEL, 'le, path')})",
-                 "{{path}} p99", "B")],
-        unit="s", legend_calcs=["mean", "lastNotNull", "max"]))
-    d = d.with_panel(_timeseries(
-        "Kernel time share per path",
-        "Estimated share of attention kernel time spent in each path: mean sampled time per forward "
-        "times decisions per second, normalised. A path with few batches can still dominate the time "
-        "(long prefills); this is where tuning pays.",
-        [_target(f"{_kernel_time_by_path()} / ignoring(path) group_left sum({_kernel_time_by_path()})",
-                 "{{path}}")],
-        unit="percentunit", stacked=True, min_val=0, max_val=1, legend_calcs=["mean", "lastNotNull"]))
-    d = d.with_panel(_heatmap(
-        "Kernel time heatmap: prefill",
-        "Distribution of sampled prefill-specialist kernel times over time (darker = more samples). "
-        "Two bands mean two populations of shapes; a band drifting up is a slowdown.",
-        _rate("flyserve_kernel_seconds_bucket", RANK_SEL, "le", 'path="prefill"'), unit="s"))
-    d = d.with_panel(_heatmap(
-        "Kernel time heatmap: unified",
-        "Distribution of sampled unified-kernel times over time (decode, mixed and refused prefill "
-        "batches). Compare with the prefill heatmap: batches the prefill path refused land here.",
-        _rate("flyserve_kernel_seconds_bucket", RANK_SEL, "le", 'path="unified"'), unit="s"))
-    d = d.with_panel(_timeseries(
-        "Timer samples dropped",
-        "Kernel timings skipped per second because the timer's queue of pending device events was "
-        "full: the GPU ran far behind the host (the timer never waits for the device). A steady "
-        "non-zero rate means the timings above under-represent the slowest forwards.",
-        [_target(_rate("flyserve_kernel_timer_dropped_total", RANK_SEL, "path"), "{{path}}")],
-        unit="ops", w=24, h=6))
+    d = d.with_panel(
+        _timeseries(
+            "Kernel time per path (p50, p99)",
+            "Sampled per-forward kernel time of each path, from device timers harvested without a sync "
+            "(1 in N forwards). p50 is the typical batch, p99 the long tail. A step up that is not "
+            "explained by a shape change (see 'Shapes' below) is a regression; the KernelTimeRegression "
+            "alert compares each path against its own last hour.",
+            [
+                _target(
+                    f"histogram_quantile(0.5, {_rate('flyserve_kernel_seconds_bucket', RANK_SEL, 'le, path')})",
+                    "{{path}} p50",
+                    "A",
+                ),
+                _target(
+                    f"histogram_quantile(0.99, {_rate('flyserve_kernel_seconds_bucket', RANK_SEL, 'le, path')})",
+                    "{{path}} p99",
+                    "B",
+                ),
+            ],
+            unit="s",
+            legend_calcs=["mean", "lastNotNull", "max"],
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Kernel time share per path",
+            "Estimated share of attention kernel time spent in each path: mean sampled time per forward "
+            "times decisions per second, normalised. A path with few batches can still dominate the time "
+            "(long prefills); this is where tuning pays.",
+            [
+                _target(
+                    f"{_kernel_time_by_path()} / ignoring(path) group_left sum({_kernel_time_by_path()})",
+                    "{{path}}",
+                )
+            ],
+            unit="percentunit",
+            stacked=True,
+            min_val=0,
+            max_val=1,
+            legend_calcs=["mean", "lastNotNull"],
+        )
+    )
+    d = d.with_panel(
+        _heatmap(
+            "Kernel time heatmap: prefill",
+            "Distribution of sampled prefill-specialist kernel times over time (darker = more samples). "
+            "Two bands mean two populations of shapes; a band drifting up is a slowdown.",
+            _rate("flyserve_kernel_seconds_bucket", RANK_SEL, "le", 'path="prefill"'),
+            unit="s",
+        )
+    )
+    d = d.with_panel(
+        _heatmap(
+            "Kernel time heatmap: unified",
+            "Distribution of sampled unified-kernel times over time (decode, mixed and refused prefill "
+            "batches). Compare with the prefill heatmap: batches the prefill path refused land here.",
+            _rate("flyserve_kernel_seconds_bucket", RANK_SEL, "le", 'path="unified"'),
+            unit="s",
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Timer samples dropped",
+            "Kernel timings skipped per second because the timer's queue of pending device events was "
+            "full: the GPU ran far behind the host (the timer never waits for the device). A steady "
+            "non-zero rate means the timings above under-represent the slowest forwards.",
+            [_target(_rate("flyserve_kernel_timer_dropped_total", RANK_SEL, "path"), "{{path}}")],
+            unit="ops",
+            w=24,
+            h=6,
+        )
+    )
 
     d = d.with_row(dash.Row("Shapes"))
-    d = d.with_panel(_bargauge_histogram(
-        "Query tokens per batch: unified (fallbacks and decode)",
-        "How many query tokens (num_actual_tokens) the batches the unified kernel ran had, over the "
-        "dashboard's time range. Large-token bars here are prefills that fell back: check the "
-        "Fallback reasons panel for why.",
-        f'sum by (le) (increase(flyserve_dispatch_query_tokens_bucket{{path="unified", {RANK_SEL}}}[$__range]))',
-        unit="short"))
-    d = d.with_panel(_bargauge_histogram(
-        "Query tokens per batch: prefill",
-        "How many query tokens the batches the prefill specialist ran had, over the time range. "
-        "The left edge is the smallest batch the thresholds admit (min_qblock_rows x block_m / heads).",
-        f'sum by (le) (increase(flyserve_dispatch_query_tokens_bucket{{path="prefill", {RANK_SEL}}}[$__range]))',
-        unit="short"))
-    d = d.with_panel(_bargauge_histogram(
-        "max_seq_len per batch: unified (fallbacks and decode)",
-        "Longest sequence (context) in the batches the unified kernel ran, over the time range. Bars "
-        "above max_seq_len or below min_seq_len are the context_too_long / short_context fallbacks.",
-        f'sum by (le) (increase(flyserve_dispatch_max_seq_len_bucket{{path="unified", {RANK_SEL}}}[$__range]))',
-        unit="short"))
-    d = d.with_panel(_bargauge_histogram(
-        "max_seq_len per batch: prefill",
-        "Longest sequence in the batches the prefill specialist ran, over the time range: the context "
-        "lengths where the specialist is trusted.",
-        f'sum by (le) (increase(flyserve_dispatch_max_seq_len_bucket{{path="prefill", {RANK_SEL}}}[$__range]))',
-        unit="short"))
-    d = d.with_panel(_timeseries(
-        "Median shape per path",
-        "Median query tokens and median max_seq_len of the batches each path ran, over time. A "
-        "kernel-time change that follows a shape change here is the workload, not a regression.",
-        [_target(f"histogram_quantile(0.5, {_rate('flyserve_dispatch_query_tokens_bucket', RANK_SEL, 'le, path')})",
-                 "{{path}} query tokens p50", "A"),
-         _target(f"histogram_quantile(0.5, {_rate('flyserve_dispatch_max_seq_len_bucket', RANK_SEL, 'le, path')})",
-                 "{{path}} max_seq_len p50", "B")],
-        unit="short", w=24))
+    d = d.with_panel(
+        _bargauge_histogram(
+            "Query tokens per batch: unified (fallbacks and decode)",
+            "How many query tokens (num_actual_tokens) the batches the unified kernel ran had, over the "
+            "dashboard's time range. Large-token bars here are prefills that fell back: check the "
+            "Fallback reasons panel for why.",
+            f'sum by (le) (increase(flyserve_dispatch_query_tokens_bucket{{path="unified", {RANK_SEL}}}[$__range]))',
+            unit="short",
+        )
+    )
+    d = d.with_panel(
+        _bargauge_histogram(
+            "Query tokens per batch: prefill",
+            "How many query tokens the batches the prefill specialist ran had, over the time range. "
+            "The left edge is the smallest batch the thresholds admit (min_qblock_rows x block_m / heads).",
+            f'sum by (le) (increase(flyserve_dispatch_query_tokens_bucket{{path="prefill", {RANK_SEL}}}[$__range]))',
+            unit="short",
+        )
+    )
+    d = d.with_panel(
+        _bargauge_histogram(
+            "max_seq_len per batch: unified (fallbacks and decode)",
+            "Longest sequence (context) in the batches the unified kernel ran, over the time range. Bars "
+            "above max_seq_len or below min_seq_len are the context_too_long / short_context fallbacks.",
+            f'sum by (le) (increase(flyserve_dispatch_max_seq_len_bucket{{path="unified", {RANK_SEL}}}[$__range]))',
+            unit="short",
+        )
+    )
+    d = d.with_panel(
+        _bargauge_histogram(
+            "max_seq_len per batch: prefill",
+            "Longest sequence in the batches the prefill specialist ran, over the time range: the context "
+            "lengths where the specialist is trusted.",
+            f'sum by (le) (increase(flyserve_dispatch_max_seq_len_bucket{{path="prefill", {RANK_SEL}}}[$__range]))',
+            unit="short",
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Median shape per path",
+            "Median query tokens and median max_seq_len of the batches each path ran, over time. A "
+            "kernel-time change that follows a shape change here is the workload, not a regression.",
+            [
+                _target(
+                    f"histogram_quantile(0.5, {_rate('flyserve_dispatch_query_tokens_bucket', RANK_SEL, 'le, path')})",
+                    "{{path}} query tokens p50",
+                    "A",
+                ),
+                _target(
+                    f"histogram_quantile(0.5, {_rate('flyserve_dispatch_max_seq_len_bucket', RANK_SEL, 'le, path')})",
+                    "{{path}} max_seq_len p50",
+                    "B",
+                ),
+            ],
+            unit="short",
+            w=24,
+        )
+    )
     return d
 
 
 def control_plane() -> dash.Dashboard:
-    d = _dashboard("flyserve-control", "flyserve / Control plane",
-                   "Thresholds reloads, the version every rank runs, circuit breakers, rank liveness "
-                   "and the sidecar's own latency.")
+    d = _dashboard(
+        "flyserve-control",
+        "flyserve / Control plane",
+        "Thresholds reloads, the version every rank runs, circuit breakers, rank liveness "
+        "and the sidecar's own latency.",
+    )
     d = _variables(d).annotation(_annotation_thresholds_change()).annotation(_annotation_circuit_change())
     d = d.with_row(dash.Row("Reloads"))
-    d = d.with_panel(_timeseries(
-        "Reload results",
-        "Thresholds changes and reloads per rate window, by result (success, invalid, io_error) and "
-        "source (file, api, cli, rollback). invalid = the new thresholds failed validation and changed "
-        "nothing (the reason is in the sidecar log and /dispatch-stats); io_error = the state "
-        "directory could not be written.",
-        [_target(f"sum by (result, source) (increase(flyserve_config_reloads_total{{{INSTANCE_SEL}}}[{RATE}]))",
-                 "{{result}} ({{source}})")],
-        unit="short", bars=True, stacked=True, w=16, legend_calcs=["sum"]))
-    d = d.with_panel(_stat(
-        "Since last successful reload",
-        "Time since the control plane last published a valid thresholds snapshot. Old is fine; it only "
-        "matters next to failed reloads (left): then the running thresholds are older than intended.",
-        _target(f"time() - max(flyserve_config_last_success_timestamp_seconds{{{INSTANCE_SEL}}})", "age",
-                instant=True),
-        unit="s", w=8, h=8))
+    d = d.with_panel(
+        _timeseries(
+            "Reload results",
+            "Thresholds changes and reloads per rate window, by result (success, invalid, io_error) and "
+            "source (file, api, cli, rollback). invalid = the new thresholds failed validation and changed "
+            "nothing (the reason is in the sidecar log and /dispatch-stats); io_error = the state "
+            "directory could not be written.",
+            [
+                _target(
+                    f"sum by (result, source) (increase(flyserve_config_reloads_total{{{INSTANCE_SEL}}}[{RATE}]))",
+                    "{{result}} ({{source}})",
+                )
+            ],
+            unit="short",
+            bars=True,
+            stacked=True,
+            w=16,
+            legend_calcs=["sum"],
+        )
+    )
+    d = d.with_panel(
+        _stat(
+            "Since last successful reload",
+            "Time since the control plane last published a valid thresholds snapshot. Old is fine; it only "
+            "matters next to failed reloads (left): then the running thresholds are older than intended.",
+            _target(
+                f"time() - max(flyserve_config_last_success_timestamp_seconds{{{INSTANCE_SEL}}})",
+                "age",
+                instant=True,
+            ),
+            unit="s",
+            w=8,
+            h=8,
+        )
+    )
 
     d = d.with_row(dash.Row("Ranks"))
-    d = d.with_panel(_timeseries(
-        "Config version per rank",
-        "Thresholds version applied by each rank. All lines step together (same engine step) on a "
-        "change; a lagging line is a rank that did not pick the change up.",
-        [_target(f"max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})", "rank {{rank}}")],
-        unit="none", legend_calcs=["lastNotNull"]))
     d = d.with_panel(
-        statetimeline.Panel().title("Circuit breaker per rank")
-        .description("Each rank's prefill circuit breaker: closed (green) or open (red). Open means the "
-                     "prefill kernel raised (or an operator opened it) and every batch takes the "
-                     "unified kernel until it is closed: correct results, slower prefills.")
-        .datasource(DATASOURCE).span(12).height(8)
+        _timeseries(
+            "Config version per rank",
+            "Thresholds version applied by each rank. All lines step together (same engine step) on a "
+            "change; a lagging line is a rank that did not pick the change up.",
+            [_target(f"max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})", "rank {{rank}}")],
+            unit="none",
+            legend_calcs=["lastNotNull"],
+        )
+    )
+    d = d.with_panel(
+        statetimeline.Panel()
+        .title("Circuit breaker per rank")
+        .description(
+            "Each rank's prefill circuit breaker: closed (green) or open (red). Open means the "
+            "prefill kernel raised (or an operator opened it) and every batch takes the "
+            "unified kernel until it is closed: correct results, slower prefills."
+        )
+        .datasource(DATASOURCE)
+        .span(12)
+        .height(8)
         .mappings(_value_mappings({"0": ("closed", "green"), "1": ("open", "red")}))
         .thresholds(_thresholds([(None, "green"), (1, "red")]))
-        .with_target(_target(f"max by (rank) (flyserve_circuit_open{{{RANK_SEL}}})", "rank {{rank}}")))
-    d = d.with_panel(_timeseries(
-        "Rank report age",
-        "Seconds since each rank last wrote its status file (every ~1 s while alive). The sidecar "
-        "calls a rank stale past its limit (rank up = 0, dashed); a stale rank no longer proves it "
-        "applied the current thresholds.",
-        [_target(f"max by (rank) (flyserve_rank_report_age_seconds{{{RANK_SEL}}})", "rank {{rank}} age", "A"),
-         _target(f"min by (rank) (flyserve_rank_up{{{RANK_SEL}}})", "rank {{rank}} up", "B")],
-        unit="s", min_val=0))
+        .with_target(_target(f"max by (rank) (flyserve_circuit_open{{{RANK_SEL}}})", "rank {{rank}}"))
+    )
     d = d.with_panel(
-        table.Panel().title("Ranks now")
-        .description("One row per rank: thresholds version, circuit state, liveness and engine step, "
-                     "right now. A row that differs from the others is the rank to look at.")
-        .datasource(DATASOURCE).span(12).height(8)
-        .with_target(_target(f"max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})", "", "version",
-                             instant=True, fmt=prom_m.PromQueryFormat.TABLE))
-        .with_target(_target(f"max by (rank) (flyserve_circuit_open{{{RANK_SEL}}})", "", "circuit",
-                             instant=True, fmt=prom_m.PromQueryFormat.TABLE))
-        .with_target(_target(f"min by (rank) (flyserve_rank_up{{{RANK_SEL}}})", "", "up",
-                             instant=True, fmt=prom_m.PromQueryFormat.TABLE))
-        .with_target(_target(f"max by (rank) (flyserve_engine_step{{{RANK_SEL}}})", "", "step",
-                             instant=True, fmt=prom_m.PromQueryFormat.TABLE))
+        _timeseries(
+            "Rank report age",
+            "Seconds since each rank last wrote its status file (every ~1 s while alive). The sidecar "
+            "calls a rank stale past its limit (rank up = 0, dashed); a stale rank no longer proves it "
+            "applied the current thresholds.",
+            [
+                _target(
+                    f"max by (rank) (flyserve_rank_report_age_seconds{{{RANK_SEL}}})",
+                    "rank {{rank}} age",
+                    "A",
+                ),
+                _target(f"min by (rank) (flyserve_rank_up{{{RANK_SEL}}})", "rank {{rank}} up", "B"),
+            ],
+            unit="s",
+            min_val=0,
+        )
+    )
+    d = d.with_panel(
+        table.Panel()
+        .title("Ranks now")
+        .description(
+            "One row per rank: thresholds version, circuit state, liveness and engine step, "
+            "right now. A row that differs from the others is the rank to look at."
+        )
+        .datasource(DATASOURCE)
+        .span(12)
+        .height(8)
+        .with_target(
+            _target(
+                f"max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})",
+                "",
+                "version",
+                instant=True,
+                fmt=prom_m.PromQueryFormat.TABLE,
+            )
+        )
+        .with_target(
+            _target(
+                f"max by (rank) (flyserve_circuit_open{{{RANK_SEL}}})",
+                "",
+                "circuit",
+                instant=True,
+                fmt=prom_m.PromQueryFormat.TABLE,
+            )
+        )
+        .with_target(
+            _target(
+                f"min by (rank) (flyserve_rank_up{{{RANK_SEL}}})",
+                "",
+                "up",
+                instant=True,
+                fmt=prom_m.PromQueryFormat.TABLE,
+            )
+        )
+        .with_target(
+            _target(
+                f"max by (rank) (flyserve_engine_step{{{RANK_SEL}}})",
+                "",
+                "step",
+                instant=True,
+                fmt=prom_m.PromQueryFormat.TABLE,
+            )
+        )
         .with_transformation(dash_m.DataTransformerConfig(id_val="merge", options={}))
-        .with_transformation(dash_m.DataTransformerConfig(id_val="organize", options={
-            "excludeByName": {"Time": True},
-            "renameByName": {"Value #version": "thresholds version", "Value #circuit": "circuit open",
-                             "Value #up": "up", "Value #step": "engine step"},
-        })))
+        .with_transformation(
+            dash_m.DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True},
+                    "renameByName": {
+                        "Value #version": "thresholds version",
+                        "Value #circuit": "circuit open",
+                        "Value #up": "up",
+                        "Value #step": "engine step",
+                    },
+                },
+            )
+        )
+    )
 
     d = d.with_row(dash.Row("Sidecar"))
-    d = d.with_panel(_timeseries(
-        "Sidecar request latency",
-        "p50 and p99 latency of the sidecar's HTTP routes (/metrics, /dispatch-stats, /thresholds). "
-        "The sidecar runs beside vllm serve, never in its request path: slow here means a slow scrape "
-        "or a slow state directory, not slow inference.",
-        [_target(f"histogram_quantile(0.5, sum by (le, route) (rate(flyserve_sidecar_request_seconds_bucket"
-                 f"{{{INSTANCE_SEL}}}[{RATE}])))", "{{route}} p50", "A"),
-         _target(f"histogram_quantile(0.99, sum by (le, route) (rate(flyserve_sidecar_request_seconds_bucket"
-                 f"{{{INSTANCE_SEL}}}[{RATE}])))", "{{route}} p99", "B")],
-        unit="s", legend_calcs=["mean", "max"]))
-    d = d.with_panel(_timeseries(
-        "Sidecar requests by route and code",
-        "Requests per second the sidecar answered, by route, method and status code. 401/403 on "
-        "/thresholds are rejected tokens; 409 a stale If-Match; 422 invalid thresholds (nothing "
-        "changed); 503 an unwritable state directory.",
-        [_target(f"sum by (route, method, code) (rate(flyserve_sidecar_requests_total{{{INSTANCE_SEL}}}[{RATE}]))",
-                 "{{method}} {{route}} {{code}}")],
-        unit="reqps", legend_calcs=["mean", "lastNotNull"]))
+    d = d.with_panel(
+        _timeseries(
+            "Sidecar request latency",
+            "p50 and p99 latency of the sidecar's HTTP routes (/metrics, /dispatch-stats, /thresholds). "
+            "The sidecar runs beside vllm serve, never in its request path: slow here means a slow scrape "
+            "or a slow state directory, not slow inference.",
+            [
+                _target(
+                    f"histogram_quantile(0.5, sum by (le, route) (rate(flyserve_sidecar_request_seconds_bucket"
+                    f"{{{INSTANCE_SEL}}}[{RATE}])))",
+                    "{{route}} p50",
+                    "A",
+                ),
+                _target(
+                    f"histogram_quantile(0.99, sum by (le, route) (rate(flyserve_sidecar_request_seconds_bucket"
+                    f"{{{INSTANCE_SEL}}}[{RATE}])))",
+                    "{{route}} p99",
+                    "B",
+                ),
+            ],
+            unit="s",
+            legend_calcs=["mean", "max"],
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Sidecar requests by route and code",
+            "Requests per second the sidecar answered, by route, method and status code. 401/403 on "
+            "/thresholds are rejected tokens; 409 a stale If-Match; 422 invalid thresholds (nothing "
+            "changed); 503 an unwritable state directory.",
+            [
+                _target(
+                    f"sum by (route, method, code) (rate(flyserve_sidecar_requests_total{{{INSTANCE_SEL}}}[{RATE}]))",
+                    "{{method}} {{route}} {{code}}",
+                )
+            ],
+            unit="reqps",
+            legend_calcs=["mean", "lastNotNull"],
+        )
+    )
     return d
 
 

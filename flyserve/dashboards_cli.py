@@ -7,15 +7,21 @@ unit test run, so an edited dashboard module with stale JSON (or hand-edited JSO
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
 def _build(
-    out: Path = typer.Option(Path("dashboards"), "--out", help="Directory for the dashboard JSON files."),
-    check: bool = typer.Option(
-        False, "--check", help="Write nothing; exit 1 if any file under --out differs from the generated JSON."
+    out: Annotated[Path, typer.Option("--out", help="Directory for the dashboard JSON files.")] = Path(
+        "dashboards"
     ),
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="Write nothing; exit 1 if any file under --out differs from the generated JSON."
+        ),
+    ] = False,
 ) -> None:
     """Generate the Grafana dashboards (Dispatch overview, Kernel paths, Control plane) as JSON."""
     from flyserve import dashboards
@@ -39,7 +45,8 @@ def _build(
 
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(help="Grafana dashboards generated from code (grafana-foundation-sdk).",
-                        no_args_is_help=True)
+    group = typer.Typer(
+        help="Grafana dashboards generated from code (grafana-foundation-sdk).", no_args_is_help=True
+    )
     group.command("build")(_build)
     app.add_typer(group, name="dashboards")
