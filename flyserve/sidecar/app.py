@@ -18,6 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.policy.thresholds import ThresholdsError
@@ -121,6 +123,20 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     @app.exception_handler(ControlIOError)
     async def _io(_: Request, exc: ControlIOError):
         return _error(503, f"state directory: {exc}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # One route per method under the same path: Starlette's Allow names only the first.
+            allowed = set()
+            for route in app.router.routes:
+                match, _ = route.matches({**request.scope, "method": "GET"})
+                methods = getattr(route, "methods", None)
+                if methods and match != Match.NONE and route.path_regex.match(request.url.path):
+                    allowed |= methods
+            headers["Allow"] = ", ".join(sorted(allowed))
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):

@@ -32,9 +32,12 @@ from flyserve.sidecar.models import (
 from flyserve.sidecar.service import StatsService, thresholds_view
 from flyserve.sidecar.shapes import read_shape_samples, routing_change
 
-router = APIRouter()
+router = APIRouter(
+    responses={422: {"model": ErrorDetail, "description": "Invalid input: names the field and the reason."}}
+)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorDetail, "description": "The body is not JSON."},
     401: {"model": ErrorDetail, "description": "No bearer token."},
     403: {"model": ErrorDetail, "description": "Wrong bearer token, or mutations disabled."},
     409: {"model": ErrorDetail, "description": "If-Match names a version that is no longer current."},
@@ -58,6 +61,7 @@ IfMatch = Annotated[
     str | None,
     Header(
         alias="If-Match",
+        pattern=r'^\s*(\*|(W/)?"?[0-9]{1,18}"?)\s*$',
         description="The version the change is based on (from GET /thresholds or its ETag); 409 if stale.",
     ),
 ]
