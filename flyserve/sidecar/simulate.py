@@ -72,6 +72,7 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float) -> int:
     recorder = DispatchRecorder(rank)
     shapes = ShapeSampleWriter(state.path, rank=rank, engine=args.engine)
     circuit = decision_for(UNIFIED, CIRCUIT_OPEN)
+    circuit_state: bool | None = None  # what flyserve_circuit_open{rank} says now
     n = len(trace)
     heads = args.num_heads
     next_flush = time.monotonic() + 1.0
@@ -85,6 +86,9 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float) -> int:
                 break
             ts = trace[step % n]
             snap = control.current(step)
+            if snap.circuit_open != circuit_state:  # rare: the gauge follows the breaker
+                circuit_state = snap.circuit_open
+                recorder.set_circuit_open(circuit_state)
             t = snap.thresholds
             shape = BatchShape.from_query_lens(
                 ts.query_lens, max_seq_len=ts.max_seq_len, num_heads=heads, thresholds=t
