@@ -161,14 +161,18 @@ class VllmServer:
             elapsed = time.monotonic() - t0
             rc = self.proc.poll()
             if rc is not None:
-                raise ServerStartError(f"vllm serve exited with code {rc} during start-up:\n{self.log_tail()}")
+                raise ServerStartError(
+                    f"vllm serve exited with code {rc} during start-up:\n{self.log_tail()}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             if elapsed > timeout:
-                raise ServerStartError(f"vllm serve did not answer /health within {timeout:.0f} s:\n{self.log_tail()}")
+                raise ServerStartError(
+                    f"vllm serve did not answer /health within {timeout:.0f} s:\n{self.log_tail()}"
+                )
             if on_wait is not None and elapsed - last_tick >= 1.0:
                 last_tick = elapsed
                 on_wait(elapsed)

@@ -1,0 +1,190 @@
+"""flyserve's composite attention backends, one per platform, built with vLLM's own factory.
+
+    platform      general (variant 0)            causal prefill (variant 1)
+    ROCm gfx950   ROCM_AITER_UNIFIED_ATTN        FlyDSL dualwave (flyserve.vllm.flydsl)
+    CUDA          TRITON_ATTN                    FLASH_ATTN
+    CPU           CPU_ATTN (vLLM's kernel)       torch SDPA over the paged cache (cpu_prefill)
+
+Each composite is registered under ``AttentionBackendEnum.CUSTOM`` (``--attention-backend CUSTOM``);
+on CPU also over ``CPU_ATTN`` itself, because vLLM's CPU platform ignores CUSTOM (it only ever
+selects CPU_ATTN). ``backend_name`` is ``CUSTOM``, an existing enum member: the attention layer
+looks the backend up by that name, and a name invented at run time crashes the engine core,
+which reads its configuration before plugins load.
+
+The composites are module attributes built on first access (PEP 562 ``__getattr__``), so that
+vLLM can import them by class path in every process, and a platform's kernels are imported only
+on that platform.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flyserve.vllm.eligibility import PrefillKernelSpec
+from flyserve.vllm.routing import routing_class
+
+log = logging.getLogger("flyserve.vllm")
+
+BACKEND_NAME = "CUSTOM"
+CLASS_NAMES = {
+    "cpu": "FlyserveCpuAttention",
+    "cuda": "FlyserveCudaAttention",
+    "rocm": "FlyserveRocmAttention",
+}
+
+CPU_PREFILL_SPEC = PrefillKernelSpec("cpu-sdpa-prefill")
+CUDA_PREFILL_SPEC = PrefillKernelSpec("FLASH_ATTN")
+ROCM_PREFILL_SPEC = PrefillKernelSpec("flydsl-dualwave", head_sizes=(64, 128))
+
+_BUILT: dict[str, type] = {}
+
+
+def platform_kind() -> str:
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return "cpu"
+    if current_platform.is_rocm():
+        return "rocm"
+    if current_platform.is_cuda():
+        return "cuda"
+    raise RuntimeError(f"flyserve attention: unsupported platform {current_platform.device_name!r}")
+
+
+def start_decode_path() -> str:
+    """decode_path at start: the published snapshot's if there is one, else the profile's."""
+    from flyserve.control import ControlPlane
+    from flyserve.vllm.runtime import profile_name
+
+    try:
+        return ControlPlane(profile=profile_name()).snapshot().thresholds.decode_path
+    except Exception:  # noqa: BLE001 - an unreadable state dir must not stop vLLM: use the profile
+        from flyserve.policy.profiles import load_profile
+
+        return load_profile(profile_name()).decode_path
+
+
+def _children(kind: str) -> tuple[type, type, PrefillKernelSpec]:
+    if kind == "cpu":
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        from flyserve.vllm.cpu_prefill import CpuPrefillBackend
+
+        return CPUAttentionBackend, CpuPrefillBackend, CPU_PREFILL_SPEC
+    if kind == "cuda":
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+        from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+        return TritonAttentionBackend, FlashAttentionBackend, CUDA_PREFILL_SPEC
+    if kind == "rocm":
+        from vllm.v1.attention.backends.rocm_aiter_unified_attn import RocmAiterUnifiedAttentionBackend
+
+        from flyserve.vllm.flydsl import FlyDSLDualwaveBackend
+
+        return RocmAiterUnifiedAttentionBackend, FlyDSLDualwaveBackend, ROCM_PREFILL_SPEC
+    raise ValueError(f"unknown platform kind {kind!r}")
+
+
+def build_composite(kind: str) -> type:
+    """The composite backend class for a platform (built once per process)."""
+    if kind in _BUILT:
+        return _BUILT[kind]
+    from vllm.v1.attention.backends.composite import create_composite_attention_backend
+
+    general, causal, spec = _children(kind)
+    routing = routing_class(spec, start_decode_path(), name=f"FlyserveRouting_{kind}")
+    base = create_composite_attention_backend(
+        general,
+        causal,
+        name=CLASS_NAMES[kind] + "Base",
+        backend_name=BACKEND_NAME,
+        module=__name__,
+        routing_policy=routing,
+    )
+    cls = _with_timed_impl(base, CLASS_NAMES[kind])
+    _BUILT[kind] = cls
+    return cls
+
+
+def _with_timed_impl(base: type, name: str) -> type:
+    """The composite with its impl's forward wrapped by the sampled kernel timer."""
+    base_impl = base.get_impl_cls()
+
+    class TimedCompositeImpl(base_impl):  # type: ignore[misc, valid-type]
+        def forward(
+            self,
+            layer,
+            query,
+            key,
+            value,
+            kv_cache,
+            attn_metadata,
+            output,
+            output_scale=None,
+            output_block_scale=None,
+        ):
+            timers = _path_timers()
+            if timers is None or attn_metadata is None:
+                return super().forward(
+                    layer,
+                    query,
+                    key,
+                    value,
+                    kv_cache,
+                    attn_metadata,
+                    output,
+                    output_scale,
+                    output_block_scale,
+                )
+            t = timers[getattr(attn_metadata, "_attention_backend_variant", 0)]
+            tok = t.start()  # None unless this call is sampled (never while a graph is captured)
+            out = super().forward(
+                layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
+            )
+            if tok is not None:
+                t.stop(tok)
+            return out
+
+    def get_impl_cls() -> type:
+        return TimedCompositeImpl
+
+    cls = type(name, (base,), {"get_impl_cls": staticmethod(get_impl_cls), "__module__": __name__})
+    cls.__qualname__ = name
+    return cls
+
+
+def _path_timers() -> Any:
+    """(unified, prefill) pre-bound kernel timers of this process, or None."""
+    from flyserve.vllm.runtime import RankRuntime
+
+    inst = RankRuntime._instance
+    return inst.path_timers if inst is not None else None
+
+
+def class_path(kind: str) -> str:
+    return f"{__name__}.{CLASS_NAMES[kind]}"
+
+
+def register_for_current_platform() -> str:
+    """Register this platform's composite with vLLM; returns its class path."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    kind = platform_kind()
+    path = class_path(kind)
+    register_backend(AttentionBackendEnum.CUSTOM, path)
+    if kind == "cpu":
+        register_backend(AttentionBackendEnum.CPU_ATTN, path)
+    log.info(
+        "flyserve: attention backend %s registered as CUSTOM%s",
+        path,
+        " and CPU_ATTN" if kind == "cpu" else "",
+    )
+    return path
+
+
+def __getattr__(name: str) -> Any:
+    for kind, cls_name in CLASS_NAMES.items():
+        if name == cls_name:
+            return build_composite(kind)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

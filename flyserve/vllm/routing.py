@@ -1,0 +1,179 @@
+"""FlyserveRouting: the CompositeAttentionRouting that asks the policy, per batch.
+
+vLLM's composite builder calls ``select(common_attn_metadata)`` once per engine step per
+attention group, on the host, before the forward pass, also when the step replays a CUDA
+graph; graph capture itself goes through ``build_for_cudagraph_capture`` and takes
+``capture_variant`` without calling select(). So this is where decisions are made and counted.
+
+The hot path (select) is: one np.diff over ``query_start_loc_cpu`` (host memory), one int compare
+in RankControl.current(step), decide(), and the recorder's pre-bound counter increments. No device
+tensor is read, nothing is synchronised, no label is looked up, nothing is written to disk.
+
+New-step detection: the first routing object built in a process (attention group 0, the leader)
+advances the step counter; vLLM builds every group's metadata exactly once per step, so the other
+groups see the same step number. Only the leader records, so a step counts once however many
+attention groups the model has.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+import numpy as np
+
+from flyserve.policy import CIRCUIT_OPEN, PREFILL, UNIFIED, UNSUPPORTED, BatchShape, decide, decision_for
+from flyserve.policy.rules import lpt_rule
+from flyserve.policy.vocabulary import VARIANT
+from flyserve.vllm.eligibility import PrefillKernelSpec, group_problems
+from flyserve.vllm.runtime import RankRuntime
+
+log = logging.getLogger("flyserve.vllm")
+
+
+def _layers(vllm_config: Any, layer_names: list[str]) -> list[Any]:
+    ctx = vllm_config.compilation_config.static_forward_context
+    return [ctx[n] for n in layer_names if n in ctx]
+
+
+def _num_heads(vllm_config: Any, layer_names: list[str]) -> int:
+    """Query heads per rank for this group (the occupancy rule counts heads x tokens)."""
+    try:
+        from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
+
+        n = get_num_attention_heads_from_layers(vllm_config, layer_names)
+        if n:
+            return int(n)
+    except Exception:  # noqa: BLE001, S110 - older vLLM: fall back to the model-wide count
+        pass
+    return int(vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config))
+
+
+class FlyserveRouting:
+    """Implements vLLM's ``CompositeAttentionRouting`` protocol (structurally).
+
+    Per-platform subclasses (``routing_class``) fix ``capture_variant`` (the start-time profile's
+    decode_path) and ``prefill_spec`` (what the causal kernel accepts, for static eligibility).
+    """
+
+    capture_variant: ClassVar[int] = VARIANT[UNIFIED]
+    prefill_spec: ClassVar[PrefillKernelSpec] = PrefillKernelSpec("prefill")
+
+    def __init__(
+        self, layer_names: list[str], vllm_config: Any, *, runtime: RankRuntime | None = None
+    ) -> None:
+        self.rt = runtime if runtime is not None else RankRuntime.get()
+        self.layer_names = list(layer_names)
+        if self.rt.leader is None:
+            self.rt.leader = self
+        self.is_leader = self.rt.leader is self
+        self.num_heads = _num_heads(vllm_config, layer_names)
+        self.problems = group_problems(
+            _layers(vllm_config, layer_names), vllm_config.model_config.dtype, self.prefill_spec
+        )
+        self.unsupported = bool(self.problems)
+        if self.unsupported:
+            log.warning(
+                "flyserve: layers %s cannot use the %s kernel (%s): their prefill batches take the "
+                "unified path, reason 'unsupported'",
+                self.layer_names[:2] + (["..."] if len(self.layer_names) > 2 else []),
+                self.prefill_spec.name,
+                "; ".join(self.problems),
+            )
+        self._last_snapshot: Any = None
+        self.last_decision = decision_for(UNIFIED, "no_prefill_rows")
+        self._warned_no_seq_lens = False
+
+    # ------------------------------------------------------------------ hot path
+
+    def select(self, metadata: Any) -> int:
+        rt = self.rt
+        if self.is_leader:
+            rt.step += 1
+        step = rt.step
+        snap = rt.control.current(step)
+        t = snap.thresholds
+        causal = metadata.causal
+        shape = BatchShape.from_query_start_loc(
+            metadata.query_start_loc_cpu,
+            max_seq_len=metadata.max_seq_len,
+            num_heads=self.num_heads,
+            causal=causal is True,
+            thresholds=t,
+        )
+        d = decide(shape, t)
+        if shape.max_query_len < t.min_query_len:
+            # No prefill row: always the capture variant, whatever run-time thresholds say.
+            if d.variant != self.capture_variant:
+                d = decision_for(PREFILL if self.capture_variant else UNIFIED, d.reason, lpt_rule(shape, t))
+        else:
+            if rt.forced is not None and rt.forced != d.path:
+                d = decision_for(rt.forced, d.reason, lpt_rule(shape, t))
+            if d.path == PREFILL:
+                if self.unsupported:
+                    d = decision_for(UNIFIED, UNSUPPORTED)
+                elif snap.circuit_open or rt.local_circuit_open:
+                    d = decision_for(UNIFIED, CIRCUIT_OPEN)
+        self.last_decision = d
+        if self.is_leader:
+            rt.recorder.record(d, shape, step, snap.version)
+            if snap is not self._last_snapshot:
+                self._on_new_snapshot(snap)
+            if rt.shape_log is not None:
+                self._log_shape(metadata, step, shape, d)
+        return d.variant
+
+    # ------------------------------------------------------------------ rare paths
+
+    def _on_new_snapshot(self, snap: Any) -> None:
+        """Once per applied version: keep the circuit gauge and the local breaker in step."""
+        prev = self._last_snapshot
+        self._last_snapshot = snap
+        if prev is None or prev.circuit_open != snap.circuit_open:
+            self.rt.recorder.set_circuit_open(snap.circuit_open)
+            if prev is not None and prev.circuit_open and not snap.circuit_open:
+                # An operator closed the circuit: the prefill path is allowed again here too.
+                self.rt.local_circuit_open = False
+                self.rt.circuit_reported = False
+                log.warning(
+                    "flyserve rank %d: circuit closed by the control plane (version %d)",
+                    self.rt.rank,
+                    snap.version,
+                )
+
+    def _log_shape(self, metadata: Any, step: int, shape: BatchShape, d: Any) -> None:
+        seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)
+        if seq is None:
+            seq = metadata.seq_lens
+            if getattr(getattr(seq, "device", None), "type", "cpu") != "cpu":
+                if not self._warned_no_seq_lens:
+                    self._warned_no_seq_lens = True
+                    log.warning("flyserve shape log: no host copy of seq_lens in this vLLM; not logging")
+                return
+        qsl = metadata.query_start_loc_cpu
+        q = np.diff(qsl.numpy() if hasattr(qsl, "numpy") else np.asarray(qsl))
+        s = (seq.numpy() if hasattr(seq, "numpy") else np.asarray(seq))[: q.size].copy()
+        self.rt.shape_log.append(step, q, s, int(shape.max_seq_len), d.path, d.reason)
+
+    # ------------------------------------------------------------------ protocol statics
+
+    @staticmethod
+    def get_cudagraph_support(vllm_config: Any, kv_cache_spec: Any) -> Any:
+        """Full graphs only for uniform single-token decode: those batches always take
+        capture_variant, so a replay can never contradict the captured kernel."""
+        from vllm.v1.attention.backend import AttentionCGSupport
+
+        return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    @staticmethod
+    def variant_uses_mm_prefix(variant: int) -> bool:
+        return False
+
+
+def routing_class(
+    spec: PrefillKernelSpec, decode_path: str, *, name: str = "FlyserveRouting"
+) -> type[FlyserveRouting]:
+    """A FlyserveRouting subclass for one platform: its capture variant and prefill-kernel spec."""
+    if decode_path not in VARIANT:
+        raise ValueError(f"decode_path must be one of {list(VARIANT)}, got {decode_path!r}")
+    return type(name, (FlyserveRouting,), {"capture_variant": VARIANT[decode_path], "prefill_spec": spec})

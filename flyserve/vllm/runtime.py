@@ -1,0 +1,223 @@
+"""Per-process state of a rank: set up once, shared by every routing object of the process.
+
+vLLM builds one routing object per attention group in each worker process; the control
+snapshot, the recorder, the rank identity, the step counter and the shape log are per process
+and must never be rebuilt per step or per group. ``RankRuntime.get()`` builds them on first use.
+
+Environment (read once, at set-up):
+  FLYSERVE_STATE_DIR / FLYSERVE_INSTANCE  the control plane's state directory (flyserve.control)
+  FLYSERVE_PROFILE                        thresholds profile used before anything is published
+                                          (default gfx950); its decode_path is the capture variant
+  FLYSERVE_SHAPE_LOG                      append one JSON line per engine step (shape-log format of
+                                          flyserve.lab.workloads) to this path; "{rank}" is replaced
+  FLYSERVE_KERNEL_TIMER_EVERY             time 1 in N attention forwards per path (default 16; 0: off)
+  FLYSERVE_FORCE_PATH                     unified | prefill: tests and A/B runs only; every batch that
+                                          has a prefill row takes this path (reason stays decide()'s)
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from flyserve.policy import PATHS, PREFILL, UNIFIED
+
+log = logging.getLogger("flyserve.vllm")
+
+PROFILE_ENV = "FLYSERVE_PROFILE"
+SHAPE_LOG_ENV = "FLYSERVE_SHAPE_LOG"
+FORCE_PATH_ENV = "FLYSERVE_FORCE_PATH"
+TIMER_EVERY_ENV = "FLYSERVE_KERNEL_TIMER_EVERY"
+DEFAULT_PROFILE = "gfx950"
+
+
+def profile_name() -> str:
+    return os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+
+
+def forced_path() -> str | None:
+    v = (os.environ.get(FORCE_PATH_ENV) or "").strip().lower()
+    if not v:
+        return None
+    if v not in (UNIFIED, PREFILL):
+        raise ValueError(f"{FORCE_PATH_ENV} must be '{UNIFIED}' or '{PREFILL}', got {v!r}")
+    return v
+
+
+def _vllm_rank() -> tuple[int, int]:
+    """(tensor-parallel rank, data-parallel engine index) of this worker; (0, 0) outside vLLM."""
+    rank = engine = 0
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        rank = int(get_tensor_model_parallel_rank())
+    except Exception:  # noqa: BLE001 - not initialised (unit tests, a single CPU process)
+        rank = int(os.environ.get("RANK", "0") or 0)
+    try:
+        from vllm.config import get_current_vllm_config
+
+        engine = int(get_current_vllm_config().parallel_config.data_parallel_rank or 0)
+    except Exception:  # noqa: BLE001 - no current vLLM config
+        engine = 0
+    return rank, engine
+
+
+class ShapeLog:
+    """Shape log writer that keeps I/O off the hot path.
+
+    ``append`` puts host ints on a deque (no I/O, no formatting); a daemon thread formats and
+    writes them about twice a second, and at exit. Lines follow flyserve.lab.workloads' shape-log
+    format, with the routing's decision added (``path``, ``reason``, ``max_seq_len``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, rank: int, meta: dict[str, Any]) -> None:
+        import json
+
+        self.path = Path(str(path).replace("{rank}", str(rank)))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self._q: deque[tuple[int, Any, Any, int, str, str]] = deque()
+        self._stop = threading.Event()
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1 << 20)  # noqa: SIM115
+        if self._file.tell() == 0:
+            header = {"format": "flyserve-shape-log", "version": 1, **meta}
+            self._file.write(json.dumps(header) + "\n")
+            self._file.flush()
+        self._thread = threading.Thread(target=self._run, name="flyserve-shape-log", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def append(
+        self, step: int, query_lens: Any, seq_lens: Any, max_seq_len: int, path: str, reason: str
+    ) -> None:
+        self._q.append((step, query_lens, seq_lens, max_seq_len, path, reason))
+
+    def _drain(self) -> None:
+        import json
+
+        q, f = self._q, self._file
+        while q:
+            step, ql, sl, msl, path, reason = q.popleft()
+            rec = {
+                "step": step,
+                "rank": self.rank,
+                "query_lens": ql.tolist(),
+                "seq_lens": sl.tolist(),
+                "max_seq_len": msl,
+                "path": path,
+                "reason": reason,
+            }
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        f.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                self._drain()
+            except Exception:
+                log.exception("flyserve shape log: write failed; stopping the log")
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self._drain()
+            self._file.close()
+        except Exception:  # noqa: BLE001, S110 - closing at interpreter exit: nothing left to do
+            pass
+
+
+class RankRuntime:
+    """The one per-process object: rank identity, RankControl, DispatchRecorder, step, shape log.
+
+    ``step`` counts engine steps: the first routing object of the process (attention group 0,
+    the "leader") advances it in select(); vLLM builds every group's metadata once per step, so
+    other groups see the same step number and do not count again.
+    """
+
+    _instance: RankRuntime | None = None
+    _lock = threading.Lock()
+
+    def __init__(
+        self, *, state_dir: Any = None, rank: int | None = None, engine: int = 0, start: bool = True
+    ):
+        from flyserve.control import RankControl, StateDir, default_state_dir
+        from flyserve.telemetry import metrics
+        from flyserve.telemetry.recorder import DispatchRecorder
+        from flyserve.telemetry.tracing import setup_tracing
+
+        if rank is None:
+            rank, engine = _vllm_rank()
+        self.rank, self.engine = rank, engine
+        self.profile = profile_name()
+        self.state_dir = StateDir(state_dir if state_dir is not None else default_state_dir())
+        self.state_dir.path.mkdir(parents=True, exist_ok=True)
+        metrics.setup_multiprocess(self.state_dir.metrics_dir, wipe=(rank == 0))
+        self.control = RankControl(self.state_dir, rank, engine=engine, profile=self.profile)
+        # The capture variant is fixed at start from the profile (decode_path cannot change later).
+        self.start_thresholds = self.control.snapshot.thresholds
+        self.tracing = setup_tracing(resource_attributes={"flyserve.rank": rank})
+        self.recorder = DispatchRecorder(rank, tracing=self.tracing)
+        self.recorder.set_circuit_open(self.control.snapshot.circuit_open)
+        self.forced = forced_path()
+        self.step = 0
+        self.leader: object | None = None
+        # Circuit breaker, local side: set the moment the prefill path raises in this process, so
+        # the next step routes away before the control plane's new version reaches its step.
+        self.local_circuit_open = False
+        self.circuit_reported = False
+        shape_log = os.environ.get(SHAPE_LOG_ENV)
+        self.shape_log = (
+            ShapeLog(shape_log, rank=rank, meta={"profile": self.profile, "pid": os.getpid()})
+            if shape_log
+            else None
+        )
+        self.kernel_timer = _kernel_timer(rank, self.tracing)
+        self.path_timers = (
+            tuple(self.kernel_timer.path(p) for p in PATHS) if self.kernel_timer is not None else None
+        )
+        if start:
+            self.control.start()
+        log.info(
+            "flyserve routing: rank %d, state dir %s, profile %s, thresholds version %d%s",
+            rank,
+            self.state_dir.path,
+            self.profile,
+            self.control.snapshot.version,
+            f", FORCED path {self.forced}" if self.forced else "",
+        )
+
+    @classmethod
+    def get(cls) -> RankRuntime:
+        inst = cls._instance
+        if inst is None:
+            with cls._lock:
+                inst = cls._instance
+                if inst is None:
+                    inst = cls._instance = cls()
+        return inst
+
+    @classmethod
+    def reset_for_tests(cls) -> None:
+        inst = cls._instance
+        cls._instance = None
+        if inst is not None:
+            inst.control.stop(timeout_s=1.0)
+            if inst.shape_log is not None:
+                inst.shape_log.close()
+
+
+def _kernel_timer(rank: int, tracing: Any) -> Any:
+    """flyserve.telemetry.gpu_timer's KernelTimer for this rank (1 in $FLYSERVE_KERNEL_TIMER_EVERY
+    forwards per path, default 16; 0 turns timing off)."""
+    from flyserve.telemetry.gpu_timer import DEFAULT_EVERY, KernelTimer
+
+    every = int(os.environ.get(TIMER_EVERY_ENV) or DEFAULT_EVERY)
+    if every <= 0:
+        return None
+    return KernelTimer(rank, every=every, tracing=tracing)
