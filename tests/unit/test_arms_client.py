@@ -341,3 +341,12 @@ def test_header_only_file_resumes(tmp_path):
     rf = ResultsFile.open(results, {"prompts_sha256": "x"})
     assert rf.records == {} and len(items) == 4
     assert results.read_text().count("\n") == 1
+
+
+def test_the_shipped_example_is_valid():
+    from flyserve.lab.arms_prompts import load_prompts
+
+    items = load_prompts(Path(__file__).resolve().parents[2] / "examples" / "gsm8k_sample.jsonl")
+    keys = [NumberExtractor().normalize_answer(i.answer) for i in items]
+    assert keys == ["48", "6", "150", "40", "115", "30", "400", "46", "81"]
+    assert {i.api for i in items} == {"completions", "chat"}
