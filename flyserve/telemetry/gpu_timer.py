@@ -36,7 +36,6 @@ Use from a step loop (one timer per rank process, bound per path once)::
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from random import random
@@ -242,9 +241,7 @@ class KernelTimer:
         return n
 
     def _observe(self, p: _PathTimer, seconds: float, wall_ns: int, dur_ns: int) -> None:
-        h = p.hist
-        h.buckets[bisect_left(h.bounds, seconds)](1)
-        h.sum(seconds)
+        p.hist.observe(seconds)
         if wall_ns and self.tracing is not None:
             self.tracing.tracer.start_span(
                 KERNEL_SPAN,

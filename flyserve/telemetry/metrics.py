@@ -30,9 +30,9 @@ import atexit
 import contextlib
 import glob
 import os
-import struct
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
@@ -52,8 +52,9 @@ from flyserve.policy.vocabulary import PATHS, REASONS
 class _Backend:
     """Which value class the shared metrics use in this process.
 
-    ``generation`` increases whenever the backend changes, so objects that pre-bound value
-    methods (DispatchRecorder, KernelTimer) notice with one int compare and re-bind.
+    ``generation`` increases whenever the values are re-created (setup_multiprocess,
+    setup_in_process, a fork), so objects that bound value cells (DispatchRecorder, KernelTimer)
+    notice with one int compare and re-bind.
     """
 
     def __init__(self) -> None:
@@ -61,15 +62,33 @@ class _Backend:
         self.generation = 0
         self.lock = threading.Lock()
         self.files: dict[str, MmapedDict] = {}
+        self.views: dict[int, tuple[Any, memoryview]] = {}  # id(mmap) -> (mmap, its float64 view)
         self.pid = os.getpid()
         self.values: list[_MmapValue] = []
+        # Objects holding bound cells; bump() calls their _invalidate() so their hot path needs no
+        # generation check of its own (the next call misses its lookup and re-binds).
+        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def bump(self) -> None:
+        self.generation += 1
+        for obj in list(self.listeners):
+            obj._invalidate()
+
+    def view(self, m: Any) -> memoryview:
+        """A float64 view of an mmap (one per mapping; MmapedDict maps a larger one when it grows)."""
+        got = self.views.get(id(m))
+        if got is None or got[0] is not m:
+            got = self.views[id(m)] = (m, memoryview(m).cast("d"))
+        return got[1]
+
+    def release_views(self) -> None:
+        """Views pin their mappings (mmap.close() refuses while one exists): release before closing."""
+        for _, v in self.views.values():
+            v.release()
+        self.views.clear()
 
 
 _BACKEND: Final = _Backend()
-
-
-_pack_double = struct.Struct("d").pack
-_pack_two_doubles = struct.Struct("dd").pack
 
 
 class _MmapValue:
@@ -79,12 +98,16 @@ class _MmapValue:
     ``gauge_<mode>_<pid>.db``), so ``MultiProcessCollector(registry, path=dir)`` reads them;
     unlike it, the directory is explicit, never read from ``PROMETHEUS_MULTIPROC_DIR``, and a
     fork is handled by ``os.register_at_fork`` instead of a ``getpid()`` on every write.
-    Writes are whole-slice assignments (never ``pack_into``, which briefly writes zeros a
-    scraper could read). This class locks (control side: several threads may write).
+
+    The value is the cell ``_buf[_i]`` of a float64 view of the mapping (entries are 8-byte
+    aligned, value then timestamp): an aligned 8-byte store, so a scraper never reads a torn
+    or zeroed value (prometheus_client avoids ``struct.pack_into`` for that reason). The
+    recorder binds ``(_buf, _i)`` and updates the cell without a method call. This class locks
+    (control side: several threads may write).
     """
 
     _multiprocess = True
-    __slots__ = ("_end", "_m", "_params", "_pos", "_timestamp", "_value")
+    __slots__ = ("_buf", "_i", "_params")
 
     def __init__(
         self,
@@ -111,36 +134,34 @@ class _MmapValue:
             assert _BACKEND.directory is not None
             f = _BACKEND.files[prefix] = MmapedDict(str(_BACKEND.directory / f"{prefix}_{_BACKEND.pid}.db"))
         key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
-        self._value, self._timestamp = f.read_value(key)  # creates the entry (a zero series)
-        self._pos = f._positions[key]
-        self._end = self._pos + 8
-        # The mapping that holds our entry. MmapedDict maps a new, larger view when it grows
-        # but never unmaps the old one while we hold it, and both views share the file (MAP_SHARED):
-        # writes through this one reach the file. Files are closed only by _close_files and after
-        # a fork, and both reset every value.
-        self._m = f._m
-        if mode.endswith("mostrecent") and not self._timestamp:
-            # MultiProcessCollector reports a "mostrecent" gauge only with a timestamp > 0:
-            # stamp the zero of a pre-created series so it exists from the first scrape.
-            self._timestamp = time.time()
-            self._m[self._pos:self._end + 8] = _pack_two_doubles(self._value, self._timestamp)
+        _, ts = f.read_value(key)  # creates the entry: a zero series from the first scrape
+        pos = f._positions[key]
+        assert pos % 8 == 0
+        # The mapping that holds the entry now. When MmapedDict grows it maps a larger view but
+        # the old one stays valid while our view pins it, and both share the file (MAP_SHARED).
+        self._buf = _BACKEND.view(f._m)
+        self._i = pos // 8
+        if mode.endswith("mostrecent") and not ts:
+            # MultiProcessCollector reports a "mostrecent" gauge only with a timestamp > 0. The
+            # creation time is stamped once: between a live rank and a dead one's leftover file
+            # the newer process wins, and set() stays one store (no clock read per step).
+            self._buf[self._i + 1] = time.time()
 
     def inc(self, amount: float) -> None:
         with _BACKEND.lock:
-            v = self._value = self._value + amount
-            self._m[self._pos:self._end] = _pack_double(v)
+            self._buf[self._i] += amount
 
     def set(self, value: float, timestamp: float | None = None) -> None:
         with _BACKEND.lock:
-            self._value = value
-            ts = self._timestamp = timestamp or 0.0
-            self._m[self._pos:self._end + 8] = _pack_two_doubles(value, ts)
+            self._buf[self._i] = value
+            if timestamp:
+                self._buf[self._i + 1] = timestamp
 
     def set_exemplar(self, exemplar: Any) -> None:  # not supported in files
         return
 
     def get(self) -> float:
-        return self._value
+        return self._buf[self._i]
 
     def get_exemplar(self) -> None:
         return None
@@ -148,43 +169,50 @@ class _MmapValue:
 
 class _MmapValueSingleWriter(_MmapValue):
     """Rank side: written by the engine thread only, so no lock (a lock round trip costs as much
-    as the write itself: measured 0.3 us each on the 2-core CI VM)."""
+    as the write itself: measured 0.3 us on the 2-core CI VM)."""
 
     __slots__ = ()
 
     def inc(self, amount: float) -> None:
-        v = self._value = self._value + amount
-        self._m[self._pos:self._end] = _pack_double(v)
+        self._buf[self._i] += amount
 
     def set(self, value: float, timestamp: float | None = None) -> None:
-        self._value = value
-        ts = self._timestamp = timestamp or 0.0
-        self._m[self._pos:self._end + 8] = _pack_two_doubles(value, ts)
+        self._buf[self._i] = value
+        if timestamp:
+            self._buf[self._i + 1] = timestamp
 
 
 class _LocalValue:
-    """Rank side, in-process: a plain float, single writer (the engine thread), no lock."""
+    """Rank side, in-process: a one-element list, single writer (the engine thread), no lock.
+
+    Same ``(_buf, _i)`` cell interface as the mmap value, so the recorder binds either."""
 
     _multiprocess = False
-    __slots__ = ("_value",)
+    __slots__ = ("_buf",)
+    _i = 0
 
     def __init__(self, *_: Any, **__: Any) -> None:
-        self._value = 0.0
+        self._buf = [0.0]
 
     def inc(self, amount: float) -> None:
-        self._value += amount
+        self._buf[0] += amount
 
     def set(self, value: float, timestamp: float | None = None) -> None:
-        self._value = value
+        self._buf[0] = value
 
     def set_exemplar(self, exemplar: Any) -> None:
         return
 
     def get(self) -> float:
-        return self._value
+        return self._buf[0]
 
     def get_exemplar(self) -> None:
         return None
+
+
+def cell(value: Any) -> tuple[Any, int]:
+    """(buffer, index) of a rank-side value: ``buf[i] += n`` updates it with no method call."""
+    return value._buf, value._i
 
 
 def _after_fork_in_child() -> None:
@@ -195,12 +223,14 @@ def _after_fork_in_child() -> None:
     _BACKEND.pid = os.getpid()
     if _BACKEND.directory is None:
         return
+    _BACKEND.release_views()
     for f in _BACKEND.files.values():
         with contextlib.suppress(Exception):  # best effort in a fresh child
             f.close()
     _BACKEND.files.clear()
     for v in _BACKEND.values:
         v._reset()
+    _BACKEND.bump()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -562,7 +592,7 @@ def setup_multiprocess(metrics_dir: str | os.PathLike[str], *, wipe: bool = Fals
     _close_files()
     _BACKEND.directory = d
     _reinit_shared_values()
-    _BACKEND.generation += 1
+    _BACKEND.bump()
     if not _atexit_registered:
         atexit.register(_mark_dead_at_exit)
         _atexit_registered = True
@@ -571,6 +601,7 @@ def setup_multiprocess(metrics_dir: str | os.PathLike[str], *, wipe: bool = Fals
 
 def _close_files() -> None:
     with _BACKEND.lock:
+        _BACKEND.release_views()
         for f in _BACKEND.files.values():
             with contextlib.suppress(Exception):
                 f.close()
@@ -585,7 +616,7 @@ def setup_in_process() -> None:
     _close_files()
     _BACKEND.directory = None
     _reinit_shared_values()
-    _BACKEND.generation += 1
+    _BACKEND.bump()
 
 
 def multiprocess_dir() -> Path | None:

@@ -43,32 +43,45 @@ def _all_decisions() -> list[Decision]:
 
 
 class HistogramBinding:
-    """A histogram child's values, bound for observe() without prometheus_client's Python loop.
+    """A histogram child's value cells, bound for observe() without prometheus_client's Python loop.
 
-    ``observe(v)`` == child.observe(v): bisect on the upper bounds (C), one bucket inc, one sum inc.
+    ``observe(v)`` == child.observe(v): bisect on the upper bounds (C), one bucket cell += 1, the
+    sum cell += v. Callers on the hot path inline those three lines.
     """
 
-    __slots__ = ("bounds", "buckets", "sum")
+    __slots__ = ("bounds", "bucket_bufs", "bucket_idx", "sum_buf", "sum_i")
 
     def __init__(self, child: Any) -> None:
         self.bounds: list[float] = list(child._upper_bounds)
-        self.buckets: list[_Inc] = [b.inc for b in child._buckets]
-        self.sum: _Inc = child._sum.inc
+        cells = [metrics.cell(b) for b in child._buckets]
+        self.bucket_bufs = [c[0] for c in cells]
+        self.bucket_idx = [c[1] for c in cells]
+        self.sum_buf, self.sum_i = metrics.cell(child._sum)
 
     def observe(self, v: float) -> None:
-        self.buckets[bisect_left(self.bounds, v)](1)
-        self.sum(v)
+        k = bisect_left(self.bounds, v)
+        self.bucket_bufs[k][self.bucket_idx[k]] += 1
+        self.sum_buf[self.sum_i] += v
 
 
 class _PathBinding:
-    __slots__ = ("decode_rows", "max_seq_len", "prefill_rows", "query_tokens", "tokens")
+    """The per-path cells, flattened into one tuple so record() unpacks them in one step."""
+
+    __slots__ = ("cells",)
 
     def __init__(self, path: str, rank: str) -> None:
-        self.tokens: _Inc = metrics.DISPATCH_TOKENS.labels(path, rank)._value.inc
-        self.prefill_rows: _Inc = metrics.DISPATCH_ROWS.labels(path, "prefill", rank)._value.inc
-        self.decode_rows: _Inc = metrics.DISPATCH_ROWS.labels(path, "decode", rank)._value.inc
-        self.query_tokens = HistogramBinding(metrics.DISPATCH_QUERY_TOKENS.labels(path, rank))
-        self.max_seq_len = HistogramBinding(metrics.DISPATCH_MAX_SEQ_LEN.labels(path, rank))
+        q = HistogramBinding(metrics.DISPATCH_QUERY_TOKENS.labels(path, rank))
+        m = HistogramBinding(metrics.DISPATCH_MAX_SEQ_LEN.labels(path, rank))
+        self.cells = (
+            *metrics.cell(metrics.DISPATCH_TOKENS.labels(path, rank)._value),
+            *metrics.cell(metrics.DISPATCH_ROWS.labels(path, "prefill", rank)._value),
+            *metrics.cell(metrics.DISPATCH_ROWS.labels(path, "decode", rank)._value),
+            q.bounds, q.bucket_bufs, q.bucket_idx, q.sum_buf, q.sum_i,
+            m.bounds, m.bucket_bufs, m.bucket_idx, m.sum_buf, m.sum_i,
+        )
+
+
+_NO_LPT = ([0.0], 0)  # a scratch cell for unified decisions (no ordering): no branch in record()
 
 
 class DispatchRecorder:
@@ -77,7 +90,7 @@ class DispatchRecorder:
     rank: label value of every series (the tensor-parallel rank of this worker).
     tracing: from setup_tracing(); None records no spans.
     All of the rank's series are created at construction (zero-valued), so routing ratios and
-    fallback reasons exist from the first scrape.
+    fallback reasons exist from the first scrape. Single writer: call it from the engine thread.
     """
 
     def __init__(self, rank: int, *, tracing: Tracing | None = None) -> None:
@@ -88,33 +101,44 @@ class DispatchRecorder:
         self._tracer = tracing.tracer if tracing is not None else None
         self._version: int | None = None
         self._bind()
+        metrics._BACKEND.listeners.add(self)
 
     # -- binding ---------------------------------------------------------------------------
 
     def _bind(self) -> None:
-        """Resolve every child once; re-run when metrics.setup_multiprocess switches backends."""
+        """Resolve every cell once; re-run when the metrics backend changes (generation)."""
         r = self._rank_label
         metrics.precreate_rank_series(r)
-        self._gen = metrics._BACKEND.generation
-        paths = {p: _PathBinding(p, r) for p in PATHS}
-        lpt = {o: metrics.DISPATCH_LPT.labels(o, r)._value.inc for o in metrics.ORDERINGS}
-        by_id: dict[int, tuple[_Inc, _PathBinding, _Inc | None]] = {}
+        self._backend = metrics._BACKEND
+        self._gen = self._backend.generation
+        paths = {p: _PathBinding(p, r).cells for p in PATHS}
+        lpt = {o: metrics.cell(metrics.DISPATCH_LPT.labels(o, r)._value) for o in metrics.ORDERINGS}
+        by_id: dict[int, tuple[Any, ...]] = {}
         for d in _all_decisions():
             by_id[id(d)] = (
-                metrics.DISPATCH_DECISIONS.labels(d.path, d.reason, r)._value.inc,
-                paths[d.path],
-                lpt.get(d.ordering),
+                *metrics.cell(metrics.DISPATCH_DECISIONS.labels(d.path, d.reason, r)._value),
+                *lpt.get(d.ordering, _NO_LPT),
+                *paths[d.path],
             )
         self._by_id = by_id
-        step_child = metrics.ENGINE_STEP.labels(r)._value
-        self._set_step = step_child.set
+        self._step_buf, self._step_i = metrics.cell(metrics.ENGINE_STEP.labels(r)._value)
         self._version_value = metrics.THRESHOLDS_VERSION.labels(r)._value
         self._circuit_value = metrics.CIRCUIT_OPEN.labels(r)._value
         if self._version is not None:
             self._version_value.set(float(self._version), time())
 
-    def _lookup_slow(self, decision: Decision) -> tuple[_Inc, _PathBinding, _Inc | None]:
-        """A Decision that is not the interned object (built by hand, unpickled): same series."""
+    def _invalidate(self) -> None:
+        """The metrics backend changed: the next record() misses its lookup and re-binds."""
+        self._by_id = {}
+
+    def _lookup_slow(self, decision: Decision) -> tuple[Any, ...]:
+        """A lookup miss: cells invalidated by a backend change, or a Decision that is not the
+        interned object (built by hand, unpickled), which counts on the same series."""
+        if self._gen != self._backend.generation or not self._by_id:
+            self._bind()
+            b = self._by_id.get(id(decision))
+            if b is not None:
+                return b
         if decision.path not in PATHS or decision.reason not in REASONS:
             raise ValueError(f"unknown decision {decision!r}: path/reason outside the vocabulary")
         return self._by_id[id(decision_for(decision.path, decision.reason, decision.lpt))]
@@ -122,32 +146,31 @@ class DispatchRecorder:
     # -- hot path --------------------------------------------------------------------------
 
     def record(self, decision: Decision, shape: BatchShape, step: int, thresholds_version: int) -> None:
-        """Count one decision (once per engine step); start a ``flyserve.dispatch`` span if sampled."""
-        if self._gen != metrics._BACKEND.generation:
-            self._bind()
-        bound = self._by_id.get(id(decision))
-        if bound is None:
-            bound = self._lookup_slow(decision)
-        inc_decision, p, inc_lpt = bound
-        inc_decision(1)
+        """Count one decision (once per engine step); start a ``flyserve.dispatch`` span if sampled.
+
+        Every update is a store into a bound cell (a float in a list, or a float64 view of the
+        metrics file): no label lookup, no method call per series, no allocation.
+        """
+        b = self._by_id.get(id(decision))
+        if b is None:
+            b = self._lookup_slow(decision)
+        (db, di, lb, li, tb, ti, pb, pi, rb, ri,
+         qbounds, qbufs, qidx, qsb, qsi, mbounds, mbufs, midx, msb, msi) = b
+        db[di] += 1
+        lb[li] += 1
         n = shape.num_actual_tokens
-        p.tokens(n)
+        tb[ti] += n
         dec = shape.num_decode_rows
-        pre = shape.num_reqs - dec
-        if pre:
-            p.prefill_rows(pre)
-        if dec:
-            p.decode_rows(dec)
-        if inc_lpt is not None:
-            inc_lpt(1)
-        h = p.query_tokens
-        h.buckets[bisect_left(h.bounds, n)](1)
-        h.sum(n)
+        rb[ri] += dec
+        pb[pi] += shape.num_reqs - dec
+        k = bisect_left(qbounds, n)
+        qbufs[k][qidx[k]] += 1
+        qsb[qsi] += n
         m = shape.max_seq_len
-        h = p.max_seq_len
-        h.buckets[bisect_left(h.bounds, m)](1)
-        h.sum(m)
-        self._set_step(step, time())  # timestamp: "most recent" wins across a restarted rank's files
+        k = bisect_left(mbounds, m)
+        mbufs[k][midx[k]] += 1
+        msb[msi] += m
+        self._step_buf[self._step_i] = step
         if thresholds_version != self._version:
             self._version = thresholds_version
             self._version_value.set(float(thresholds_version), time())
@@ -182,6 +205,6 @@ class DispatchRecorder:
 
     def set_circuit_open(self, is_open: bool) -> None:
         """flyserve_circuit_open{rank}: the routing calls this when its breaker opens or closes."""
-        if self._gen != metrics._BACKEND.generation:
+        if self._gen != self._backend.generation:
             self._bind()
         self._circuit_value.set(1.0 if is_open else 0.0, time())
