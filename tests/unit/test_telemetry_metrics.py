@@ -376,3 +376,48 @@ def test_setup_multiprocess_rebinds_an_existing_recorder(tmp_path: Path) -> None
     got = _collect(tmp_path).get_sample_value(
         "flyserve_dispatch_decisions_total", {"path": "unified", "reason": "no_prefill_rows", "rank": "6"})
     assert got == 2  # the in-process count before set-up is not carried over (documented)
+
+
+_GROW_AND_FORK = textwrap.dedent(
+    """
+    import os, sys
+    from flyserve.telemetry import metrics
+    from flyserve.telemetry.recorder import DispatchRecorder
+    from flyserve.policy import BatchShape, Thresholds, decide
+    metrics.setup_multiprocess(sys.argv[1])
+    rec = DispatchRecorder(8)
+    s = BatchShape.from_query_lens([1] * 4, max_seq_len=1000, num_heads=8)
+    d = decide(s, Thresholds())
+    rec.record(d, s, 1, 1)
+    counter_file = os.path.join(sys.argv[1], f"counter_{os.getpid()}.db")
+    size0 = os.path.getsize(counter_file)
+    for i in range(1500):  # enough new series to make the counter file grow (a new, larger mapping)
+        metrics.DISPATCH_TOKENS.labels("unified", f"grow{i}")
+    assert os.path.getsize(counter_file) > size0, "the file did not grow: the test proves nothing"
+    rec.record(d, s, 2, 1)  # cells bound before the growth still reach the file
+    pid = os.fork()
+    if pid == 0:  # the child counts in its own file, not its parent's
+        rec.record(d, s, 3, 1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    rec.record(d, s, 4, 1)
+    print(os.getpid(), pid)
+    """
+)
+
+
+def test_counts_survive_file_growth_and_fork(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-c", _GROW_AND_FORK, str(tmp_path)], check=False,
+                         capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    parent, child = res.stdout.split()
+    labels = {"path": "unified", "reason": "no_prefill_rows", "rank": "8"}
+    assert _collect(tmp_path).get_sample_value("flyserve_dispatch_decisions_total", labels) == 4
+    (d_parent := tmp_path / "p").mkdir()
+    (tmp_path / f"counter_{parent}.db").rename(d_parent / f"counter_{parent}.db")
+    assert _collect(d_parent).get_sample_value("flyserve_dispatch_decisions_total", labels) == 3
+    (d_child := tmp_path / "c").mkdir()
+    (tmp_path / f"counter_{child}.db").rename(d_child / f"counter_{child}.db")
+    assert _collect(d_child).get_sample_value("flyserve_dispatch_decisions_total", labels) == 1
