@@ -112,6 +112,12 @@ def _with_timed_impl(base: type, name: str) -> type:
     base_impl = base.get_impl_cls()
 
     class TimedCompositeImpl(base_impl):  # type: ignore[misc, valid-type]
+        """Times 1 in N forwards per path; a prefill kernel that raises trips the circuit breaker.
+
+        (The CPU and ROCm prefill impls catch their own failures and re-run the batch on the
+        unified kernel; one that cannot - FLASH_ATTN's metadata is not TRITON_ATTN's - lands here.)
+        """
+
         def forward(
             self,
             layer,
@@ -124,9 +130,14 @@ def _with_timed_impl(base: type, name: str) -> type:
             output_scale=None,
             output_block_scale=None,
         ):
+            variant = getattr(attn_metadata, "_attention_backend_variant", 0)
             timers = _path_timers()
-            if timers is None or attn_metadata is None:
-                return super().forward(
+            tok = None
+            if timers is not None and attn_metadata is not None:
+                t = timers[variant]
+                tok = t.start()  # None unless this call is sampled (never while a graph is captured)
+            try:
+                out = super().forward(
                     layer,
                     query,
                     key,
@@ -137,11 +148,10 @@ def _with_timed_impl(base: type, name: str) -> type:
                     output_scale,
                     output_block_scale,
                 )
-            t = timers[getattr(attn_metadata, "_attention_backend_variant", 0)]
-            tok = t.start()  # None unless this call is sampled (never while a graph is captured)
-            out = super().forward(
-                layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
-            )
+            except Exception as exc:
+                if variant:
+                    _prefill_failed(exc)
+                raise
             if tok is not None:
                 t.stop(tok)
             return out
@@ -160,6 +170,22 @@ def _path_timers() -> Any:
 
     inst = RankRuntime._instance
     return inst.path_timers if inst is not None else None
+
+
+def _prefill_failed(exc: BaseException) -> None:
+    """The prefill kernel raised and its batch cannot be re-run here: open the breaker, say so once."""
+    from flyserve.vllm.breaker import PrefillPathError, trip
+    from flyserve.vllm.runtime import RankRuntime
+
+    rt = RankRuntime.get()
+    first = not rt.circuit_reported
+    trip(rt, exc, kernel="prefill")
+    if first:
+        raise PrefillPathError(
+            "flyserve: the prefill attention kernel failed on this batch and it cannot be re-run on the "
+            "unified kernel with this backend pair; the circuit is now OPEN (every rank routes prefill "
+            "batches to the unified path). Cause: " + f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def class_path(kind: str) -> str:

@@ -43,12 +43,14 @@ def trip(rt: Any, exc: BaseException, *, kernel: str) -> None:
         rt.recorder.set_circuit_open(True)
     except Exception:
         log.exception("flyserve: could not set the circuit gauge")
+    rt.circuit_trip_version = rt.control.snapshot.version
     try:
         from flyserve.control import ControlPlane
 
-        ControlPlane(rt.state_dir, profile=rt.profile).set_circuit(
+        res = ControlPlane(rt.state_dir, profile=rt.profile).set_circuit(
             True, actor=f"flyserve-rank{rt.rank}", reason=reason, source="api"
         )
+        rt.circuit_trip_version = res.snapshot.version
     except Exception:
         # The local breaker stays open whatever happens here; the other ranks learn of it when
         # their own prefill path raises.

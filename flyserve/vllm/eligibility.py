@@ -51,11 +51,7 @@ def layer_problems(layer: Any, spec: PrefillKernelSpec) -> list[str]:
     if cap:
         out.append(f"logits soft-cap {cap}")
     window = getattr(general, "sliding_window", None)
-    if (
-        window is not None
-        and window not in (-1, (-1, -1))
-        and getattr(layer, "sliding_window", window) is not None
-    ):
+    if window is not None and window not in (-1, (-1, -1)):
         out.append(f"sliding window {window}")
     kv_dtype = str(getattr(impl, "kv_cache_dtype", "auto") or "auto")
     if kv_dtype not in ("auto", "bfloat16", "float16"):

@@ -36,16 +36,13 @@ def _layers(vllm_config: Any, layer_names: list[str]) -> list[Any]:
     return [ctx[n] for n in layer_names if n in ctx]
 
 
-def _num_heads(vllm_config: Any, layer_names: list[str]) -> int:
-    """Query heads per rank for this group (the occupancy rule counts heads x tokens)."""
-    try:
-        from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
-
-        n = get_num_attention_heads_from_layers(vllm_config, layer_names)
-        if n:
-            return int(n)
-    except Exception:  # noqa: BLE001, S110 - older vLLM: fall back to the model-wide count
-        pass
+def _num_heads(vllm_config: Any, layers: list[Any]) -> int:
+    """Query heads per rank for this group (the occupancy rule counts heads x tokens): the layers'
+    own count, as vLLM's get_num_attention_heads_from_layers reads it, else the model-wide one."""
+    heads = {getattr(getattr(layer, "impl", layer), "num_heads", None) for layer in layers}
+    heads.discard(None)
+    if len(heads) == 1:
+        return int(heads.pop())
     return int(vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config))
 
 
@@ -67,10 +64,9 @@ class FlyserveRouting:
         if self.rt.leader is None:
             self.rt.leader = self
         self.is_leader = self.rt.leader is self
-        self.num_heads = _num_heads(vllm_config, layer_names)
-        self.problems = group_problems(
-            _layers(vllm_config, layer_names), vllm_config.model_config.dtype, self.prefill_spec
-        )
+        layers = _layers(vllm_config, layer_names)
+        self.num_heads = _num_heads(vllm_config, layers)
+        self.problems = group_problems(layers, vllm_config.model_config.dtype, self.prefill_spec)
         self.unsupported = bool(self.problems)
         if self.unsupported:
             log.warning(
@@ -114,7 +110,7 @@ class FlyserveRouting:
                     d = decision_for(UNIFIED, UNSUPPORTED)
                 elif snap.circuit_open or rt.local_circuit_open:
                     d = decision_for(UNIFIED, CIRCUIT_OPEN)
-        self.last_decision = d
+        self.last_decision = rt.last_decision = d  # the causal builder reads .lpt next
         if self.is_leader:
             rt.recorder.record(d, shape, step, snap.version)
             if snap is not self._last_snapshot:
@@ -127,19 +123,17 @@ class FlyserveRouting:
 
     def _on_new_snapshot(self, snap: Any) -> None:
         """Once per applied version: keep the circuit gauge and the local breaker in step."""
-        prev = self._last_snapshot
         self._last_snapshot = snap
-        if prev is None or prev.circuit_open != snap.circuit_open:
-            self.rt.recorder.set_circuit_open(snap.circuit_open)
-            if prev is not None and prev.circuit_open and not snap.circuit_open:
-                # An operator closed the circuit: the prefill path is allowed again here too.
-                self.rt.local_circuit_open = False
-                self.rt.circuit_reported = False
-                log.warning(
-                    "flyserve rank %d: circuit closed by the control plane (version %d)",
-                    self.rt.rank,
-                    snap.version,
-                )
+        rt = self.rt
+        if rt.local_circuit_open and not snap.circuit_open and snap.version > rt.circuit_trip_version:
+            # A version published after the trip, with the circuit closed: an operator closed it
+            # (possibly together with the open version, if both arrived in one poll).
+            rt.local_circuit_open = False
+            rt.circuit_reported = False
+            log.warning(
+                "flyserve rank %d: circuit closed by the control plane (version %d)", rt.rank, snap.version
+            )
+        rt.recorder.set_circuit_open(snap.circuit_open or rt.local_circuit_open)
 
     def _log_shape(self, metadata: Any, step: int, shape: BatchShape, d: Any) -> None:
         seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)

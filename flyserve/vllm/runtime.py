@@ -144,7 +144,13 @@ class RankRuntime:
     _lock = threading.Lock()
 
     def __init__(
-        self, *, state_dir: Any = None, rank: int | None = None, engine: int = 0, start: bool = True
+        self,
+        *,
+        state_dir: Any = None,
+        rank: int | None = None,
+        engine: int = 0,
+        start: bool = True,
+        setup_metrics: bool = True,
     ):
         from flyserve.control import RankControl, StateDir, default_state_dir
         from flyserve.telemetry import metrics
@@ -157,7 +163,8 @@ class RankRuntime:
         self.profile = profile_name()
         self.state_dir = StateDir(state_dir if state_dir is not None else default_state_dir())
         self.state_dir.path.mkdir(parents=True, exist_ok=True)
-        metrics.setup_multiprocess(self.state_dir.metrics_dir, wipe=(rank == 0))
+        if setup_metrics:  # False only in unit tests sharing one process with other tests
+            metrics.setup_multiprocess(self.state_dir.metrics_dir, wipe=(rank == 0))
         self.control = RankControl(self.state_dir, rank, engine=engine, profile=self.profile)
         # The capture variant is fixed at start from the profile (decode_path cannot change later).
         self.start_thresholds = self.control.snapshot.thresholds
@@ -167,10 +174,12 @@ class RankRuntime:
         self.forced = forced_path()
         self.step = 0
         self.leader: object | None = None
+        self.last_decision: Any = None  # the latest select()'s Decision (FlyDSL reads its lpt)
         # Circuit breaker, local side: set the moment the prefill path raises in this process, so
         # the next step routes away before the control plane's new version reaches its step.
         self.local_circuit_open = False
         self.circuit_reported = False
+        self.circuit_trip_version = -1  # the control version that carried (or preceded) our trip
         shape_log = os.environ.get(SHAPE_LOG_ENV)
         self.shape_log = (
             ShapeLog(shape_log, rank=rank, meta={"profile": self.profile, "pid": os.getpid()})

@@ -1,0 +1,261 @@
+"""FlyserveRouting with fake vLLM metadata: decisions, step counting, eligibility, circuit, control.
+
+No engine here (tests/e2e runs real vLLM); vllm is imported only for its attention-utils helper.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from flyserve.control import ControlPlane
+from flyserve.policy import (
+    ADMITTED,
+    CIRCUIT_OPEN,
+    NO_PREFILL_ROWS,
+    PREFILL,
+    UNIFIED,
+    UNSUPPORTED,
+    BatchShape,
+    Thresholds,
+    decide,
+)
+from flyserve.vllm.eligibility import PrefillKernelSpec
+from flyserve.vllm.routing import routing_class
+from flyserve.vllm.runtime import RankRuntime
+
+HEADS = 4
+HEAD_SIZE = 32
+
+
+class FakeRecorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.circuit: list[bool] = []
+
+    def record(self, decision, shape, step, version) -> None:
+        self.calls.append((decision, shape, step, version))
+
+    def set_circuit_open(self, is_open: bool) -> None:
+        self.circuit.append(is_open)
+
+
+def layer(**impl_fields):
+    impl = SimpleNamespace(
+        head_size=HEAD_SIZE,
+        scale=HEAD_SIZE**-0.5,
+        alibi_slopes=None,
+        sinks=None,
+        logits_soft_cap=0,
+        sliding_window=-1,
+        kv_cache_dtype="auto",
+    )
+    for k, v in impl_fields.items():
+        setattr(impl, k, v)
+    return SimpleNamespace(impl=impl, sliding_window=None)
+
+
+def vllm_config(layers: dict, dtype: str = "bfloat16"):
+    return SimpleNamespace(
+        compilation_config=SimpleNamespace(static_forward_context=layers),
+        model_config=SimpleNamespace(dtype=dtype, get_num_attention_heads=lambda parallel: HEADS),
+        parallel_config=SimpleNamespace(),
+    )
+
+
+def metadata(query_lens, seq_lens, causal=True):
+    q = np.asarray(query_lens, dtype=np.int32)
+    qsl = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
+    s = np.asarray(seq_lens, dtype=np.int32)
+    return SimpleNamespace(
+        query_start_loc_cpu=qsl,
+        max_seq_len=int(s.max()),
+        num_actual_tokens=int(q.sum()),
+        causal=causal,
+        seq_lens=s,
+        seq_lens_cpu_upper_bound=None,
+    )
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYSERVE_PROFILE", "cpu-tiny")
+    monkeypatch.delenv("FLYSERVE_FORCE_PATH", raising=False)
+    monkeypatch.delenv("FLYSERVE_SHAPE_LOG", raising=False)
+    monkeypatch.setenv("FLYSERVE_KERNEL_TIMER_EVERY", "0")
+    yield tmp_path / "state"
+    RankRuntime.reset_for_tests()
+
+
+def make(state_dir, *, layers=None, decode_path="unified", runtime=None, **rt_kw):
+    rt = runtime or RankRuntime(state_dir=state_dir, rank=0, start=False, setup_metrics=False, **rt_kw)
+    rt.recorder = FakeRecorder()
+    cls = routing_class(PrefillKernelSpec("test-prefill"), decode_path)
+    layers = layers or {"model.layers.0.attn": layer(), "model.layers.1.attn": layer()}
+    return rt, cls(list(layers), vllm_config(layers), runtime=rt)
+
+
+MIXED = ([1, 1, 200], [300, 120, 200])  # 2 decode rows + one 200-token chunk: admitted on cpu-tiny
+DECODE = ([1, 1, 1], [300, 120, 50])
+
+
+def test_decisions_equal_decide_on_random_batches(state):
+    rt, r = make(state)
+    t = Thresholds.load("cpu-tiny")
+    rng = random.Random(1)
+    seen = set()
+    for step in range(1, 401):
+        n = rng.randint(1, 12)
+        q = [rng.choice([1, 1, 1, rng.randint(2, 256)]) for _ in range(n)]
+        s = [qi + rng.randint(0, 600) for qi in q]
+        md = metadata(q, s)
+        variant = r.select(md)
+        expected = decide(BatchShape.from_query_lens(q, max_seq_len=max(s), num_heads=HEADS, thresholds=t), t)
+        assert r.last_decision is expected  # interned: same object
+        assert variant == expected.variant
+        d, shape, st, version = rt.recorder.calls[-1]
+        assert (d, st, version) == (expected, step, 0)
+        assert shape.num_actual_tokens == sum(q) and shape.num_heads == HEADS
+        seen.add((expected.path, expected.reason))
+    assert {p for p, _ in seen} == {UNIFIED, PREFILL}  # the batches exercised both paths
+
+
+def test_one_step_counts_once_across_attention_groups(state):
+    rt, leader = make(state)
+    cls = type(leader)
+    groups = {"model.layers.1.attn": layer()}
+    other = cls(list(groups), vllm_config(groups), runtime=rt)
+    assert leader.is_leader and not other.is_leader
+    for _ in range(5):
+        leader.select(metadata(*MIXED))
+        other.select(metadata(*MIXED))
+    assert rt.step == 5
+    assert [c[2] for c in rt.recorder.calls] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    "fields,problem",
+    [
+        ({"alibi_slopes": [0.5]}, "alibi"),
+        ({"sinks": object()}, "sinks"),
+        ({"logits_soft_cap": 30.0}, "soft-cap"),
+        ({"sliding_window": 128}, "sliding window"),
+        ({"kv_cache_dtype": "fp8_e4m3"}, "quantised KV cache"),
+        ({"scale": 0.5}, "softmax scale"),
+    ],
+)
+def test_static_eligibility_reports_unsupported(state, fields, problem):
+    layers = {"model.layers.0.attn": layer(), "model.layers.1.attn": layer(**fields)}
+    _rt, r = make(state, layers=layers)
+    assert r.unsupported and any(problem in p for p in r.problems)
+    r.select(metadata(*MIXED))
+    assert (r.last_decision.path, r.last_decision.reason) == (UNIFIED, UNSUPPORTED)
+    r.select(metadata(*DECODE))  # no prefill row: the usual reason, the capture variant
+    assert (r.last_decision.path, r.last_decision.reason) == (UNIFIED, NO_PREFILL_ROWS)
+
+
+def test_fp32_model_and_head_size_are_unsupported(state):
+    layers = {"l0": layer()}
+    rt = RankRuntime(state_dir=state, rank=0, start=False, setup_metrics=False)
+    rt.recorder = FakeRecorder()
+    cls = routing_class(PrefillKernelSpec("k", head_sizes=(64, 128)), "unified")
+    r = cls(list(layers), vllm_config(layers, dtype="float32"), runtime=rt)
+    assert any("dtype float32" in p for p in r.problems) and any("head size 32" in p for p in r.problems)
+
+
+def test_eligible_group_is_admitted(state):
+    _rt, r = make(state)
+    assert not r.problems
+    r.select(metadata(*MIXED))
+    assert (r.last_decision.path, r.last_decision.reason) == (PREFILL, ADMITTED)
+
+
+def test_threshold_change_applies_at_its_effective_step(state):
+    rt, r = make(state)
+    r.select(metadata(*MIXED))
+    assert r.last_decision.path == PREFILL
+    res = ControlPlane(state, profile="cpu-tiny").apply_overrides({"min_seq_len": 1000}, actor="test")
+    eff = res.snapshot.effective_step
+    rt.control.poll()  # the rank thread's round, run by hand
+    while rt.step + 1 < eff:
+        r.select(metadata(*MIXED))
+        assert r.last_decision.path == PREFILL  # not yet
+    r.select(metadata(*MIXED))
+    assert rt.step == eff and r.last_decision.reason == "short_context"
+    assert rt.recorder.calls[-1][3] == res.snapshot.version
+
+
+def test_circuit_breaker_local_then_control_plane_then_operator_closes(state):
+    from flyserve.vllm.breaker import trip
+
+    rt, r = make(state)
+    r.select(metadata(*MIXED))
+    trip(rt, RuntimeError("boom"), kernel="test-prefill")
+    assert rt.local_circuit_open and rt.recorder.circuit[-1] is True
+    r.select(metadata(*MIXED))
+    assert (r.last_decision.path, r.last_decision.reason) == (UNIFIED, CIRCUIT_OPEN)
+    r.select(metadata(*DECODE))
+    assert r.last_decision.reason == NO_PREFILL_ROWS
+    plane = ControlPlane(state, profile="cpu-tiny")
+    snap = plane.snapshot()
+    assert snap.circuit_open and "boom" in snap.circuit_reason
+    trip(rt, RuntimeError("again"), kernel="test-prefill")  # reported once only
+    assert plane.snapshot().version == snap.version
+    # The operator closes it: every rank goes back to the prefill path at the effective step.
+    closed = plane.set_circuit(False, actor="operator")
+    rt.control.poll()
+    for _ in range(closed.snapshot.effective_step + 2):
+        r.select(metadata(*MIXED))
+    assert (r.last_decision.path, r.last_decision.reason) == (PREFILL, ADMITTED)
+    assert not rt.local_circuit_open
+
+
+def test_forced_path(state, monkeypatch):
+    monkeypatch.setenv("FLYSERVE_FORCE_PATH", "prefill")
+    _rt, r = make(state)
+    r.select(metadata([1, 5], [10, 5]))  # decide: unified (short context) -> forced prefill
+    assert r.last_decision.path == PREFILL and r.last_decision.reason == "short_context"
+    r.select(metadata(*DECODE))  # decode-only batches keep the capture variant
+    assert r.last_decision.path == UNIFIED
+    monkeypatch.setenv("FLYSERVE_FORCE_PATH", "sideways")
+    with pytest.raises(ValueError, match="FLYSERVE_FORCE_PATH"):
+        RankRuntime(state_dir=state, rank=0, start=False, setup_metrics=False)
+
+
+def test_capture_variant_is_the_decode_path(state):
+    rt, r = make(state, decode_path="prefill")
+    assert type(r).capture_variant == 1
+    r.select(metadata(*DECODE))
+    assert r.last_decision.path == PREFILL and r.last_decision.reason == NO_PREFILL_ROWS
+    _, u = make(state, runtime=rt)
+    assert type(u).capture_variant == 0
+    with pytest.raises(ValueError, match="decode_path"):
+        routing_class(PrefillKernelSpec("k"), "sideways")
+
+
+def test_non_causal_batches_stay_unified(state):
+    _rt, r = make(state)
+    r.select(metadata(*MIXED, causal=False))
+    assert (r.last_decision.path, r.last_decision.reason) == (UNIFIED, "not_causal")
+
+
+def test_shape_log_is_a_loadable_trace(state, tmp_path, monkeypatch):
+    from flyserve.lab.workloads import load_trace
+
+    log_path = tmp_path / "shapes-{rank}.jsonl"
+    monkeypatch.setenv("FLYSERVE_SHAPE_LOG", str(log_path))
+    rt, r = make(state)
+    batches = [MIXED, DECODE, ([3, 40], [50, 40])]
+    for q, s in batches:
+        r.select(metadata(q, s))
+    rt.shape_log.close()
+    path = tmp_path / "shapes-0.jsonl"
+    trace = load_trace(path)
+    assert [list(st.query_lens) for st in trace] == [q for q, _ in batches]
+    assert [list(st.seq_lens) for st in trace] == [s for _, s in batches]
+    lines = [json.loads(x) for x in path.read_text().splitlines()[1:]]
+    assert [x["path"] for x in lines] == [PREFILL, UNIFIED, UNIFIED]
