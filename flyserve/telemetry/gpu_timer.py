@@ -196,11 +196,13 @@ class KernelTimer:
         self._rebind_if_needed()
         if self.clock == "host":
             return (time.perf_counter_ns(), time.time_ns() if self._want_span() else 0)
-        if self._pending:
-            self.harvest()
         assert self._is_capturing is not None and self._event_factory is not None
         if self._is_capturing():
+            # Checked before harvesting too: an event query during a global-mode capture is an
+            # unsafe call that invalidates the capture.
             return None
+        if self._pending:
+            self.harvest()
         if len(self._pending) >= self.max_pending:
             p.dropped(1)
             return None
