@@ -72,7 +72,8 @@ def replay_cmd(
     """
     from flyserve.lab.costs import CostModel, CostTableError, load_costs
     from flyserve.lab.replay import model_price, plot_results, replay_many
-    from flyserve.lab.workloads import TraceError, load_trace, workload
+    from flyserve.lab.workloads import TraceError, load_trace
+    from flyserve.lab.workloads import workload as make_workload
     from flyserve.policy import Thresholds, ThresholdsError
 
     names = list(workload or [])
@@ -81,7 +82,7 @@ def replay_cmd(
     if trace is None and not names:
         _fail("give a TRACE file or --workload NAME (see --help)")
     try:
-        traces = [workload(n, max_num_batched_tokens=max_num_batched_tokens) for n in names]
+        traces = [make_workload(n, max_num_batched_tokens=max_num_batched_tokens) for n in names]
         if trace is not None:
             traces.insert(
                 0,
@@ -168,7 +169,7 @@ def _print_table(results, source: str) -> None:
             f"{r.prefill_ratio:.3f}",
             reasons,
         )
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 180).print(table)
 
 
 def calibrate_cmd(

@@ -1,0 +1,180 @@
+"""flyserve.lab.kernels: the torch reference against a naive dense implementation (CPU), and the
+exact calls each adapter makes into its kernel module (fake modules: aiter, FlyDSL and the CUDA
+kernels cannot run here)."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+
+from flyserve.lab.kernels import (
+    FlyDSLDualwave,
+    KernelUnavailable,
+    get_kernel,
+    kernel_names,
+)
+
+torch = pytest.importorskip("torch")
+
+H, HKV, D, BS = 4, 2, 16, 4
+
+
+def _paged(query_lens, seq_lens, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    nblocks = [-(-s // BS) for s in seq_lens]
+    total_blocks = sum(nblocks) + 3
+    k_cache = torch.randn(total_blocks, BS, HKV, D, generator=g)
+    v_cache = torch.randn(total_blocks, BS, HKV, D, generator=g)
+    perm = torch.randperm(total_blocks, generator=g)
+    table = torch.zeros(len(seq_lens), max(nblocks), dtype=torch.int32)
+    off = 0
+    for i, n in enumerate(nblocks):
+        table[i, :n] = perm[off : off + n]
+        off += n
+    q = torch.randn(sum(query_lens), H, D, generator=g)
+    cu = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k_cache, v_cache, cu, torch.tensor(seq_lens, dtype=torch.int32), table
+
+
+def _naive(q, k_cache, v_cache, cu, seqused, table, scale, causal):
+    """Dense per-row attention with an explicit loop over query tokens: no einsum tricks."""
+    out = torch.empty_like(q)
+    for i in range(len(seqused)):
+        a, b, ctx = int(cu[i]), int(cu[i + 1]), int(seqused[i])
+        keys = torch.cat([k_cache[int(blk)] for blk in table[i]], 0)[:ctx]
+        vals = torch.cat([v_cache[int(blk)] for blk in table[i]], 0)[:ctx]
+        for t in range(a, b):
+            pos = ctx - (b - a) + (t - a)
+            for h in range(H):
+                kh = h // (H // HKV)
+                n = pos + 1 if causal else ctx
+                w = torch.softmax((keys[:n, kh] @ q[t, h]) * scale, 0)
+                out[t, h] = w @ vals[:n, kh]
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_torch_reference_matches_naive(causal):
+    ql, sl = [1, 5, 3], [9, 5, 14]  # a decode row, a fresh prompt, a chunk after 11 tokens
+    q, kc, vc, cu, su, table = _paged(ql, sl)
+    out = torch.full_like(q, float("nan"))
+    scale = 1 / math.sqrt(D)
+    get_kernel("torch_ref")(q, kc, vc, out, cu, su, table, max(ql), max(sl), scale, causal)
+    ref = _naive(q, kc, vc, cu, su, table, scale, causal)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_torch_reference_is_not_trivially_equal_to_noncausal():
+    q, kc, vc, cu, su, table = _paged([5], [5])
+    a, b = torch.empty_like(q), torch.empty_like(q)
+    ref = get_kernel("torch_ref")
+    ref(q, kc, vc, a, cu, su, table, 5, 5, 0.25, True)
+    ref(q, kc, vc, b, cu, su, table, 5, 5, 0.25, False)
+    assert torch.allclose(a[-1], b[-1], atol=1e-6)  # the last token sees everything either way
+    assert not torch.allclose(a[0], b[0], atol=1e-3)  # the first token sees only itself when causal
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+
+
+def _fake_module(monkeypatch, name, attr):
+    rec = _Recorder()
+    monkeypatch.setitem(__import__("sys").modules, name, types.SimpleNamespace(**{attr: rec}))
+    return rec
+
+
+def _args(causal=True):
+    q, kc, vc, cu, su, table = _paged([1, 6], [7, 6])
+    out = torch.empty_like(q)
+    return (q, kc, vc, out, cu, su, table, 6, 7, 1 / math.sqrt(D), causal)
+
+
+def test_triton_unified_call(monkeypatch):
+    rec = _fake_module(monkeypatch, "vllm.v1.attention.ops.triton_unified_attention", "unified_attention")
+    a = _args()
+    get_kernel("triton_unified")(*a)
+    (args, kw), = rec.calls
+    assert args == ()
+    assert kw["q"] is a[0] and kw["k"] is a[1] and kw["v"] is a[2] and kw["out"] is a[3]
+    assert kw["cu_seqlens_q"] is a[4] and kw["seqused_k"] is a[5] and kw["block_table"] is a[6]
+    assert (kw["max_seqlen_q"], kw["max_seqlen_k"], kw["softmax_scale"], kw["causal"]) == (6, 7, a[9], True)
+    assert kw["window_size"] == (-1, -1) and kw["softcap"] == 0 and kw["q_descale"] is None
+    assert kw["alibi_slopes"] is None and kw["sinks"] is None and kw["output_scale"] is None
+    # vLLM's TritonAttentionMetadataBuilder: threshold 128 // num_kv_heads, 16 segments
+    assert kw["seq_threshold_3D"] == 128 // HKV and kw["num_par_softmax_segments"] == 16
+    assert tuple(kw["softmax_segm_output"].shape) == (128 // HKV, H, 16, 16)
+    assert tuple(kw["softmax_segm_max"].shape) == (128 // HKV, H, 16)
+    assert tuple(kw["k_descale"].shape) == (2, HKV) and float(kw["k_descale"].max()) == 1.0
+
+
+def test_fa3_call(monkeypatch):
+    rec = _fake_module(monkeypatch, "vllm.vllm_flash_attn", "flash_attn_varlen_func")
+    a = _args(causal=False)
+    get_kernel("fa3")(*a)
+    (args, kw), = rec.calls
+    assert args == ()
+    assert kw["fa_version"] == 3
+    assert kw["q"] is a[0] and kw["k"] is a[1] and kw["v"] is a[2] and kw["out"] is a[3]
+    assert kw["cu_seqlens_q"] is a[4] and kw["seqused_k"] is a[5] and kw["block_table"] is a[6]
+    assert (kw["max_seqlen_q"], kw["max_seqlen_k"], kw["softmax_scale"], kw["causal"]) == (6, 7, a[9], False)
+    assert kw["window_size"] == [-1, -1] and kw["softcap"] == 0.0 and kw["alibi_slopes"] is None
+    assert "cu_seqlens_k" not in kw  # paged: the KV lengths come from seqused_k
+
+
+def test_aiter_call(monkeypatch):
+    rec = _fake_module(monkeypatch, "aiter.ops.triton.unified_attention", "unified_attention")
+    a = _args()
+    get_kernel("aiter_unified")(*a)
+    (args, kw), = rec.calls
+    assert args == ()
+    assert kw["q"] is a[0] and kw["k"] is a[1] and kw["v"] is a[2] and kw["out"] is a[3]
+    assert kw["block_table"] is a[6] and kw["seqused_k"] is a[5] and kw["causal"] is True
+    assert kw["window_size"] == (-1, -1) and kw["softcap"] == 0 and kw["q_descale"] is None
+    assert float(kw["k_descale"]) == 1.0 and float(kw["v_descale"]) == 1.0
+    with pytest.raises(ValueError, match="causal-only"):
+        get_kernel("aiter_unified")(*_args(causal=False))
+
+
+def test_flydsl_call(monkeypatch):
+    rec = _fake_module(monkeypatch, "kernels.attention.flash_attn_interface", "flydsl_flash_attn_func")
+    a = _args()
+    get_kernel("flydsl_dualwave")(*a)
+    (args, kw), = rec.calls
+    assert args[:3] == (a[0], a[1], a[2])
+    assert kw == {
+        "causal": True,
+        "num_kv_heads": HKV,
+        "cu_seqlens_q": a[4],
+        "max_seqlen_q": 6,
+        "max_seqlen_kv": 7,
+        "cross_seqlen": True,
+        "block_table": a[6],
+        "seqlen_k": a[5],
+        "kv_cache_layout": "linear",
+        "out": a[3],
+    }
+    bad = list(a)
+    bad[9] = 0.5
+    with pytest.raises(ValueError, match="softmax scale"):
+        get_kernel("flydsl_dualwave")(*bad)
+
+
+def test_missing_kernels_fail_clearly(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "aiter", None)
+    with pytest.raises(KernelUnavailable, match="aiter"):
+        get_kernel("aiter_unified")
+    for m in FlyDSLDualwave.modules:
+        monkeypatch.setitem(__import__("sys").modules, m, None)
+    with pytest.raises(KernelUnavailable, match="FlyDSL"):
+        get_kernel("flydsl_dualwave")
+    with pytest.raises(KernelUnavailable, match="unknown kernel"):
+        get_kernel("nope")
+    assert set(kernel_names()) >= {"triton_unified", "fa3", "aiter_unified", "flydsl_dualwave", "torch_ref"}
