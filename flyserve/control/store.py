@@ -216,7 +216,9 @@ class Store:
             return True
         except OSError as exc:
             # The entry still reaches the process log, so no change goes unrecorded.
-            log.error("audit log not writable (%s): %s; audit entry: %s", self.dir.audit_log, exc, line.strip())
+            log.error(
+                "audit log not writable (%s): %s; audit entry: %s", self.dir.audit_log, exc, line.strip()
+            )
             return False
 
     def read_audit(self, limit: int | None = None) -> list[dict[str, Any]]:

@@ -70,6 +70,7 @@ class Watcher:
         self.use_watchfiles = use_watchfiles
         self._stop = threading.Event()
         self._hup = threading.Event()
+        self._wakeup = threading.Event()  # set on stop and on a reload request: ends a poll wait early
         self._thread: threading.Thread | None = None
         self._handled: str | None = self._published_file_sha()  # last content hash tried
         self._missing_reported = False
@@ -93,6 +94,7 @@ class Watcher:
 
     def stop(self, *, timeout_s: float = 5.0) -> None:
         self._stop.set()
+        self._wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
@@ -106,6 +108,7 @@ class Watcher:
     def request_reload(self) -> None:
         """Ask for a reload regardless of the content hash (what SIGHUP does). Safe from a signal handler."""
         self._hup.set()
+        self._wakeup.set()
 
     def install_sighup(self) -> None:
         """Reload on SIGHUP. Main thread only (Python's rule). The handler only sets an event: the
@@ -114,7 +117,7 @@ class Watcher:
         previous = signal.getsignal(signal.SIGHUP)
 
         def handler(signum: int, frame: Any) -> None:
-            self._hup.set()
+            self.request_reload()
             if callable(previous) and previous not in (signal.SIG_IGN, signal.SIG_DFL):
                 previous(signum, frame)
 
@@ -125,22 +128,33 @@ class Watcher:
     def _run(self) -> None:
         wake = _Wake(self._stop, self._hup)
         use_wf = self.use_watchfiles
+        failures = 0
         while not self._stop.is_set():
             if use_wf:
                 try:
                     self._watch_once(wake)
-                except Exception as exc:  # noqa: BLE001 - e.g. inotify limits: fall back to polling
-                    log.warning(
-                        "directory watch on %s failed (%s); polling every %.1fs",
-                        self.path.parent,
-                        exc,
-                        self.poll_interval_s,
-                    )
-                    use_wf = False
+                    failures = 0
+                except Exception as exc:  # noqa: BLE001
+                    # A watched ..<timestamp> directory that kubelet deletes after a swap ends the watch
+                    # with an error: look at the file and watch again. Only a watch that keeps failing
+                    # (inotify limits, an exotic filesystem) falls back to polling alone.
+                    failures += 1
+                    self.check()
+                    if failures >= 5:
+                        log.warning(
+                            "directory watch on %s keeps failing (%s); polling every %.1fs instead",
+                            self.path.parent,
+                            exc,
+                            self.poll_interval_s,
+                        )
+                        use_wf = False
+                    else:
+                        self._stop.wait(0.01 * failures)
             else:
-                if not self._hup.is_set():
-                    self._stop.wait(self.poll_interval_s)
-                self.check()
+                self._wakeup.wait(self.poll_interval_s)
+                self._wakeup.clear()
+                if not self._stop.is_set():
+                    self.check()
             if self._hup.is_set():
                 self._hup.clear()
                 self.check(force=True)
@@ -159,28 +173,29 @@ class Watcher:
 
     def _watch_once(self, wake: _Wake) -> None:
         """Block on directory events; check the file on every batch of events and on each poll
-        timeout. Returns (to be called again) when the symlink target moved, on stop, or on SIGHUP."""
-        import watchfiles
+        timeout. Returns (to be called again) when the symlink target moved, on stop, or on SIGHUP.
+
+        RustNotify (watchfiles' engine, which watchfiles.watch wraps) starts watching when it is
+        built, so the check made right after it closes the gap in which an edit would go unseen
+        until the next poll; with watchfiles.watch() the watch starts only at the first next().
+        """
+        from watchfiles._rust_notify import RustNotify
 
         dirs = self._watch_dirs()
-        self.check()  # anything that changed while no watch was running
         if not dirs:
-            self._stop.wait(self.poll_interval_s)
-            return
-        for _changes in watchfiles.watch(
-            *dirs,
-            watch_filter=None,
-            debounce=self.debounce_ms,
-            step=50,
-            stop_event=wake,
-            rust_timeout=int(self.poll_interval_s * 1000),
-            yield_on_timeout=True,
-            recursive=False,
-            raise_interrupt=False,
-        ):
             self.check()
-            if wake.is_set() or self._watch_dirs() != dirs:
-                return
+            self._wakeup.wait(self.poll_interval_s)
+            self._wakeup.clear()
+            return
+        with RustNotify([str(d) for d in dirs], False, False, 300, False, False) as notify:
+            self.check()  # anything that changed while no watch was running
+            while not wake.is_set():
+                res = notify.watch(self.debounce_ms, 50, int(self.poll_interval_s * 1000), wake)
+                if res in ("stop", "signal"):
+                    return
+                self.check()  # on events and on each timeout (the poll backstop)
+                if self._watch_dirs() != dirs:
+                    return
 
     def check(self, *, force: bool = False) -> bool:
         """Look at the file once; reload if its content hash is new (or ``force``). True if it reloaded."""
