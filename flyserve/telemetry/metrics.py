@@ -120,8 +120,15 @@ class _MmapValue:
         multiprocess_mode: str = "",
         **_: Any,
     ) -> None:
-        self._params = (typ, metric_name, name, tuple(labelnames), tuple(labelvalues), help_text,
-                        multiprocess_mode)
+        self._params = (
+            typ,
+            metric_name,
+            name,
+            tuple(labelnames),
+            tuple(labelvalues),
+            help_text,
+            multiprocess_mode,
+        )
         with _BACKEND.lock:
             self._reset()
             _BACKEND.values.append(self)
@@ -273,8 +280,15 @@ class FlyCounter(_ScopeMixin, Counter):
         self._after_init()
 
     def _metric_init(self) -> None:
-        self._value = _new_value(self._type, self._scope, self._name, self._name + "_total",
-                                 self._labelnames, self._labelvalues, self._documentation)
+        self._value = _new_value(
+            self._type,
+            self._scope,
+            self._name,
+            self._name + "_total",
+            self._labelnames,
+            self._labelvalues,
+            self._documentation,
+        )
         self._created = time.time()
 
 
@@ -285,9 +299,16 @@ class FlyGauge(_ScopeMixin, Gauge):
         self._after_init()
 
     def _metric_init(self) -> None:
-        self._value = _new_value(self._type, self._scope, self._name, self._name, self._labelnames,
-                                 self._labelvalues, self._documentation,
-                                 multiprocess_mode=self._multiprocess_mode)
+        self._value = _new_value(
+            self._type,
+            self._scope,
+            self._name,
+            self._name,
+            self._labelnames,
+            self._labelvalues,
+            self._documentation,
+            multiprocess_mode=self._multiprocess_mode,
+        )
 
 
 class FlyHistogram(_ScopeMixin, Histogram):
@@ -300,12 +321,25 @@ class FlyHistogram(_ScopeMixin, Histogram):
         from prometheus_client.utils import floatToGoString
 
         self._created = time.time()
-        self._sum = _new_value(self._type, self._scope, self._name, self._name + "_sum",
-                               self._labelnames, self._labelvalues, self._documentation)
+        self._sum = _new_value(
+            self._type,
+            self._scope,
+            self._name,
+            self._name + "_sum",
+            self._labelnames,
+            self._labelvalues,
+            self._documentation,
+        )
         self._buckets = [
-            _new_value(self._type, self._scope, self._name, self._name + "_bucket",
-                       self._labelnames + ("le",), self._labelvalues + (floatToGoString(b),),
-                       self._documentation)
+            _new_value(
+                self._type,
+                self._scope,
+                self._name,
+                self._name + "_bucket",
+                self._labelnames + ("le",),
+                self._labelvalues + (floatToGoString(b),),
+                self._documentation,
+            )
             for b in self._upper_bounds
         ]
 
@@ -325,13 +359,41 @@ QUERY_TOKEN_BUCKETS: Final = tuple(float(2**i) for i in range(17))  # 1 .. 65536
 # Context lengths: 1536 is the seed's min_seq_len and 131072 its max_seq_len, so the
 # short_context / context_too_long boundaries are bucket edges.
 MAX_SEQ_LEN_BUCKETS: Final = (
-    256.0, 512.0, 1024.0, 1536.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 61440.0, 65536.0,
-    131072.0, 262144.0, 524288.0, 1048576.0,
+    256.0,
+    512.0,
+    1024.0,
+    1536.0,
+    2048.0,
+    4096.0,
+    8192.0,
+    16384.0,
+    32768.0,
+    61440.0,
+    65536.0,
+    131072.0,
+    262144.0,
+    524288.0,
+    1048576.0,
 )
 # 10 microseconds (a decode step's attention on a small batch) to 1 second (a long prefill
 # on the slow path), 1-2.5-5 per decade.
 KERNEL_SECONDS_BUCKETS: Final = (
-    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0,
+    1e-5,
+    2.5e-5,
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    1e-2,
+    2.5e-2,
+    5e-2,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
 )
 SIDECAR_SECONDS_BUCKETS: Final = (5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -344,101 +406,140 @@ SIDECAR_SECONDS_BUCKETS: Final = (5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 
 DISPATCH_DECISIONS: Final = FlyCounter(
     "flyserve_dispatch_decisions",
     "Dispatch decisions, one per engine step per rank, by kernel path and reason.",
-    ["path", "reason", "rank"], registry=None,
+    ["path", "reason", "rank"],
+    registry=None,
 )
 DISPATCH_TOKENS: Final = FlyCounter(
     "flyserve_dispatch_tokens",
     "Query tokens (num_actual_tokens) routed to each kernel path.",
-    ["path", "rank"], registry=None,
+    ["path", "rank"],
+    registry=None,
 )
 DISPATCH_ROWS: Final = FlyCounter(
     "flyserve_dispatch_rows",
     "Batch rows routed to each kernel path, by kind (prefill rows or decode rows).",
-    ["path", "kind", "rank"], registry=None,
+    ["path", "kind", "rank"],
+    registry=None,
 )
 DISPATCH_LPT: Final = FlyCounter(
     "flyserve_dispatch_lpt",
     "Prefill-path decisions by q-block ordering (lpt = longest-first, plain = in order).",
-    ["ordering", "rank"], registry=None,
+    ["ordering", "rank"],
+    registry=None,
 )
 DISPATCH_QUERY_TOKENS: Final = FlyHistogram(
     "flyserve_dispatch_query_tokens",
     "Query tokens per batch (num_actual_tokens), by the path that ran it.",
-    ["path", "rank"], buckets=QUERY_TOKEN_BUCKETS, registry=None,
+    ["path", "rank"],
+    buckets=QUERY_TOKEN_BUCKETS,
+    registry=None,
 )
 DISPATCH_MAX_SEQ_LEN: Final = FlyHistogram(
     "flyserve_dispatch_max_seq_len",
     "Longest context (max_seq_len) per batch, by the path that ran it.",
-    ["path", "rank"], buckets=MAX_SEQ_LEN_BUCKETS, registry=None,
+    ["path", "rank"],
+    buckets=MAX_SEQ_LEN_BUCKETS,
+    registry=None,
 )
 KERNEL_SECONDS: Final = FlyHistogram(
     "flyserve_kernel_seconds",
     "Sampled device time of one attention call per kernel path (CUDA events; host clock on CPU).",
-    ["path", "rank"], buckets=KERNEL_SECONDS_BUCKETS, registry=None,
+    ["path", "rank"],
+    buckets=KERNEL_SECONDS_BUCKETS,
+    registry=None,
 )
 KERNEL_TIMER_DROPPED: Final = FlyCounter(
     "flyserve_kernel_timer_dropped",
     "Kernel timings skipped because the pending-event queue was full (the GPU ran far behind).",
-    ["path", "rank"], registry=None,
+    ["path", "rank"],
+    registry=None,
 )
 ENGINE_STEP: Final = FlyGauge(
     "flyserve_engine_step",
     "The last engine step this rank routed.",
-    ["rank"], multiprocess_mode="livemostrecent", registry=None,
+    ["rank"],
+    multiprocess_mode="livemostrecent",
+    registry=None,
 )
 THRESHOLDS_VERSION: Final = FlyGauge(
     "flyserve_thresholds_version",
     "The thresholds version this rank routes with.",
-    ["rank"], multiprocess_mode="livemostrecent", registry=None,
+    ["rank"],
+    multiprocess_mode="livemostrecent",
+    registry=None,
 )
 CIRCUIT_OPEN: Final = FlyGauge(
     "flyserve_circuit_open",
     "1 when this rank's prefill-path circuit breaker is open (every batch takes the unified path).",
-    ["rank"], multiprocess_mode="livemostrecent", registry=None,
+    ["rank"],
+    multiprocess_mode="livemostrecent",
+    registry=None,
 )
 
 # control side ----------------------------------------------------------------------------
 CONFIG_RELOADS: Final = FlyCounter(
     "flyserve_config_reloads",
     "Thresholds changes attempted, by result (success, invalid, io_error) and source.",
-    ["result", "source"], registry=None, scope=CONTROL,
+    ["result", "source"],
+    registry=None,
+    scope=CONTROL,
 )
 CONFIG_LAST_SUCCESS: Final = FlyGauge(
     "flyserve_config_last_success_timestamp_seconds",
     "Unix time of the last thresholds change that was published.",
-    multiprocess_mode="max", registry=None, scope=CONTROL,
+    multiprocess_mode="max",
+    registry=None,
+    scope=CONTROL,
 )
 
 # sidecar side (always in-process) ---------------------------------------------------------
 SIDECAR_REQUESTS: Final = FlyCounter(
     "flyserve_sidecar_requests",
     "HTTP requests the sidecar answered, by route template, method and status code.",
-    ["route", "method", "code"], registry=None, scope=SIDECAR,
+    ["route", "method", "code"],
+    registry=None,
+    scope=SIDECAR,
 )
 SIDECAR_REQUEST_SECONDS: Final = FlyHistogram(
     "flyserve_sidecar_request_seconds",
     "Time the sidecar took to answer, by route template.",
-    ["route"], buckets=SIDECAR_SECONDS_BUCKETS, registry=None, scope=SIDECAR,
+    ["route"],
+    buckets=SIDECAR_SECONDS_BUCKETS,
+    registry=None,
+    scope=SIDECAR,
 )
 RANK_UP: Final = FlyGauge(
     "flyserve_rank_up",
     "1 if the rank's report (ranks/<rank>.json) is fresh, 0 if stale.",
-    ["rank"], registry=None, scope=SIDECAR,
+    ["rank"],
+    registry=None,
+    scope=SIDECAR,
 )
 RANK_REPORT_AGE: Final = FlyGauge(
     "flyserve_rank_report_age_seconds",
     "Seconds since the rank last wrote its report.",
-    ["rank"], registry=None, scope=SIDECAR,
+    ["rank"],
+    registry=None,
+    scope=SIDECAR,
 )
 RANKS_AGREE: Final = FlyGauge(
     "flyserve_ranks_agree",
     "1 if every live rank applied the same thresholds version.",
-    registry=None, scope=SIDECAR,
+    registry=None,
+    scope=SIDECAR,
 )
 
 RANK_METRICS: Final = (
-    DISPATCH_DECISIONS, DISPATCH_TOKENS, DISPATCH_ROWS, DISPATCH_LPT, DISPATCH_QUERY_TOKENS,
-    DISPATCH_MAX_SEQ_LEN, KERNEL_SECONDS, KERNEL_TIMER_DROPPED, ENGINE_STEP, THRESHOLDS_VERSION,
+    DISPATCH_DECISIONS,
+    DISPATCH_TOKENS,
+    DISPATCH_ROWS,
+    DISPATCH_LPT,
+    DISPATCH_QUERY_TOKENS,
+    DISPATCH_MAX_SEQ_LEN,
+    KERNEL_SECONDS,
+    KERNEL_TIMER_DROPPED,
+    ENGINE_STEP,
+    THRESHOLDS_VERSION,
     CIRCUIT_OPEN,
 )
 CONTROL_METRICS: Final = (CONFIG_RELOADS, CONFIG_LAST_SUCCESS)

@@ -73,8 +73,16 @@ class _PathBinding:
             *metrics.cell(metrics.DISPATCH_TOKENS.labels(path, rank)._value),
             *metrics.cell(metrics.DISPATCH_ROWS.labels(path, "prefill", rank)._value),
             *metrics.cell(metrics.DISPATCH_ROWS.labels(path, "decode", rank)._value),
-            q.bounds, q.bucket_bufs, q.bucket_idx, q.sum_buf, q.sum_i,
-            m.bounds, m.bucket_bufs, m.bucket_idx, m.sum_buf, m.sum_i,
+            q.bounds,
+            q.bucket_bufs,
+            q.bucket_idx,
+            q.sum_buf,
+            q.sum_i,
+            m.bounds,
+            m.bucket_bufs,
+            m.bucket_idx,
+            m.sum_buf,
+            m.sum_i,
         )
 
 
@@ -152,8 +160,28 @@ class DispatchRecorder:
         b = self._by_id.get(id(decision))
         if b is None:
             b = self._lookup_slow(decision)
-        (db, di, lb, li, tb, ti, pb, pi, rb, ri,
-         qbounds, qbufs, qidx, qsb, qsi, mbounds, mbufs, midx, msb, msi) = b
+        (
+            db,
+            di,
+            lb,
+            li,
+            tb,
+            ti,
+            pb,
+            pi,
+            rb,
+            ri,
+            qbounds,
+            qbufs,
+            qidx,
+            qsb,
+            qsi,
+            mbounds,
+            mbufs,
+            midx,
+            msb,
+            msi,
+        ) = b
         db[di] += 1
         lb[li] += 1
         n = shape.num_actual_tokens

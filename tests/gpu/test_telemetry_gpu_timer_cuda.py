@@ -55,8 +55,10 @@ def test_cuda_events_time_the_call_with_no_sync() -> None:
     e1.record()
     e1.synchronize()
     ref_s = e0.elapsed_time(e1) / 20 * 1e-3
-    print(f"timer mean {mean_s * 1e6:.1f} us, reference {ref_s * 1e6:.1f} us, "
-          f"pending seen {in_flight}, timed {count:.0f}, dropped {dropped:.0f}")
+    print(
+        f"timer mean {mean_s * 1e6:.1f} us, reference {ref_s * 1e6:.1f} us, "
+        f"pending seen {in_flight}, timed {count:.0f}, dropped {dropped:.0f}"
+    )
     assert 0.5 * ref_s < mean_s < 2.0 * ref_s
 
 

@@ -35,18 +35,26 @@ def test_promql_examples_use_known_metrics() -> None:
     known = set(metrics.METRIC_NAMES)
     for q in queries:
         for name in set(re.findall(r"\bflyserve_[a-z_]+", q)):
-            base = next((name[: -len(s)] for s in _SUFFIXES if name.endswith(s) and name[: -len(s)] in known), name)
+            base = next(
+                (name[: -len(s)] for s in _SUFFIXES if name.endswith(s) and name[: -len(s)] in known), name
+            )
             assert base in known, (name, q)
             if name != base:
                 assert metrics.METRIC_TYPES[base] == "histogram", (name, q)
 
 
 def test_promql_examples_parse(tmp_path: Path) -> None:
-    rules = {"groups": [{"name": "docs", "rules": [
-        {"record": f"docs:example_{i}", "expr": q} for i, q in enumerate(_queries())
-    ]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "docs",
+                "rules": [{"record": f"docs:example_{i}", "expr": q} for i, q in enumerate(_queries())],
+            }
+        ]
+    }
     f = tmp_path / "rules.yml"
     f.write_text(yaml.safe_dump(rules))
-    res = subprocess.run([PROMTOOL, "check", "rules", str(f)], check=False, capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [PROMTOOL, "check", "rules", str(f)], check=False, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stdout + res.stderr

@@ -51,13 +51,16 @@ class FakeEvent:
 
 
 def _count(path: str, rank: int) -> float:
-    return metrics.REGISTRY.get_sample_value("flyserve_kernel_seconds_count", {"path": path, "rank": str(rank)})
+    return metrics.REGISTRY.get_sample_value(
+        "flyserve_kernel_seconds_count", {"path": path, "rank": str(rank)}
+    )
 
 
 def _timer(rank: int, log: list[FakeEvent], capturing: list[bool] | None = None, **kw) -> KernelTimer:
     cap = capturing if capturing is not None else [False]
-    return KernelTimer(rank, clock="cuda", event_factory=lambda: FakeEvent(log),
-                       is_capturing=lambda: cap[0], **kw)
+    return KernelTimer(
+        rank, clock="cuda", event_factory=lambda: FakeEvent(log), is_capturing=lambda: cap[0], **kw
+    )
 
 
 def test_harvest_never_blocks_on_an_event_that_is_not_ready() -> None:
@@ -85,8 +88,9 @@ def test_harvest_never_blocks_on_an_event_that_is_not_ready() -> None:
     assert _count(UNIFIED, 60) == 1
     s = metrics.REGISTRY.get_sample_value("flyserve_kernel_seconds_sum", {"path": UNIFIED, "rank": "60"})
     assert s == pytest.approx(0.25e-3)
-    le = metrics.REGISTRY.get_sample_value("flyserve_kernel_seconds_bucket",
-                                           {"path": UNIFIED, "rank": "60", "le": "0.00025"})
+    le = metrics.REGISTRY.get_sample_value(
+        "flyserve_kernel_seconds_bucket", {"path": UNIFIED, "rank": "60", "le": "0.00025"}
+    )
     assert le == 1.0
 
 
@@ -125,8 +129,9 @@ def test_bounded_queue_drops_and_counts() -> None:
     for _ in range(10):
         p.stop(p.start())
     assert timer.pending == 3
-    dropped = metrics.REGISTRY.get_sample_value("flyserve_kernel_timer_dropped_total",
-                                                {"path": UNIFIED, "rank": "63"})
+    dropped = metrics.REGISTRY.get_sample_value(
+        "flyserve_kernel_timer_dropped_total", {"path": UNIFIED, "rank": "63"}
+    )
     assert dropped == 7
     for e in log:
         e.ready = True
@@ -194,8 +199,15 @@ def test_importing_telemetry_does_not_import_torch() -> None:
         "KernelTimer(0, clock='auto'); print('torch' in sys.modules)"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
-                         timeout=120, env=env, cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
 

@@ -61,7 +61,11 @@ def test_every_series_exists_before_the_first_decision() -> None:
         assert _value("flyserve_dispatch_tokens_total", path=p, rank=r) == 0.0
         for kind in ("prefill", "decode"):
             assert _value("flyserve_dispatch_rows_total", path=p, kind=kind, rank=r) == 0.0
-        for h in ("flyserve_dispatch_query_tokens", "flyserve_dispatch_max_seq_len", "flyserve_kernel_seconds"):
+        for h in (
+            "flyserve_dispatch_query_tokens",
+            "flyserve_dispatch_max_seq_len",
+            "flyserve_kernel_seconds",
+        ):
             assert _value(h + "_count", path=p, rank=r) == 0.0
         assert _value("flyserve_kernel_timer_dropped_total", path=p, rank=r) == 0.0
     for o in ("lpt", "plain"):
@@ -157,7 +161,12 @@ def test_circuit_gauge_and_config_reload_counter() -> None:
 
 def _promtool_check(text: bytes) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PROMTOOL, "check", "metrics"], input=text.decode(), check=False, capture_output=True, text=True, timeout=60
+        [PROMTOOL, "check", "metrics"],
+        input=text.decode(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -218,14 +227,29 @@ _CHILD = textwrap.dedent(
 
 
 def _child_args(flyserve_dir: Path, other_dir: Path, rank: int, wipe: bool, wait: bool) -> list[str]:
-    return [sys.executable, "-c", _CHILD, str(flyserve_dir), str(other_dir), str(rank),
-            "wipe" if wipe else "-", "wait" if wait else "-"]
+    return [
+        sys.executable,
+        "-c",
+        _CHILD,
+        str(flyserve_dir),
+        str(other_dir),
+        str(rank),
+        "wipe" if wipe else "-",
+        "wait" if wait else "-",
+    ]
 
 
 def _run_child(flyserve_dir: Path, other_dir: Path, rank: int, wipe: bool = False) -> int:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run(_child_args(flyserve_dir, other_dir, rank, wipe, False),
-                         check=False, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    res = subprocess.run(
+        _child_args(flyserve_dir, other_dir, rank, wipe, False),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
     assert res.returncode == 0, res.stderr
     return int(res.stdout.split()[-1])
 
@@ -242,8 +266,15 @@ def test_metrics_land_in_flyserve_dir_even_when_vllm_sets_the_env_var(tmp_path: 
     vllms.mkdir()
     _run_child(ours, vllms, rank=0, wipe=True)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    live = subprocess.Popen(_child_args(ours, vllms, 1, False, True), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    live = subprocess.Popen(
+        _child_args(ours, vllms, 1, False, True),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     try:
         assert live.stdout is not None and live.stdout.readline().startswith("ok")
         reg = _collect(ours)
@@ -262,11 +293,22 @@ def test_metrics_land_in_flyserve_dir_even_when_vllm_sets_the_env_var(tmp_path: 
     assert live.returncode == 0
     for rank in ("0", "1"):
         get = reg.get_sample_value
-        assert get("flyserve_dispatch_decisions_total", {"path": PREFILL, "reason": "admitted", "rank": rank}) == 1
-        assert get("flyserve_dispatch_decisions_total",
-                   {"path": UNIFIED, "reason": "no_prefill_rows", "rank": rank}) == 2
+        assert (
+            get("flyserve_dispatch_decisions_total", {"path": PREFILL, "reason": "admitted", "rank": rank})
+            == 1
+        )
+        assert (
+            get(
+                "flyserve_dispatch_decisions_total",
+                {"path": UNIFIED, "reason": "no_prefill_rows", "rank": rank},
+            )
+            == 2
+        )
         # pre-created series reach the sidecar as zeros
-        assert get("flyserve_dispatch_decisions_total", {"path": UNIFIED, "reason": "disabled", "rank": rank}) == 0
+        assert (
+            get("flyserve_dispatch_decisions_total", {"path": UNIFIED, "reason": "disabled", "rank": rank})
+            == 0
+        )
         assert get("flyserve_dispatch_tokens_total", {"path": UNIFIED, "rank": rank}) == 16
         assert get("flyserve_dispatch_query_tokens_count", {"path": PREFILL, "rank": rank}) == 1
     assert reg.get_sample_value("flyserve_engine_step", {"rank": "1"}) is None  # rank 1 has exited now
@@ -314,8 +356,15 @@ def test_sidecar_exposition_merges_files_and_own_metrics(tmp_path: Path) -> None
     _run_child(d, tmp_path / "v", rank=3)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    res = subprocess.run([sys.executable, "-c", _SIDECAR_CHILD, str(d)], check=False, capture_output=True, text=True,
-                         timeout=120, env=env, cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-c", _SIDECAR_CHILD, str(d)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
     assert res.returncode == 0, res.stderr
     text = res.stdout
     assert 'flyserve_sidecar_requests_total{code="200",method="GET",route="/metrics"} 1.0' in text
@@ -348,8 +397,15 @@ def test_in_process_mode_without_any_multiprocess_setup() -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120, env=env,
-                         cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
@@ -370,11 +426,19 @@ def test_setup_multiprocess_rebinds_an_existing_recorder(tmp_path: Path) -> None
         """
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=False, capture_output=True, text=True,
-                         timeout=120, env=env, cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
     assert res.returncode == 0, res.stderr
     got = _collect(tmp_path).get_sample_value(
-        "flyserve_dispatch_decisions_total", {"path": "unified", "reason": "no_prefill_rows", "rank": "6"})
+        "flyserve_dispatch_decisions_total", {"path": "unified", "reason": "no_prefill_rows", "rank": "6"}
+    )
     assert got == 2  # the in-process count before set-up is not carried over (documented)
 
 
@@ -409,8 +473,15 @@ _GROW_AND_FORK = textwrap.dedent(
 
 def test_counts_survive_file_growth_and_fork(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-c", _GROW_AND_FORK, str(tmp_path)], check=False,
-                         capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-c", _GROW_AND_FORK, str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
     assert res.returncode == 0, res.stderr
     parent, child = res.stdout.split()
     labels = {"path": "unified", "reason": "no_prefill_rows", "rank": "8"}
