@@ -265,6 +265,7 @@ class LivePricer:
         self.check = check
         self.pool = KVPool(layout, pool_tokens)
         self.device_name = device_info()["gpu"]
+        warm_gpu()
         self._memo: dict[tuple[tuple[int, ...], tuple[int, ...]], dict[str, float]] = {}
 
     @classmethod
@@ -295,6 +296,10 @@ class LivePricer:
                         raise RuntimeError(f"{k.name} wrong on q={query_lens[:4]}..: {res}")
                 hit[path] = time_kernel(k, self.pool, sets)["median_s"]
             self._memo[key] = hit
+            if len(self._memo) % 10 == 0:
+                import sys
+
+                print(f"live: {len(self._memo)} distinct shapes timed", file=sys.stderr, flush=True)
         return hit
 
     def price(self, step: Any, path: str) -> float:
