@@ -25,7 +25,6 @@ from typing import Any
 
 import httpx
 
-from flyserve.lab.arms_align import Response
 from flyserve.lab.arms_client import (
     ArmServerError,
     RequestSpec,
@@ -177,9 +176,7 @@ def report_from_results(
 ) -> dict[str, Any]:
     """Recompute every figure from the raw records (never from in-memory state of the run)."""
     responses = {
-        key: Response.from_record(rec)
-        for key, rec in results.records.items()
-        if key[1] < settings.runs and key[2] < len(items)
+        key: resp for key, resp in results.records.items() if key[1] < settings.runs and key[2] < len(items)
     }
     report = analyze(
         items, responses, settings.runs, extractor, resamples=settings.resamples, seed=settings.bootstrap_seed

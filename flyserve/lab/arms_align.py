@@ -30,27 +30,41 @@ Alternatives = tuple[tuple[str, float], ...]
 
 @dataclass(frozen=True)
 class Response:
-    """One arm's answer to one prompt in one run, as stored in the results file."""
+    """One arm's answer to one prompt in one run, as much of it as the figures need.
+
+    Only the top-two margin of each position is kept, not the alternatives themselves: a full
+    gsm8k comparison (1319 prompts x 2 arms x K runs x a few hundred tokens x N alternatives) is
+    hundreds of MB of JSON, and the raw file keeps them anyway.
+    """
 
     arm: str
     run: int
     prompt: int
     text: str
     tokens: tuple[str, ...]
-    top_logprobs: tuple[Alternatives, ...]  # per generated token, alternatives sorted by logprob, best first
+    margins: tuple[float | None, ...]  # per generated token: logprob(best) - logprob(second best)
     finish_reason: str | None = None
 
     @staticmethod
     def from_record(rec: dict) -> Response:
-        return Response(
-            arm=rec["arm"],
-            run=int(rec["run"]),
-            prompt=int(rec["prompt"]),
-            text=rec["text"],
-            tokens=tuple(rec["tokens"]),
-            top_logprobs=tuple(sort_alternatives(alts) for alts in rec["top_logprobs"]),
-            finish_reason=rec.get("finish_reason"),
-        )
+        """From a results-file record; ValueError naming the problem if it is malformed."""
+        try:
+            tokens = tuple(str(t) for t in rec["tokens"])
+            margins = tuple(top_two_margin(sort_alternatives(alts)) for alts in rec["top_logprobs"])
+            resp = Response(
+                arm=str(rec["arm"]),
+                run=int(rec["run"]),
+                prompt=int(rec["prompt"]),
+                text=str(rec["text"]),
+                tokens=tokens,
+                margins=margins,
+                finish_reason=rec.get("finish_reason"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed response record ({type(exc).__name__}: {exc})") from None
+        if len(tokens) != len(margins):
+            raise ValueError(f"{len(tokens)} tokens but {len(margins)} top_logprobs entries")
+        return resp
 
 
 def sort_alternatives(alts: Sequence[Sequence]) -> Alternatives:
@@ -112,8 +126,8 @@ def compare_pair(left: Response, right: Response, extractor: Extractor) -> PairC
         raise ValueError(f"cannot align responses to different prompts ({left.prompt} vs {right.prompt})")
     pos = first_divergence(left.tokens, right.tokens)
     margin = None
-    if pos is not None and pos < len(left.top_logprobs):
-        margin = top_two_margin(left.top_logprobs[pos])
+    if pos is not None and pos < len(left.margins):
+        margin = left.margins[pos]
     return PairComparison(
         prompt=left.prompt,
         left=(left.arm, left.run),

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flyserve.lab.arms_align import Response
+
 FORMAT_VERSION = 1
 #: Header fields that must match to resume (the URLs may change: servers restart on other ports).
 MUST_MATCH = ("format", "prompts_sha256", "model_a", "model_b", "max_tokens", "top_logprobs", "seed")
@@ -33,7 +35,7 @@ class ResultsFileError(ValueError):
 class ResultsFile:
     path: Path
     header: dict[str, Any]
-    records: dict[tuple[str, int, int], dict[str, Any]] = field(default_factory=dict)
+    records: dict[tuple[str, int, int], Response] = field(default_factory=dict)  # compact, see Response
     notes: list[str] = field(default_factory=list)
 
     @classmethod
@@ -106,7 +108,7 @@ class ResultsFile:
             or not isinstance(obj["prompt"], int)
         ):
             raise ValueError("arm must be 'a' or 'b', run and prompt integers")
-        self.records[(obj["arm"], obj["run"], obj["prompt"])] = obj
+        self.records[(obj["arm"], obj["run"], obj["prompt"])] = Response.from_record(obj)
 
     def has(self, arm: str, run: int, prompt: int) -> bool:
         return (arm, run, prompt) in self.records
@@ -116,4 +118,4 @@ class ResultsFile:
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
             fh.flush()
-        self.records[(rec["arm"], rec["run"], rec["prompt"])] = rec
+        self.records[(rec["arm"], rec["run"], rec["prompt"])] = Response.from_record(rec)
