@@ -1,60 +1,27 @@
-"""The control plane's two metrics, taken from flyserve.telemetry.metrics (where every metric is
-defined once). Until that module defines them, unregistered local stand-ins with the same names
-and labels keep the counting code and its tests honest without double registration.
-"""
+"""The control plane's two metrics, defined once in flyserve.telemetry.metrics:
+flyserve_config_reloads_total{result,source} and flyserve_config_last_success_timestamp_seconds."""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
 
-from prometheus_client import Counter, Gauge
+from flyserve.telemetry.metrics import CONFIG_RELOADS, record_config_reload
 
-RELOADS_NAME = "flyserve_config_reloads"  # exposed as flyserve_config_reloads_total
-LAST_SUCCESS_NAME = "flyserve_config_last_success_timestamp_seconds"
-
-
-def _find(module: Any, name: str) -> Any:
-    for value in vars(module).values():
-        if isinstance(value, (Counter, Gauge)) and getattr(value, "_name", None) == name:
-            return value
-    return None
+log = logging.getLogger("flyserve.control")
 
 
-def _load() -> tuple[Any, Any]:
-    reloads = last = None
+def count_reload(result: str, source: str) -> None:
+    """result: success | invalid | io_error. Never raises: a metrics problem must not fail a change."""
     try:
-        from flyserve.telemetry import metrics as tm
-    except ImportError:
-        tm = None
-    if tm is not None:
-        reloads, last = _find(tm, RELOADS_NAME), _find(tm, LAST_SUCCESS_NAME)
-    if reloads is None:
-        reloads = Counter(
-            RELOADS_NAME,
-            "Threshold changes tried, by result and source.",
-            ["result", "source"],
-            registry=None,
-        )
-    if last is None:
-        last = Gauge(LAST_SUCCESS_NAME, "Unix time of the last successful threshold change.", registry=None)
-    return reloads, last
-
-
-CONFIG_RELOADS, CONFIG_LAST_SUCCESS = _load()
-
-
-def count_reload(result: str, source: str, *, at: float | None = None) -> None:
-    """result: success | invalid | io_error. Never raises: metrics must not break a reload."""
-    try:
-        CONFIG_RELOADS.labels(result=result, source=source).inc()
-        if result == "success" and at is not None:
-            CONFIG_LAST_SUCCESS.set(at)
-    except Exception as exc:  # noqa: BLE001 - a metrics backend problem is not a config problem
-        import logging
-
-        logging.getLogger("flyserve.control").debug("reload metric not counted: %s", exc)
+        record_config_reload(result, source)
+    except Exception as exc:  # noqa: BLE001
+        log.debug("reload metric not counted: %s", exc)
 
 
 def reload_count(result: str, source: str) -> float:
-    """The counter's value in this process (for tests and `thresholds show`)."""
-    return CONFIG_RELOADS.labels(result=result, source=source)._value.get()
+    """The counter's value as this process sees it (tests and `thresholds show`)."""
+    for metric in CONFIG_RELOADS.collect():
+        for s in metric.samples:
+            if s.name.endswith("_total") and s.labels == {"result": result, "source": source}:
+                return s.value
+    return 0.0

@@ -376,7 +376,7 @@ class ControlPlane:
                     if not dry_run:
                         entry.update(result="unchanged", version=cur.version)
                         self.store.audit(entry)
-                        count_reload("success", source, at=now)
+                        count_reload("success", source)
                     return ChangeResult(cur, False, {}, dry_run)
                 if dry_run:
                     return ChangeResult(candidate, True, diff, True)
@@ -400,7 +400,7 @@ class ControlPlane:
                         ", ".join(snap.conflicts),
                     )
                 self.store.audit(entry)
-                count_reload("success", source, at=now)
+                count_reload("success", source)
                 log.info(
                     "thresholds v%d published (%s by %s, effective at step %d): %s",
                     snap.version,

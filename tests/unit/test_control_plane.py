@@ -209,3 +209,14 @@ def test_unreadable_state_is_an_io_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(ControlIOError):
         ControlPlane(blocker).apply_overrides({"min_seq_len": 4096}, actor="a")
+
+
+def test_a_success_sets_the_last_success_timestamp(plane: ControlPlane) -> None:
+    import time
+
+    from flyserve.telemetry.metrics import CONFIG_LAST_SUCCESS
+
+    t0 = time.time()
+    plane.apply_overrides({"min_seq_len": 4096}, actor="a")
+    (value,) = [s.value for m in CONFIG_LAST_SUCCESS.collect() for s in m.samples]
+    assert t0 <= value <= time.time()
