@@ -492,3 +492,25 @@ def test_counts_survive_file_growth_and_fork(tmp_path: Path) -> None:
     (d_child := tmp_path / "c").mkdir()
     (tmp_path / f"counter_{child}.db").rename(d_child / f"counter_{child}.db")
     assert _collect(d_child).get_sample_value("flyserve_dispatch_decisions_total", labels) == 1
+
+
+def test_record_makes_no_label_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After construction the hot path never calls .labels() (nor observe()/inc() of a child)."""
+    rec = DispatchRecorder(rank=46)
+    t = Thresholds()
+
+    def forbidden(*a: object, **k: object) -> None:
+        raise AssertionError("label lookup on the hot path")
+
+    for m in metrics.RANK_METRICS:
+        monkeypatch.setattr(m, "labels", forbidden)
+    for lens, ctx in (([2048], 8192), ([1] * 8, 8192), ([300] * 4, 1024)):
+        shape = BatchShape.from_query_lens(lens, max_seq_len=ctx, num_heads=16)
+        rec.record(decide(shape, t), shape, 1, 1)
+    monkeypatch.undo()
+    total = sum(
+        _value("flyserve_dispatch_decisions_total", path=p, reason=r, rank="46")
+        for p in PATHS
+        for r in REASONS
+    )
+    assert total == 3

@@ -157,3 +157,15 @@ def test_spans_follow_the_run_time_ratio_and_skip_attribute_work_when_not_sample
         rec.record(d, shape, step, 1)
     n = len(exp.get_finished_spans())
     assert 200 < n < 400, n  # presampled once (not ratio**2 = 30): binomial(3000, 0.1), sd 16
+
+
+def test_an_explicit_endpoint_is_used_as_the_traces_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    t = setup_tracing(ratio=0.0, endpoint="http://127.0.0.1:9/v1/traces")
+    assert t is not None
+    try:
+        (proc,) = t.provider._active_span_processor._span_processors
+        assert proc._batch_processor._exporter._endpoint == "http://127.0.0.1:9/v1/traces"
+    finally:
+        t.provider.shutdown()
