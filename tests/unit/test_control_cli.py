@@ -1,0 +1,92 @@
+"""`flyserve thresholds ...`: the commands, their output and exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from flyserve.control import ControlPlane
+from flyserve.control.cli import register
+
+app = typer.Typer()
+register(app)
+runner = CliRunner()
+
+
+def run(*args: str, code: int = 0) -> str:
+    res = runner.invoke(app, ["thresholds", *args])
+    assert res.exit_code == code, (res.exit_code, res.output)
+    return res.output
+
+
+@pytest.fixture
+def sd(tmp_path: Path) -> str:
+    return str(tmp_path / "state")
+
+
+def test_set_show_unset_history_rollback(sd: str, tmp_path: Path) -> None:
+    out = run("set", "min_seq_len=2048", "lpt=never", "--state-dir", sd, "--actor", "alice")
+    assert "published version 1" in out and "min_seq_len: 1536 -> 2048" in out and "lpt: auto -> never" in out
+    shown = json.loads(run("show", "--state-dir", sd, "--json"))
+    assert shown["version"] == 1 and shown["actor"] == "alice" and shown["source"] == "cli"
+    assert shown["provenance"]["min_seq_len"] == "override" and shown["thresholds"]["lpt"] == "never"
+    assert "min_seq_len" in run("show", "--state-dir", sd)
+    run("unset", "lpt", "--state-dir", sd)
+    assert ControlPlane(sd).snapshot().thresholds.lpt == "auto"
+    hist = json.loads(run("history", "--state-dir", sd, "--json"))
+    assert [h["version"] for h in hist] == [1, 2]
+    table = run("history", "--state-dir", sd)
+    assert "thresholds history" in table and "alice" in table
+    out = run("rollback", "1", "--state-dir", sd, "--json")
+    res = json.loads(out)
+    assert res["changed"] and res["snapshot"]["source"] == "rollback" and res["snapshot"]["version"] == 3
+    assert res["diff"] == {"lpt": {"old": "auto", "new": "never"}}
+    entries = [json.loads(ln) for ln in run("audit", "--state-dir", sd).splitlines()]
+    assert [e["action"] for e in entries] == ["set", "set", "rollback"]
+
+
+def test_errors_name_the_field_and_exit_non_zero(sd: str) -> None:
+    run("set", "min_seq_len=4096", "--state-dir", sd)
+    before = Path(sd, "control", "current.json").read_bytes()
+    out = run("set", "min_seq_len=lots", "--state-dir", sd, code=1)
+    assert "min_seq_len" in out and "unchanged" in out
+    assert "unknown key" in run("set", "nope=1", "--state-dir", sd, code=1)
+    assert "KEY=VALUE" in run("set", "min_seq_len", "--state-dir", sd, code=1)
+    assert "decode_path" in run("set", "decode_path=prefill", "--state-dir", sd, code=1)
+    assert "conflict" in run("set", "min_seq_len=5000", "--if-match", "7", "--state-dir", sd, code=3)
+    assert "not in history" in run("rollback", "99", "--state-dir", sd, code=1)
+    assert "missing" in run("reload", "--config", str(Path(sd) / "nope.yaml"), "--state-dir", sd, code=2)
+    assert Path(sd, "control", "current.json").read_bytes() == before
+
+
+def test_dry_run_and_unchanged(sd: str) -> None:
+    assert "dry run" in run("set", "min_seq_len=4096", "--dry-run", "--state-dir", sd)
+    assert not Path(sd, "control", "current.json").exists()
+    run("set", "min_seq_len=4096", "--state-dir", sd)
+    assert "unchanged" in run("set", "min_seq_len=4096", "--state-dir", sd)
+
+
+def test_reload_and_circuit(sd: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "flyserve.yaml"
+    cfg.write_text("min_qblock_rows: 16\n")
+    assert "min_qblock_rows: 48 -> 16" in run("reload", "--config", str(cfg), "--state-dir", sd)
+    assert "circuit_open: False -> True" in run(
+        "circuit", "open", "--reason", "kernel fault", "--state-dir", sd
+    )
+    assert ControlPlane(sd).snapshot().circuit_open
+    assert "circuit OPEN" in run("show", "--state-dir", sd)
+    run("circuit", "close", "--state-dir", sd)
+    assert not ControlPlane(sd).snapshot().circuit_open
+    # the file path was recorded: a plain reload finds it again
+    cfg.write_text("min_qblock_rows: 20\n")
+    assert "min_qblock_rows: 16 -> 20" in run("reload", "--state-dir", sd)
+
+
+def test_state_dir_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYSERVE_STATE_DIR", str(tmp_path / "env-state"))
+    run("set", "min_seq_len=3000")
+    assert ControlPlane(tmp_path / "env-state").snapshot().thresholds.min_seq_len == 3000
