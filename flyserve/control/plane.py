@@ -291,7 +291,15 @@ class ControlPlane:
             request={"version": int(version)},
         )
 
-    def reload(self, *, actor: str, startup: bool = False, source: str = "file") -> ChangeResult:
+    def reload(
+        self,
+        *,
+        actor: str,
+        startup: bool = False,
+        source: str = "file",
+        if_match: int | None = None,
+        dry_run: bool = False,
+    ) -> ChangeResult:
         """Re-read the operator file (this plane's ``config_file``, else the path the current version
         recorded) and publish it as the file layer. With no file at all, republishes the profile.
 
@@ -316,11 +324,22 @@ class ControlPlane:
             build,
             actor=actor,
             source=source,
+            if_match=if_match,
+            dry_run=dry_run,
             allow_decode_path=startup,
             request={"config_file": self.config_file},
         )
 
-    def set_circuit(self, open: bool, *, actor: str, reason: str = "", source: str = "api") -> ChangeResult:
+    def set_circuit(
+        self,
+        open: bool,
+        *,
+        actor: str,
+        reason: str = "",
+        source: str = "api",
+        if_match: int | None = None,
+        dry_run: bool = False,
+    ) -> ChangeResult:
         """Open (every rank stops using the prefill path) or close the circuit breaker: a new version."""
 
         def build(cur: ConfigSnapshot) -> dict[str, Any]:
@@ -331,6 +350,8 @@ class ControlPlane:
             build,
             actor=actor,
             source=source,
+            if_match=if_match,
+            dry_run=dry_run,
             request={"circuit_open": bool(open), "reason": reason},
         )
 

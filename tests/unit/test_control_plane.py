@@ -142,6 +142,15 @@ def test_if_match_refuses_a_stale_writer(plane: ControlPlane) -> None:
     assert (ei.value.expected, ei.value.current) == (v, v + 1)
     assert plane.snapshot().thresholds.min_qblock_rows == 4
     assert plane.audit_log()[-1]["result"] == "conflict"
+    for change in (
+        lambda: plane.reload(actor="c", if_match=v),
+        lambda: plane.set_circuit(True, actor="c", if_match=v),
+        lambda: plane.rollback(1, actor="c", if_match=v),
+        lambda: plane.replace({}, actor="c", if_match=v),
+    ):
+        with pytest.raises(VersionConflict):
+            change()
+    assert plane.snapshot().version == v + 1
 
 
 def test_dry_run_publishes_nothing(plane: ControlPlane) -> None:
