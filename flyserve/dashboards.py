@@ -228,6 +228,26 @@ def _heatmap(title: str, description: str, expr: str, *, unit: str, w: int = 12,
     )
 
 
+def _state_timeline(
+    title: str,
+    description: str,
+    expr: str,
+    mapping: dict[str, tuple[str, str]],
+    steps: list[tuple[float | None, str]],
+) -> statetimeline.Panel:
+    return (
+        statetimeline.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(12)
+        .height(8)
+        .mappings(_value_mappings(mapping))
+        .thresholds(_thresholds(steps))
+        .with_target(_target(expr, "rank {{rank}}"))
+    )
+
+
 def _variables(d: dash.Dashboard, *, with_rank: bool = True) -> dash.Dashboard:
     d = d.with_variable(
         dash.DatasourceVariable("datasource")
@@ -350,7 +370,9 @@ def _kernel_time_by_path() -> str:
     The timer samples 1 in N forwards; multiplying its mean by the (exact) decision rate keeps the
     estimate right even if the two paths were sampled at different rates.
     """
-    return f"({_mean_kernel_seconds_by_path()} * {_rate(DECISIONS, RANK_SEL, 'path')})"
+    # ">= 0" drops a path whose mean is NaN (no timing sampled in the window) instead of letting
+    # it turn the whole normalised share into NaN.
+    return f"(({_mean_kernel_seconds_by_path()} * {_rate(DECISIONS, RANK_SEL, 'path')}) >= 0)"
 
 
 # --------------------------------------------------------------------------- dashboards
@@ -722,33 +744,38 @@ def control_plane() -> dash.Dashboard:
         )
     )
     d = d.with_panel(
-        statetimeline.Panel()
-        .title("Circuit breaker per rank")
-        .description(
+        _state_timeline(
+            "Circuit breaker per rank",
             "Each rank's prefill circuit breaker: closed (green) or open (red). Open means the "
             "prefill kernel raised (or an operator opened it) and every batch takes the "
-            "unified kernel until it is closed: correct results, slower prefills."
+            "unified kernel until it is closed: correct results, slower prefills.",
+            f"max by (rank) (flyserve_circuit_open{{{RANK_SEL}}})",
+            {"0": ("closed", "green"), "1": ("open", "red")},
+            [(None, "green"), (1, "red")],
         )
-        .datasource(DATASOURCE)
-        .span(12)
-        .height(8)
-        .mappings(_value_mappings({"0": ("closed", "green"), "1": ("open", "red")}))
-        .thresholds(_thresholds([(None, "green"), (1, "red")]))
-        .with_target(_target(f"max by (rank) (flyserve_circuit_open{{{RANK_SEL}}})", "rank {{rank}}"))
+    )
+    d = d.with_panel(
+        _state_timeline(
+            "Rank liveness",
+            "Whether the sidecar sees each rank as live (green, its status file is fresh) or stale "
+            "(red, no report within the sidecar's --stale-after). A stale rank is hung, dead or "
+            "cannot write the state directory, and cannot apply thresholds changes.",
+            f"min by (rank) (flyserve_rank_up{{{RANK_SEL}}})",
+            {"0": ("stale", "red"), "1": ("live", "green")},
+            [(None, "red"), (1, "green")],
+        )
     )
     d = d.with_panel(
         _timeseries(
             "Rank report age",
-            "Seconds since each rank last wrote its status file (every ~1 s while alive). The sidecar "
-            "calls a rank stale past its limit (rank up = 0, dashed); a stale rank no longer proves it "
-            "applied the current thresholds.",
+            "Seconds since each rank last wrote its status file (about once a second while alive). "
+            "A line climbing past the sidecar's --stale-after turns the rank stale (left); a saw-tooth "
+            "below a second or two is healthy.",
             [
                 _target(
                     f"max by (rank) (flyserve_rank_report_age_seconds{{{RANK_SEL}}})",
-                    "rank {{rank}} age",
-                    "A",
-                ),
-                _target(f"min by (rank) (flyserve_rank_up{{{RANK_SEL}}})", "rank {{rank}} up", "B"),
+                    "rank {{rank}}",
+                )
             ],
             unit="s",
             min_val=0,

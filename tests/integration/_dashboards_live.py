@@ -198,6 +198,7 @@ class LiveStack:
             ],
             env,
         )
+        one_thread = {**env, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self._spawn(
             "kernel-load",
             [
@@ -211,7 +212,7 @@ class LiveStack:
                 "--seconds",
                 str(self.kernel_load_s),
             ],
-            env,
+            one_thread,
         )
 
         self.prom_port = free_port()
@@ -458,7 +459,12 @@ def samples(result: list[dict]) -> Iterator[tuple[dict, float, float]]:
 
 
 def kernel_load(state_dir: Path, workload_name: str, seconds: float, rate_hz: float = 10.0) -> None:
-    """Time a numpy stand-in attention per path (host clock) into flyserve_kernel_seconds{rank="0"}."""
+    """Time a numpy stand-in attention per path (host clock) into flyserve_kernel_seconds{rank="0"}.
+
+    The two paths are timed in turn (each on the next trace step the policy sends to it), so both
+    have samples all the time although the workload's prefills come in bursts; the dashboards'
+    time share weights each path's mean by its real decision rate, so the mix here does not matter.
+    """
     import numpy as np
 
     from flyserve.control import StateDir
@@ -469,8 +475,13 @@ def kernel_load(state_dir: Path, workload_name: str, seconds: float, rate_hz: fl
     state = StateDir(state_dir)
     metrics.setup_multiprocess(state.metrics_dir)
     thresholds = Thresholds.profile("gfx950")
-    trace = workload(workload_name)
-    hist = {p: metrics.KERNEL_SECONDS.labels(p, "0") for p in ("unified", "prefill")}
+    steps: dict[str, list] = {"unified": [], "prefill": []}
+    for ts in workload(workload_name):
+        shape = BatchShape.from_query_lens(
+            ts.query_lens, max_seq_len=ts.max_seq_len, num_heads=16, thresholds=thresholds
+        )
+        steps[decide(shape, thresholds).path].append((shape.num_actual_tokens, ts.max_seq_len))
+    hist = {p: metrics.KERNEL_SECONDS.labels(p, "0") for p in steps}
     rng = np.random.default_rng(0)
     d = 64
     stop = False
@@ -483,14 +494,11 @@ def kernel_load(state_dir: Path, workload_name: str, seconds: float, rate_hz: fl
     end = time.monotonic() + seconds
     i = 0
     while not stop and time.monotonic() < end:
-        ts = trace[i % len(trace)]
+        path = ("unified", "prefill")[i % 2]
+        tokens, max_seq_len = steps[path][(i // 2) % len(steps[path])]
         i += 1
-        shape = BatchShape.from_query_lens(
-            ts.query_lens, max_seq_len=ts.max_seq_len, num_heads=16, thresholds=thresholds
-        )
-        path = decide(shape, thresholds).path
-        t = int(min(shape.num_actual_tokens, 128))
-        ctx = int(min(ts.max_seq_len, 1024))
+        t = int(min(tokens, 128))
+        ctx = int(max(t, min(max_seq_len, 1024)))
         q = rng.standard_normal((t, d), dtype=np.float32)
         k = rng.standard_normal((ctx, d), dtype=np.float32)
         v = rng.standard_normal((ctx, d), dtype=np.float32)
