@@ -7,13 +7,20 @@ the engine step the publisher chose, the same on every rank. See docs/operations
 
 from flyserve.control.errors import ControlIOError, DecodePathChangeRefused, VersionConflict
 from flyserve.control.paths import StateDir, default_state_dir
-from flyserve.control.plane import DEFAULT_STEP_MARGIN, ChangeResult, ControlPlane, read_config_file
+from flyserve.control.plane import (
+    DEFAULT_LEAD_S,
+    DEFAULT_STEP_MARGIN,
+    ChangeResult,
+    ControlPlane,
+    read_config_file,
+)
 from flyserve.control.rank import RankControl
 from flyserve.control.snapshot import LAYERS, SOURCES, ConfigSnapshot
 from flyserve.control.store import Store, atomic_write
 from flyserve.control.watcher import Watcher
 
 __all__ = [
+    "DEFAULT_LEAD_S",
     "DEFAULT_STEP_MARGIN",
     "LAYERS",
     "SOURCES",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -25,9 +26,13 @@ from flyserve.policy.thresholds import FIELDS, ThresholdsError
 log = logging.getLogger("flyserve.control")
 
 DEFAULT_STEP_MARGIN = 8
-"""Steps between the highest step a rank reports and a new version's effective_step. Must cover a
-rank's report age (about one second of steps) plus the time a rank takes to notice the new version;
-raise it (step_margin=) when engine steps are faster than a few milliseconds."""
+"""The fewest steps between the ranks' current step and a new version's effective_step."""
+
+DEFAULT_LEAD_S = 3.0
+"""How far ahead, in time, a new version takes effect: every rank must notice it first. A rank's
+thread looks about once a second, so 3 s covers one missed round plus a busy machine. The step
+margin used is max(step_margin, ceil(fastest rank's steps_per_s * lead_s)): time, not a fixed count,
+because vLLM's step rate varies from ~10/s (long prefills) to ~200/s (small decode batches)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,7 @@ class ControlPlane:
         profile: str = "gfx950",
         config_file: str | os.PathLike[str] | None = None,
         step_margin: int = DEFAULT_STEP_MARGIN,
+        lead_s: float = DEFAULT_LEAD_S,
         history_keep: int = 50,
         rank_stale_after_s: float = 30.0,
         lock_timeout_s: float = 10.0,
@@ -131,6 +137,7 @@ class ControlPlane:
         self.profile = profile
         self.config_file = str(config_file) if config_file is not None else None
         self.step_margin = int(step_margin)
+        self.lead_s = float(lead_s)
         self.rank_stale_after_s = rank_stale_after_s
         self.lock_timeout_s = lock_timeout_s
         self._clock = clock
@@ -402,8 +409,9 @@ class ControlPlane:
                 if dry_run:
                     return ChangeResult(candidate, True, diff, True)
                 # Never earlier than the current version's: ranks apply versions in order.
-                step = self.store.max_rank_step(stale_after_s=self.rank_stale_after_s, now=now)
-                snap = candidate.replace(effective_step=max(step + self.step_margin, cur.effective_step))
+                step, rate = self.store.rank_progress(stale_after_s=self.rank_stale_after_s, now=now)
+                margin = max(self.step_margin, math.ceil(rate * self.lead_s))
+                snap = candidate.replace(effective_step=max(step + margin, cur.effective_step))
                 self.store.publish(snap)
                 entry.update(
                     result="success",

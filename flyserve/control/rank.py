@@ -52,6 +52,8 @@ class RankControl:
         self._pending: list[ConfigSnapshot] = []  # ascending version; touched under _lock only
         self._pending_step = _NEVER
         self._seen_stat: tuple[int, int, int] | None = None
+        self._last_rate_sample: tuple[float, int] | None = None
+        self._steps_per_s: float | None = None
         self.applied: list[tuple[int, int, int]] = []  # (version, effective_step, applied_step), bounded
         snap = self._read_current_quiet()
         if snap is None:
@@ -187,8 +189,19 @@ class RankControl:
                 self._step,
             )
 
+    def _rate(self, now: float) -> float:
+        """Steps per second, smoothed over reports: lets the publisher project a report's step to now
+        and size effective_step in time rather than in a fixed number of steps."""
+        last = self._last_rate_sample
+        self._last_rate_sample = (now, self._step)
+        if last is not None and now > last[0]:
+            inst = max(0.0, (self._step - last[1]) / (now - last[0]))
+            self._steps_per_s = inst if self._steps_per_s is None else 0.5 * self._steps_per_s + 0.5 * inst
+        return self._steps_per_s or 0.0
+
     def report_dict(self) -> dict[str, Any]:
         s = self._snapshot
+        now = time.time()
         return {
             "pid": os.getpid(),
             "rank": self.rank,
@@ -200,7 +213,8 @@ class RankControl:
             "effective_step": s.effective_step,
             "pending_version": self._pending[-1].version if self._pending else None,
             "circuit_open": s.circuit_open,
-            "time": time.time(),
+            "steps_per_s": round(self._rate(now), 3),
+            "time": now,
         }
 
     def write_report(self) -> None:

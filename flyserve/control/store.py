@@ -251,19 +251,30 @@ class Store:
                     out.append(d)
         return out
 
-    def max_rank_step(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:
-        """The highest step any live rank reports. Reports older than ``stale_after_s`` (a rank that died,
-        or a previous run's leftovers) are ignored so they cannot push effective_step out of reach."""
+    def rank_progress(self, *, stale_after_s: float = 30.0, now: float | None = None) -> tuple[int, float]:
+        """(projected highest step, highest step rate) over the live ranks.
+
+        A report is up to one report interval old, so each rank's step is projected to ``now`` with the
+        rate it reports (steps_per_s). Reports older than ``stale_after_s`` (a rank that died, a previous
+        run's leftovers) are ignored so they cannot push effective_step out of reach.
+        """
         now = time.time() if now is None else now
-        best = 0
+        best, rate = 0, 0.0
         for d in self.rank_reports():
             try:
-                if now - float(d.get("time", 0)) > stale_after_s:
+                age = now - float(d.get("time", 0))
+                if age > stale_after_s:
                     continue
-                best = max(best, int(d.get("step", 0)))
+                r = max(0.0, float(d.get("steps_per_s") or 0.0))
+                best = max(best, int(d.get("step", 0)) + int(r * max(0.0, age)))
+                rate = max(rate, r)
             except (TypeError, ValueError):
                 continue
-        return best
+        return best, rate
+
+    def max_rank_step(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:
+        """The highest step any live rank is at now (see rank_progress)."""
+        return self.rank_progress(stale_after_s=stale_after_s, now=now)[0]
 
     def write_rank_report(self, report: Mapping[str, Any], *, rank: int, engine: int = 0) -> None:
         atomic_write(self.dir.rank_file(rank, engine), json.dumps(dict(report), sort_keys=True))

@@ -25,7 +25,9 @@ from _control_rank_worker import shape_pool
 pytestmark = pytest.mark.integration
 
 RANKS = 4
-MARGIN = 100  # steps; a rank steps about every 5 ms, so this is ~0.5 s to learn of a version
+# A new version takes effect LEAD_S after it is published (in steps, from the ranks' reported rate):
+# ranks poll every 50 ms here, so 0.6 s is ample even on a busy 2-core machine.
+LEAD_S = 0.6
 
 
 def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
@@ -74,7 +76,7 @@ class ConfigMapDir:
 def test_four_ranks_switch_together_through_file_api_and_configmap_swaps(tmp_path: Path) -> None:
     state = tmp_path / "state"
     cm = ConfigMapDir(tmp_path / "config", "min_seq_len: 2048\n")
-    plane = ControlPlane(state, config_file=cm.file, step_margin=MARGIN)
+    plane = ControlPlane(state, config_file=cm.file, step_margin=16, lead_s=LEAD_S)
     first = plane.reload(actor="startup", startup=True)
     assert first.snapshot.version == 1
 
