@@ -286,6 +286,51 @@ def audit(
         typer.echo(json.dumps(e, sort_keys=True, default=str))
 
 
+@thresholds_app.command("watch")
+def watch(
+    config: Path | None = ConfigOpt,
+    state_dir: Path | None = StateDirOpt,
+    profile: str = typer.Option("gfx950", "--profile", help="Profile under the file, for the first version."),
+    poll_interval: float = typer.Option(
+        5.0, "--poll-interval", min=0.05, help="Seconds between polls (the backstop to directory events)."
+    ),
+    actor: str | None = ActorOpt,
+) -> None:
+    """Keep the published thresholds equal to the config file: directory watch (catches a Kubernetes
+    ConfigMap's symlink swap), a periodic poll, and SIGHUP. Runs until SIGTERM or Ctrl-C."""
+    import logging
+    import signal
+    import threading
+
+    from flyserve.control.errors import ControlIOError
+    from flyserve.control.watcher import Watcher
+    from flyserve.policy.thresholds import ThresholdsError
+
+    if config is None:
+        raise _fail("error: --config (or $FLYSERVE_CONFIG) is required", 2)
+    log = logging.getLogger("flyserve.control")
+    log.setLevel(logging.INFO)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    plane = _plane(state_dir, profile=profile, config_file=config)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    w = Watcher(plane, poll_interval_s=poll_interval, actor=actor or f"watcher@{socket.gethostname()}")
+    w.install_sighup()
+    try:
+        w.start()
+    except (ThresholdsError, ControlIOError) as exc:  # start() only reports; keep watching anyway
+        log.error("%s", exc)
+    typer.echo(f"watching {config} -> {plane.state_dir.path} (poll every {poll_interval:g}s; SIGHUP reloads)")
+    try:
+        while not done.wait(1.0):
+            pass
+    finally:
+        w.stop()
+
+
 def _circuit(open_: bool, state_dir: Path | None, actor: str | None, reason: str, as_json: bool) -> None:
     _run_change(
         lambda: _plane(state_dir).set_circuit(

@@ -90,3 +90,58 @@ def test_state_dir_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("FLYSERVE_STATE_DIR", str(tmp_path / "env-state"))
     run("set", "min_seq_len=3000")
     assert ControlPlane(tmp_path / "env-state").snapshot().thresholds.min_seq_len == 3000
+
+
+def test_watch_runs_until_sigterm_and_reloads_on_edit_and_sighup(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = tmp_path / "cfg" / "flyserve.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text("min_seq_len: 2000\n")
+    state = tmp_path / "state"
+    plane = ControlPlane(state)
+
+    def wait_for(cond, timeout_s: float = 20.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if cond():
+                return True
+            time.sleep(0.05)
+        return False
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from flyserve.control.cli import thresholds_app; thresholds_app()",
+            "watch",
+            "--config",
+            str(cfg),
+            "--state-dir",
+            str(state),
+            "--poll-interval",
+            "30",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert wait_for(lambda: plane.snapshot().thresholds.min_seq_len == 2000)
+        cfg.write_text("min_seq_len: 2500\n")
+        assert wait_for(lambda: plane.snapshot().thresholds.min_seq_len == 2500)
+        n = len(plane.audit_log())
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: len(plane.audit_log()) == n + 1)
+        assert plane.audit_log()[-1]["result"] == "unchanged"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0, out
+        assert "watching" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
