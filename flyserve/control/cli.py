@@ -64,6 +64,19 @@ def _plane(state_dir: Path | None, **kw: Any) -> Any:
     return ControlPlane(state_dir, **kw)
 
 
+def _writer(state_dir: Path | None, **kw: Any) -> Any:
+    """A plane for a command that changes something: its flyserve_config_* counts go to the state
+    directory's metrics/ (where the sidecar's /metrics reads them), not into this short-lived process."""
+    plane = _plane(state_dir, **kw)
+    try:
+        from flyserve.telemetry.metrics import setup_multiprocess
+
+        setup_multiprocess(plane.state_dir.metrics_dir)
+    except OSError as exc:  # an unwritable state dir: the change itself will say so
+        typer.echo(f"warning: reload metrics not shared ({exc})", err=True)
+    return plane
+
+
 def _fail(message: str, code: int) -> typer.Exit:
     typer.echo(message, err=True)
     return typer.Exit(code)
@@ -182,7 +195,7 @@ def set_(
     except ThresholdsError as exc:
         raise _fail(f"invalid: {exc}", 1) from None
     _run_change(
-        lambda: _plane(state_dir).apply_overrides(
+        lambda: _writer(state_dir).apply_overrides(
             changes, actor=actor or _default_actor(), source="cli", if_match=if_match, dry_run=dry_run
         ),
         as_json,
@@ -200,7 +213,7 @@ def unset(
 ) -> None:
     """Clear overrides."""
     _run_change(
-        lambda: _plane(state_dir).unset_overrides(
+        lambda: _writer(state_dir).unset_overrides(
             keys, actor=actor or _default_actor(), source="cli", if_match=if_match, dry_run=dry_run
         ),
         as_json,
@@ -218,7 +231,7 @@ def rollback(
 ) -> None:
     """Publish a new version (source rollback) with the thresholds of an earlier one."""
     _run_change(
-        lambda: _plane(state_dir).rollback(
+        lambda: _writer(state_dir).rollback(
             version, actor=actor or _default_actor(), if_match=if_match, dry_run=dry_run
         ),
         as_json,
@@ -234,7 +247,7 @@ def reload(
 ) -> None:
     """Re-read the operator's config file now (what a file watcher or SIGHUP does)."""
     _run_change(
-        lambda: _plane(state_dir, config_file=config).reload(actor=actor or _default_actor()), as_json
+        lambda: _writer(state_dir, config_file=config).reload(actor=actor or _default_actor()), as_json
     )
 
 
@@ -313,7 +326,7 @@ def watch(
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
-    plane = _plane(state_dir, profile=profile, config_file=config)
+    plane = _writer(state_dir, profile=profile, config_file=config)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
@@ -333,7 +346,7 @@ def watch(
 
 def _circuit(open_: bool, state_dir: Path | None, actor: str | None, reason: str, as_json: bool) -> None:
     _run_change(
-        lambda: _plane(state_dir).set_circuit(
+        lambda: _writer(state_dir).set_circuit(
             open_, actor=actor or _default_actor(), reason=reason, source="cli"
         ),
         as_json,

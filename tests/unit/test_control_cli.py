@@ -23,9 +23,30 @@ def run(*args: str, code: int = 0) -> str:
     return res.output
 
 
+@pytest.fixture(autouse=True)
+def shared_metrics_calls(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The commands share their reload counts through <state>/metrics; in this test process that
+    would switch every other test's metrics to files, so record the call instead (the real switch
+    is exercised by the `watch` subprocess test below)."""
+    import flyserve.telemetry.metrics as tm
+
+    calls: list[Path] = []
+    monkeypatch.setattr(tm, "setup_multiprocess", lambda d, **kw: calls.append(Path(d)) or Path(d))
+    return calls
+
+
 @pytest.fixture
 def sd(tmp_path: Path) -> str:
     return str(tmp_path / "state")
+
+
+def test_changing_commands_share_their_metrics_through_the_state_dir(
+    sd: str, shared_metrics_calls: list
+) -> None:
+    run("show", "--state-dir", sd)
+    assert shared_metrics_calls == []
+    run("set", "min_seq_len=2048", "--state-dir", sd)
+    assert shared_metrics_calls == [Path(sd) / "metrics"]
 
 
 def test_set_show_unset_history_rollback(sd: str, tmp_path: Path) -> None:
@@ -141,6 +162,14 @@ def test_watch_runs_until_sigterm_and_reloads_on_edit_and_sighup(tmp_path: Path)
         out, _ = proc.communicate(timeout=20)
         assert proc.returncode == 0, out
         assert "watching" in out
+        # Its reload counts went to the shared metrics directory, where the sidecar reads them.
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        reg = CollectorRegistry()
+        MultiProcessCollector(reg, path=str(state / "metrics"))
+        ok = reg.get_sample_value("flyserve_config_reloads_total", {"result": "success", "source": "file"})
+        assert ok == 3  # the start, the edit, SIGHUP (unchanged content still validates: success)
     finally:
         if proc.poll() is None:
             proc.kill()
