@@ -16,6 +16,10 @@ numerics, not a worse decision). Arm A is the reference (the baseline, e.g. vLLM
 kernel), so the margin asks: "how sure was the baseline about the token the candidate changed?"
 When the left response has no token at p (it stopped where the other continued) there is no
 distribution to read: the margin is None and the pair is counted under divergences without margin.
+
+The prefix drift. Before p both responses chose the same tokens; the largest absolute difference
+of their best logprobs over those positions shows how far the numerics differ even where no token
+flipped (0.0 for bit-identical arms, a few bf16 ulps for two kernels that agree closely).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class Response:
     text: str
     tokens: tuple[str, ...]
     margins: tuple[float | None, ...]  # per generated token: logprob(best) - logprob(second best)
+    top1: tuple[float | None, ...] = ()  # per generated token: logprob(best), for the prefix drift
     finish_reason: str | None = None
 
     @staticmethod
@@ -50,7 +55,9 @@ class Response:
         """From a results-file record; ValueError naming the problem if it is malformed."""
         try:
             tokens = tuple(str(t) for t in rec["tokens"])
-            margins = tuple(top_two_margin(sort_alternatives(alts)) for alts in rec["top_logprobs"])
+            ranked = [sort_alternatives(alts) for alts in rec["top_logprobs"]]
+            margins = tuple(top_two_margin(a) for a in ranked)
+            top1 = tuple(a[0][1] if a else None for a in ranked)
             resp = Response(
                 arm=str(rec["arm"]),
                 run=int(rec["run"]),
@@ -58,6 +65,7 @@ class Response:
                 text=str(rec["text"]),
                 tokens=tokens,
                 margins=margins,
+                top1=top1,
                 finish_reason=rec.get("finish_reason"),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -102,6 +110,7 @@ class PairComparison:
     margin: float | None
     answer_left: str | None
     answer_right: str | None
+    prefix_drift: float | None = None  # max |top-1 logprob difference| over the shared prefix
 
     @property
     def answer_changed(self) -> bool:
@@ -118,6 +127,7 @@ class PairComparison:
             "answer_left": self.answer_left,
             "answer_right": self.answer_right,
             "answer_changed": self.answer_changed,
+            "prefix_drift": self.prefix_drift,
         }
 
 
@@ -128,6 +138,8 @@ def compare_pair(left: Response, right: Response, extractor: Extractor) -> PairC
     margin = None
     if pos is not None and pos < len(left.margins):
         margin = left.margins[pos]
+    shared = len(left.tokens) if pos is None else pos
+    drift = prefix_drift(left.top1[:shared], right.top1[:shared])
     return PairComparison(
         prompt=left.prompt,
         left=(left.arm, left.run),
@@ -137,4 +149,15 @@ def compare_pair(left: Response, right: Response, extractor: Extractor) -> PairC
         margin=margin,
         answer_left=extractor.extract(left.text),
         answer_right=extractor.extract(right.text),
+        prefix_drift=drift,
     )
+
+
+def prefix_drift(left: Sequence[float | None], right: Sequence[float | None]) -> float | None:
+    """Largest |difference| of the best logprob over positions where both arms chose the same token.
+
+    Numerics can differ without flipping a token: this shows it (0.0 for bit-identical arms).
+    None when there is no shared position with logprobs on both sides.
+    """
+    diffs = [abs(x - y) for x, y in zip(left, right, strict=False) if x is not None and y is not None]
+    return max(diffs) if diffs else None

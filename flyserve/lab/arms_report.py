@@ -39,6 +39,17 @@ def render_table(report: dict[str, Any], console: Console) -> None:
     t.add_row("median margin at divergence (nats)", _num(report["margin_median"]), "", "")
     t.add_row("margins exactly 0 (ties)", _pct(report["margin_zero_share"]), "", "")
     t.add_row("divergences without margin", str(report["divergences_without_margin"]), "", "")
+    drift = report.get("logprob_drift") or {}
+
+    def _drift(key: str, field: str) -> str:
+        d = drift.get(key)
+        return "-" if not d else (_pct(d[field]) if field == "share_nonzero" else f"{d[field]:.4g}")
+
+    t.add_row(
+        "logprob drift on shared prefix (median of max)",
+        *(_drift(k, "median") for k in ("a_vs_b", "a_vs_a", "b_vs_b")),
+    )
+    t.add_row("pairs with any drift", *(_drift(k, "share_nonzero") for k in ("a_vs_b", "a_vs_a", "b_vs_b")))
     acc = report.get("accuracy")
     if acc:
         se = report.get("accuracy_stderr") or {}

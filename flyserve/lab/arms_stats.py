@@ -87,6 +87,19 @@ def _median(values: Sequence[float]) -> float | None:
     return float(np.median(values)) if len(values) else None
 
 
+def _drift_summary(pairs: Sequence[PairComparison]) -> dict | None:
+    """How far the best-token logprobs differ on the shared prefix (numerics that flipped nothing)."""
+    drifts = [c.prefix_drift for c in pairs if c.prefix_drift is not None]
+    if not drifts:
+        return None
+    return {
+        "pairs": len(drifts),
+        "share_nonzero": _share([d > 0.0 for d in drifts]),
+        "median": _median(drifts),
+        "max": float(max(drifts)),
+    }
+
+
 def cross_pairs(
     responses: Mapping[tuple[str, int, int], Response], prompts: int, runs: int, extractor: Extractor
 ):
@@ -199,6 +212,11 @@ def analyze(
         "self_answer_changed_share": {arm: _share([c.answer_changed for c in selfs[arm]]) for arm in ARMS},
         "self_divergence_margins": {
             arm: [c.margin for c in selfs[arm] if c.diverged and c.margin is not None] for arm in ARMS
+        },
+        "logprob_drift": {
+            "a_vs_b": _drift_summary(cross),
+            "a_vs_a": _drift_summary(selfs["a"]),
+            "b_vs_b": _drift_summary(selfs["b"]),
         },
         "accuracy": None,
         "accuracy_stderr": None,

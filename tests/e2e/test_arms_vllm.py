@@ -133,7 +133,12 @@ def recompute(results: Path, n_prompts: int, answers: dict[int, str] | None = No
             for i, j in combos:
                 lt, rt = recs[(left_arm, i, p)], recs[(right_arm, j, p)]
                 pos = first_diff(lt["tokens"], rt["tokens"])
-                out.append((pos, None if pos is None else margin_at(lt, pos), lt["text"], rt["text"]))
+                shared = len(lt["tokens"]) if pos is None else pos
+                best = [
+                    [max(lp for _t, lp in rec["top_logprobs"][k]) for k in range(shared)] for rec in (lt, rt)
+                ]
+                drift = max((abs(x - y) for x, y in zip(*best, strict=True)), default=None)
+                out.append((pos, None if pos is None else margin_at(lt, pos), lt["text"], rt["text"], drift))
         return out
 
     cross = pairs("a", "b", [(i, j) for i in range(RUNS) for j in range(RUNS)])
@@ -146,6 +151,10 @@ def recompute(results: Path, n_prompts: int, answers: dict[int, str] | None = No
         "divergence_margins": [c[1] for c in div if c[1] is not None],
         "answer_changed_share": sum(c[2].strip() != c[3].strip() for c in cross) / len(cross),
         "self_divergence_share": {a: sum(c[0] is not None for c in s) / len(s) for a, s in selfs.items()},
+        "max_drift": {
+            key: max((c[4] for c in ps if c[4] is not None), default=None)
+            for key, ps in (("a_vs_b", cross), ("a_vs_a", selfs["a"]), ("b_vs_b", selfs["b"]))
+        },
     }
     if answers:
         out["accuracy"] = {
@@ -173,8 +182,14 @@ def test_compare_two_real_vllm_servers_with_forced_routing(arms):
     assert (rep["prompts"], rep["runs"], rep["pairs_compared"]) == (4, RUNS, 4 * RUNS * RUNS)
     assert rep["accuracy"] is None  # no answer keys yet
     mine = recompute(d / "results.jsonl", len(PROMPTS))
+    drift = mine.pop("max_drift")
     for key, value in mine.items():
         assert rep[key] == value, key
+    for key, value in drift.items():
+        assert (rep["logprob_drift"][key] or {}).get("max") == value, key
+    # The two kernels' numerics really differ (first tokens come from different prefill kernels),
+    # whether or not any greedy token flipped.
+    assert drift["a_vs_b"] > 0.0
     assert (d / "m.png").stat().st_size > 0
 
     # The routing really differed: A never ran the prefill path, B did for its prefill batches.
@@ -206,5 +221,5 @@ def test_compare_two_real_vllm_servers_with_forced_routing(arms):
     assert rep["accuracy"] == mine["accuracy"]
     assert rep["answered_prompts"] == 4
     assert rep["accuracy"]["a"] >= 0.5  # run 0 matches its own text on 3 of 4 prompts
-    print(json.dumps({k: rep[k] for k in ("diverged_share", "self_divergence_share", "divergence_margins",
-                                          "first_divergence_positions", "accuracy")}))  # fmt: skip
+    keys = ("diverged_share", "self_divergence_share", "divergence_margins", "logprob_drift", "accuracy")
+    print(json.dumps({k: rep[k] for k in keys}))

@@ -7,6 +7,7 @@ Responses (tokens; the top alternatives at the position that matters, best first
 
 prompt 0, answer "12"
   A0, A1  ["The", " answer", " is", " 12"]   pos 3: (" 12", -0.5), (" 13", -1.5)  -> margin 1.0
+          (A1 only: pos 0 best logprob -0.3125 instead of the filler's -0.0625: a drift of 0.25)
   B0      ["The", " answer", " is", " 13"]   pos 3: (" 13", -0.75), (" 12", -0.75) -> margin 0.0 (a tie)
   B1      same as A0
 prompt 1, answer "7"
@@ -33,6 +34,13 @@ Self pairs (run 0 vs run 1, run 0 on the left), 3 per arm:
   A: all identical -> 0/3 = 0.0, answers unchanged 0.0.
   B: p0 diverge at 3 (margin B0@3 = 0.0, 13 vs 12 changed); p1 diverge at 2 (margin B0@2 = 2.0,
      7 = 7); p2 identical -> 2/3 diverged, 1/3 answer changed, margins [0.0, 2.0].
+Prefix drift (max |best-logprob difference| over the positions before the first divergence;
+every position not listed above has the filler's best logprob -0.0625):
+  cross: p0 (A0,B0) 0, (A0,B1) 0, (A1,B0) 0.25 (pos 0), (A1,B1) 0.25; p1 and p2: 0 (their shared
+  prefixes are filler) -> 12 values, 2 non-zero (1/6), median 0.0, max 0.25.
+  A vs A: p0 0.25 (pos 0); p1 0.25 (identical tokens, so all 3 positions shared: pos 2 has
+  -1.0 vs -0.75); p2 0 -> 2/3 non-zero, median 0.25, max 0.25.
+  B vs B: p0 shared 0..2, p1 shared 0..1, p2 all: filler everywhere -> 0 of 3, median 0, max 0.
 Accuracy over the 2 answered prompts (per prompt: mean over runs):
   A: p0 1.0, p1 1.0 -> 1.0, stderr 0.0.  B: p0 0.5 (13 wrong, 12 right), p1 1.0 -> 0.75;
   stderr = std([0.5, 1.0], ddof=1)/sqrt(2) = 0.353553.../1.414213... = 0.25.
@@ -56,10 +64,12 @@ from flyserve.lab.arms_stats import analyze, paired_bootstrap
 FILL = [["<f>", -0.0625], ["<g>", -4.0]]  # alternatives at positions that do not matter
 
 
-def rec(arm, run, prompt, tokens, at=None, alts=None):
+def rec(arm, run, prompt, tokens, at=None, alts=None, more=None):
     tops = [list(FILL) for _ in tokens]
     if at is not None:
         tops[at] = alts
+    for pos, alt in (more or {}).items():
+        tops[pos] = alt
     return Response.from_record(
         {
             "arm": arm,
@@ -84,7 +94,8 @@ def hand_case():
     )
     rs = [
         rec("a", 0, 0, P0, 3, [[" 12", -0.5], [" 13", -1.5]]),
-        rec("a", 1, 0, P0, 3, [[" 13", -1.5], [" 12", -0.5]]),  # server order is not trusted: sorted
+        # server order is not trusted: sorted. Position 0 is 0.25 less sure than everywhere else.
+        rec("a", 1, 0, P0, 3, [[" 13", -1.5], [" 12", -0.5]], {0: [["The", -0.3125], ["<g>", -4.0]]}),
         rec("b", 0, 0, P0_B, 3, [[" 13", -0.75], [" 12", -0.75]]),
         rec("b", 1, 0, P0, 3, [[" 12", -0.5], [" 13", -1.5]]),
         rec("a", 0, 1, ["x", " 7", " ok"], 2, [[" ok", -1.0], [" fine", -1.0]]),
@@ -119,6 +130,14 @@ def test_cross_arm_figures(report):
     assert report["margin_quartiles"] == [0.125, 0.5, 0.875]
     assert report["margin_zero_share"] == 2 / 6
     assert report["divergences_without_margin"] == 4
+
+
+def test_prefix_drift(report):
+    d = report["logprob_drift"]
+    assert d["a_vs_b"] == {"pairs": 12, "share_nonzero": 2 / 12, "median": 0.0, "max": 0.25}
+    assert d["a_vs_a"] == {"pairs": 3, "share_nonzero": 2 / 3, "median": 0.25, "max": 0.25}
+    assert d["b_vs_b"] == {"pairs": 3, "share_nonzero": 0.0, "median": 0.0, "max": 0.0}
+    assert [p["prefix_drift"] for p in report["pairs"] if p["prompt"] == 0] == [0.0, 0.0, 0.25, 0.25]
 
 
 def test_noise_floor(report):
