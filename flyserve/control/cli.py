@@ -244,10 +244,24 @@ def reload(
     state_dir: Path | None = StateDirOpt,
     actor: str | None = ActorOpt,
     as_json: bool = JsonOpt,
+    server_stopped: bool = typer.Option(
+        False,
+        "--server-stopped",
+        help="The server is stopped: take --profile as the base and allow a decode_path change "
+        "(ranks read it when they start, before capturing CUDA graphs).",
+    ),
+    profile: str | None = typer.Option(
+        None, "--profile", help="Base profile with --server-stopped (default: the current version's)."
+    ),
 ) -> None:
     """Re-read the operator's config file now (what a file watcher or SIGHUP does)."""
+    if profile is None:
+        profile = _plane(state_dir).snapshot().profile
     _run_change(
-        lambda: _writer(state_dir, config_file=config).reload(actor=actor or _default_actor()), as_json
+        lambda: _writer(state_dir, config_file=config, profile=profile).reload(
+            actor=actor or _default_actor(), startup=server_stopped
+        ),
+        as_json,
     )
 
 

@@ -78,6 +78,13 @@ def test_errors_name_the_field_and_exit_non_zero(sd: str) -> None:
     assert "unknown key" in run("set", "nope=1", "--state-dir", sd, code=1)
     assert "KEY=VALUE" in run("set", "min_seq_len", "--state-dir", sd, code=1)
     assert "decode_path" in run("set", "decode_path=prefill", "--state-dir", sd, code=1)
+    cfg = Path(sd).parent / "dp.yaml"
+    cfg.write_text("decode_path: prefill\n")
+    assert "restart" in run("reload", "--config", str(cfg), "--state-dir", sd, code=1)
+    assert "decode_path: unified -> prefill" in run(
+        "reload", "--config", str(cfg), "--server-stopped", "--state-dir", sd
+    )
+    before = Path(sd, "control", "current.json").read_bytes()
     assert "conflict" in run("set", "min_seq_len=5000", "--if-match", "7", "--state-dir", sd, code=3)
     assert "not in history" in run("rollback", "99", "--state-dir", sd, code=1)
     assert "missing" in run("reload", "--config", str(Path(sd) / "nope.yaml"), "--state-dir", sd, code=2)
