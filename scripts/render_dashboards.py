@@ -366,4 +366,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except (FileNotFoundError, TimeoutError, RuntimeError) as exc:  # the stack could not start or run
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
