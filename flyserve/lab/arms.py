@@ -337,6 +337,9 @@ def run_compare_cli(
     except ResultsFileError as exc:
         err.print(f"[red]error[/red]: {exc}", highlight=False)
         return 1
+    except OSError as exc:  # the results file's directory is missing or read-only, the disk is full
+        err.print(f"[red]error[/red]: --results {results_path}: {exc}", highlight=False)
+        return 1
     except ArmServerError as exc:
         err.print(f"[red]error[/red]: {exc}", highlight=False)
         err.print(f"everything received so far is in {results_path}: run the same command again to resume")
@@ -347,12 +350,16 @@ def run_compare_cli(
     out = Console()
     render_table(report, out)
     if json_path:
-        write_json(report, json_path)
+        try:
+            write_json(report, json_path)
+        except OSError as exc:
+            err.print(f"[red]error[/red]: --json {json_path}: {exc}", highlight=False)
+            return 1
         err.print(f"report: {json_path}")
     if plot:
         try:
             write_plot(report, plot)
-        except RuntimeError as exc:
+        except (RuntimeError, OSError, ValueError) as exc:  # ValueError: matplotlib's unknown format
             err.print(f"[red]error[/red]: {exc}")
             return 1
         err.print(f"plot: {plot}")

@@ -164,3 +164,13 @@ def test_unreachable_server_exits_3(tmp_path):
             "--timeout", "2", "--no-progress")  # fmt: skip
     assert r.exit_code == 3
     assert "ConnectError" in r.output
+
+
+def test_unwritable_results_exits_1(servers, tmp_path):
+    sa, sb, _, _ = servers
+    prompts = write_prompts(tmp_path)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = cli("--a", sa.url, "--b", sb.url, "--prompts", str(prompts), "--results", str(blocker / "r.jsonl"),
+            "--no-progress")  # fmt: skip
+    assert r.exit_code == 1 and "--results" in r.output
