@@ -14,7 +14,7 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from flyserve.control import ChangeResult, ControlPlane, VersionConflict
+from flyserve.control import ChangeResult, ControlPlane
 from flyserve.policy.thresholds import Thresholds, ThresholdsError
 from flyserve.sidecar.auth import require_token
 from flyserve.sidecar.models import (
@@ -259,17 +259,13 @@ def rollback_thresholds(
 
 
 @router.post("/reload", **_MUTATION)
-def reload_config(request: Request, actor: Actor, if_match: IfMatch = None) -> ChangeResponse:
+def reload_config(
+    request: Request, actor: Actor, if_match: IfMatch = None, dry_run: DryRun = False
+) -> ChangeResponse:
     """Re-read the operator config file and publish it (what SIGHUP or a file edit would do)."""
-    expected = parse_if_match(if_match)
-    plane = _plane(request)
-    if expected is not None:
-        # ControlPlane.reload() takes no if_match: check here (not atomic with the publish).
-        cur = plane.snapshot().version
-        if cur != expected:
-            raise VersionConflict(expected, cur)
-    r = plane.reload(actor=actor)  # counted in flyserve_config_reloads_total by the control plane
-    return _respond(request, r, False)
+    # Counted in flyserve_config_reloads_total by the control plane.
+    r = _plane(request).reload(actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run)
+    return _respond(request, r, dry_run)
 
 
 # ----------------------------------------------------------------------------- ops

@@ -75,12 +75,13 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float) -> int:
     circuit_state: bool | None = None  # what flyserve_circuit_open{rank} says now
     n = len(trace)
     heads = args.num_heads
-    next_flush = time.monotonic() + 1.0
-    # Wall-clock schedule shared by all ranks (start_at), so TP ranks step together; a rank that is
-    # late (slow start) catches up without sleeping.
+    # Wall-clock schedule shared by all ranks (start_at), so TP ranks step together.
     try:
         while time.time() < start_at and not stop:
             time.sleep(min(0.05, max(0.0, start_at - time.time())))
+        next_flush = time.monotonic() + 0.5
+        anchor = start_at  # step s is due at anchor + s * interval on every rank
+        late_s = 5 * args.step_interval_s
         for step in range(args.steps):
             if stop:
                 break
@@ -103,9 +104,14 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float) -> int:
                 shapes.flush()
                 next_flush = now + 1.0
             if args.step_interval_s > 0:
-                delay = start_at + (step + 1) * args.step_interval_s - time.time()
+                delay = anchor + (step + 1) * args.step_interval_s - time.time()
                 if delay > 0:
                     time.sleep(delay)
+                elif delay < -late_s:
+                    # Behind (a slow start, a busy CPU): drop the backlog instead of bursting, as a
+                    # real engine would; a burst would also inflate the steps_per_s the control
+                    # plane sizes effective_step with.
+                    anchor -= delay
     finally:
         shapes.flush()
         control.stop()  # writes a last report with the final step

@@ -177,6 +177,10 @@ def test_reload_reads_the_config_file(tmp_path: Path):
         t = c.get("/thresholds").json()
         assert t["values"]["min_seq_len"] == 3000
         assert t["differs_from_profile"]["min_seq_len"]["provenance"] == "file"
+        cfg.write_text("min_seq_len: 5000\n")
+        r = c.post("/reload?dry_run=true", headers=AUTH | {"If-Match": "1"})
+        assert r.status_code == 200 and r.json()["diff"] == {"min_seq_len": [3000, 5000]}
+        assert c.get("/thresholds").json()["values"]["min_seq_len"] == 3000  # dry run: unchanged
         cfg.write_text("min_seq_len: [\n")
         r = c.post("/reload", headers=AUTH)
         assert r.status_code == 422 and "malformed" in r.json()["detail"]

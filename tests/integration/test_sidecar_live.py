@@ -1,0 +1,280 @@
+"""The real sidecar (uvicorn, subprocess, 127.0.0.1, free port) with `flyserve simulate` behind it.
+
+Checks what the sidecar reports against what the simulated ranks decided, recomputed here with
+decide() over the same workload trace and the thresholds history (old values before the
+effective step, new ones from it).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flyserve.lab.workloads import workload
+from flyserve.policy import BatchShape, Thresholds, decide
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "integration-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+STEP_MARGIN = 150  # the least margin; the control plane also sizes it by the ranks' step rate
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Sidecar:
+    url: str
+    state: Path
+    proc: subprocess.Popen
+    log: Path
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=10.0)
+
+
+def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
+    state = tmp_path / "state"
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "FLYSERVE_SIDECAR_TOKEN"}
+    cmd = [sys.executable, "-m", "flyserve.cli", "sidecar", "--state-dir", str(state), "--host", "127.0.0.1",
+           "--port", str(port), "--token-file", str(token_file), "--stale-after", "2", "--stream-interval", "0.5",
+           "--step-margin", str(STEP_MARGIN), "--log-level", "warning"]  # fmt: skip
+    log = (tmp_path / "sidecar.log").open("w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    sc = Sidecar(f"http://127.0.0.1:{port}", state, proc, tmp_path / "sidecar.log")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, "sidecar exited during start-up"
+            try:
+                if httpx.get(sc.url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "sidecar did not answer /healthz in 60 s"
+            time.sleep(0.2)
+        yield sc
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def start_simulate(state: Path, *, ranks: int, name: str, steps: int, interval: float) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "flyserve.cli", "simulate", "--state-dir", str(state), "--ranks", str(ranks),
+           "--workload", name, "--steps", str(steps), "--step-interval", str(interval)]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(pred, *, timeout: float, what: str, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+
+
+def expected_decisions(name: str, steps: int, switches: list[tuple[int, Thresholds]]) -> collections.Counter:
+    """decide() over the trace, with the thresholds in force at each step (switches sorted by step)."""
+    trace = workload(name)
+    out: collections.Counter = collections.Counter()
+    for s in range(steps):
+        t = [th for at, th in switches if at <= s][-1]
+        ts = trace[s % len(trace)]
+        d = decide(
+            BatchShape.from_query_lens(ts.query_lens, max_seq_len=ts.max_seq_len, num_heads=16, thresholds=t),
+            t,
+        )
+        out[(d.path, d.reason)] += 1
+    return out
+
+
+def test_stats_match_decisions_and_patch_switches_all_ranks_at_one_step(sidecar: Sidecar):
+    name, steps, ranks = "seed-60k-c32", 800, 3
+    sim = start_simulate(sidecar.state, ranks=ranks, name=name, steps=steps, interval=0.02)
+    try:
+        with sidecar.client() as c:
+
+            def ranks_past(n: int):
+                s = c.get("/dispatch-stats").json()
+                live = [r for r in s["ranks"] if not r["stale"]]
+                return s if len(live) == ranks and min(r["step"] or 0 for r in live) >= n else None
+
+            wait_for(lambda: ranks_past(70), timeout=60, what="3 ranks past step 70")
+            # A dry run: the diff and the routing change on recent shapes; nothing applied.
+            r = c.patch("/thresholds", params={"dry_run": "true"}, json={"min_seq_len": 65536},
+                        headers=AUTH | {"If-Match": "0"})  # fmt: skip
+            assert r.status_code == 200, r.text
+            dry = r.json()
+            assert dry["dry_run"] and dry["diff"] == {"min_seq_len": [1536, 65536]}
+            rc = dry["routing_change"]
+            # Which recent steps the sample holds depends on timing; what the change does to them does
+            # not: every context of this workload is < 65536, so each prefill batch would flip, and
+            # nothing else would change.
+            assert rc["samples"] > 0, rc
+            assert rc["proposed"] == {"unified": rc["samples"], "prefill": 0}, rc
+            assert rc["changed"] == rc["current"]["prefill"], rc
+            assert set(rc["transitions"]) <= {"prefill/admitted -> unified/short_context"}, rc
+            assert c.get("/thresholds").json()["version"] == 0
+            assert c.get("/thresholds/history").json()["entries"] == []
+
+            r = c.patch("/thresholds", json={"min_seq_len": 65536}, headers=AUTH | {"If-Match": "0"})
+            assert r.status_code == 200, r.text
+            snap = r.json()["thresholds"]
+            assert snap["version"] == 1
+            effective = snap["effective_step"]
+            # The second wave's prefill batches (steps 600..661) must come after the switch.
+            assert 70 + STEP_MARGIN <= effective < 600, f"effective_step {effective}: machine too loaded?"
+
+        out, _ = sim.communicate(timeout=120)
+        assert sim.returncode == 0, out
+        assert "simulate: done" in out
+
+        with sidecar.client() as c:
+            time.sleep(0.6)  # past the stats cache TTL
+            s = c.get("/dispatch-stats").json()
+            metrics_text = c.get("/metrics").text
+    finally:
+        _stop(sim)
+
+    # Every rank switched at the same step, the one the control plane chose.
+    assert len(s["ranks"]) == ranks
+    for rv in s["ranks"]:
+        assert (rv["applied_version"], rv["applied_step"], rv["step"]) == (1, effective, steps - 1), rv
+    assert s["ranks_agree"] is True
+
+    old = Thresholds.profile("gfx950")
+    new = old.merged({"min_seq_len": 65536})
+    exp = expected_decisions(name, steps, [(0, old), (effective, new)])
+    totals = s["totals"]
+    assert totals["batches"] == steps  # one engine: each step counted once, not once per rank
+    for reason in totals["reasons"]:
+        assert totals["reasons"][reason] == sum(v for (_, r), v in exp.items() if r == reason), reason
+    for path in ("unified", "prefill"):
+        assert totals["decisions"][path] == sum(v for (p, _), v in exp.items() if p == path), path
+    exp_prefill = sum(v for (p, _), v in exp.items() if p == "prefill")
+    assert totals["prefill_ratio"] == pytest.approx(exp_prefill / steps)
+    # What the policy predicts from the switch on: no prefill batch (every context < 65536), so all
+    # prefill batches of the run are the ones before the effective step.
+    before = expected_decisions(name, effective, [(0, old)])
+    assert exp_prefill == sum(v for (p, _), v in before.items() if p == "prefill") > 0
+    assert totals["reasons"]["short_context"] > 0
+    # Each rank's own counters are identical (TP ranks decide the same).
+    assert all(rv["totals"] == s["ranks"][0]["totals"] for rv in s["ranks"])
+    # The 60 s window covers the whole short run.
+    assert s["windows"]["60s"]["batches"] == steps
+    # /metrics carries the ranks' counters with the same numbers.
+    line = (
+        f'flyserve_dispatch_decisions_total{{path="prefill",rank="0",reason="admitted"}} {float(exp_prefill)}'
+    )
+    assert line in metrics_text
+    assert "flyserve_sidecar_requests_total" in metrics_text
+
+
+def test_killed_rank_is_stale_not_an_error(sidecar: Sidecar):
+    sim = start_simulate(sidecar.state, ranks=2, name="seed-8k-c8", steps=3000, interval=0.02)
+    try:
+        with sidecar.client() as c:
+
+            def both_live():
+                s = c.get("/dispatch-stats").json()
+                return s if s["live_ranks"] == 2 else None
+
+            s = wait_for(both_live, timeout=60, what="2 live ranks")
+            victim = next(r for r in s["ranks"] if r["rank"] == 1)
+            cmdline = Path(f"/proc/{victim['pid']}/cmdline").read_bytes()
+            assert b"flyserve.sidecar.simulate" in cmdline  # only ever kill our own rank process
+            os.kill(victim["pid"], signal.SIGKILL)
+
+            def one_stale():
+                r = c.get("/dispatch-stats")
+                assert r.status_code == 200
+                st = r.json()
+                by = {v["rank"]: v for v in st["ranks"]}
+                return st if by[1]["stale"] and not by[0]["stale"] else None
+
+            s1 = wait_for(one_stale, timeout=15, what="rank 1 stale")
+            assert s1["live_ranks"] == 1 and not s1["errors"]
+            assert c.get("/readyz").status_code == 200
+            time.sleep(1.0)
+            s2 = c.get("/dispatch-stats").json()
+            assert s2["totals"]["batches"] > s1["totals"]["batches"]  # the live rank keeps counting
+            assert s2["engines"][0]["representative_rank"] == 0
+            assert 'flyserve_rank_up{rank="1"} 0.0' in c.get("/metrics").text
+    finally:
+        _stop(sim)
+    assert sim.returncode != 0  # interrupted, with a rank killed: not a clean run
+
+
+def test_auth_conflict_validation_and_size_errors(sidecar: Sidecar):
+    with sidecar.client() as c:
+        assert c.patch("/thresholds", json={"lpt": "never"}).status_code == 401
+        assert (
+            c.patch("/thresholds", json={"lpt": "never"}, headers={"Authorization": "Bearer x"}).status_code
+            == 403
+        )
+        r = c.patch("/thresholds", json={"lpt": "sometimes"}, headers=AUTH)
+        assert r.status_code == 422 and r.json()["field"] == "lpt"
+        assert (
+            c.patch("/thresholds", json={"lpt": "never"}, headers=AUTH | {"If-Match": "0"}).status_code == 200
+        )
+        r = c.patch("/thresholds", json={"lpt": "always"}, headers=AUTH | {"If-Match": "0"})
+        assert r.status_code == 409
+        r = c.put("/thresholds", content=b'{"lpt": "' + b"x" * 100_000 + b'"}', headers=AUTH)
+        assert r.status_code == 413
+        assert c.get("/thresholds").json()["values"]["lpt"] == "never"
+    # The token is never on a command line.
+    assert TOKEN.encode() not in Path(f"/proc/{sidecar.proc.pid}/cmdline").read_bytes()
+
+
+def test_shutdown_does_not_hang_on_open_stream(sidecar: Sidecar):
+    with (
+        httpx.Client(base_url=sidecar.url, timeout=10.0) as c,
+        c.stream("GET", "/dispatch-stats/stream") as r,
+    ):
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert '"totals"' in first
+        t0 = time.monotonic()
+        sidecar.proc.send_signal(signal.SIGTERM)
+        rest = list(lines)  # the server ends the stream
+        sidecar.proc.wait(timeout=10)
+        took = time.monotonic() - t0
+    # uvicorn re-raises the captured SIGTERM after its graceful shutdown: -15 is the clean exit.
+    assert sidecar.proc.returncode in (0, -signal.SIGTERM)
+    assert isinstance(rest, list)
+    log = sidecar.log.read_text()
+    assert "graceful shutdown exceeded" not in log and "Traceback" not in log, log
+    # uvicorn's graceful timeout is 5 s; the stream must end on its own well before that.
+    assert took < 4.0, took
