@@ -232,10 +232,10 @@ def test_a_success_sets_the_last_success_timestamp(plane: ControlPlane) -> None:
 
 
 def test_effective_step_is_sized_in_time_from_the_ranks_step_rate(tmp_path: Path) -> None:
-    p = ControlPlane(tmp_path / "s", step_margin=8, lead_s=3.0)
-    now = p._clock()
+    now = 1_800_000_000.0
+    p = ControlPlane(tmp_path / "s", step_margin=8, lead_s=3.0, clock=lambda: now)
     # Reported half a second ago at 100 steps/s: the rank is at about 1050 by now.
     p.store.write_rank_report({"rank": 0, "step": 1000, "steps_per_s": 100.0, "time": now - 0.5}, rank=0)
     p.store.write_rank_report({"rank": 1, "step": 1040, "steps_per_s": 20.0, "time": now}, rank=1)
     s = p.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
-    assert 1050 + 300 <= s.effective_step <= 1051 + 300  # projected step + ceil(100/s * 3 s)
+    assert s.effective_step == 1050 + 300  # projected step + ceil(100/s * 3 s)
