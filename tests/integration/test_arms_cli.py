@@ -174,3 +174,22 @@ def test_unwritable_results_exits_1(servers, tmp_path):
     r = cli("--a", sa.url, "--b", sb.url, "--prompts", str(prompts), "--results", str(blocker / "r.jsonl"),
             "--no-progress")  # fmt: skip
     assert r.exit_code == 1 and "--results" in r.output
+
+
+def test_registered_in_the_flyserve_command():
+    from flyserve.cli import app
+
+    r = CliRunner().invoke(app, ["arms", "compare", "--help"])
+    assert r.exit_code == 0, r.output
+    for flag in (
+        "--a",
+        "--b",
+        "--prompts",
+        "--runs",
+        "--concurrency",
+        "--results",
+        "--json",
+        "--plot",
+        "--extractor",
+    ):
+        assert flag in r.output
