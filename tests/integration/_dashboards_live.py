@@ -398,7 +398,7 @@ def run_scenario(stack: LiveStack, *, phase_s: float = 8.0, log=print) -> Scenar
     r = stack.patch_thresholds({"min_seq_len": -5})
     sc.responses["invalid"] = (r.status_code, r.json())
     mark("invalid change (422)")
-    watch_alerts(phase_s)
+    watch_alerts(1.5 * phase_s)  # the refusing change lasts 2 phases: bursts of prefills are seconds apart
     r = stack.patch_thresholds({"min_seq_len": None})
     sc.responses["undo"] = (r.status_code, r.json())
     mark("override dropped (back to the profile)")

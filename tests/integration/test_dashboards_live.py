@@ -142,15 +142,29 @@ def test_fallback_reasons_show_the_circuit_and_the_refusing_change(live, models)
     assert min(t_short) >= scenario.at("min_seq_len=100000 (every prefill refused)") - 1
 
 
+def _applied_at(by_rank: dict[str, list[tuple[float, float]]], version: int, *, every: bool) -> float:
+    """When every rank (or the first rank) reported ``version`` or later, per the version panel."""
+    firsts = [min(t for t, v in pts if v >= version) for pts in by_rank.values()]
+    return max(firsts) if every else min(firsts)
+
+
 def test_prefill_ratio_collapses_while_every_prefill_is_refused(live, models):
     stack, scenario = live
     series = _series_by(stack, scenario, models, "flyserve-dispatch.json", "Prefill ratio", "", "B")[""]
-    refused_from = scenario.at("min_seq_len=100000 (every prefill refused)") + 5  # rate window + apply delay
-    refused_to = scenario.at("override dropped (back to the profile)")
+    versions = _series_by(
+        stack, scenario, models, "flyserve-dispatch.json", "Thresholds version per rank", "rank"
+    )
+    collapse_v = scenario.responses["collapse"][1]["thresholds"]["version"]
+    undo_v = scenario.responses["undo"][1]["thresholds"]["version"]
+    # From when both ranks run the refusing version plus one rate window (4 s) and a scrape, to
+    # when the first rank runs the undo.
+    refused_from = _applied_at(versions, collapse_v, every=True) + 5
+    refused_to = _applied_at(versions, undo_v, every=False)
     before = [v for t, v in series if t < scenario.at("circuit open") and math.isfinite(v)]
-    during = [v for t, v in series if refused_from <= t <= refused_to and math.isfinite(v)]
+    during = [v for t, v in series if refused_from <= t < refused_to and math.isfinite(v)]
     assert before and max(before) > 0.5
-    assert during and max(during) == 0.0
+    assert during, f"no batch with prefill rows between {refused_from:.0f} and {refused_to:.0f}"
+    assert max(during) == 0.0
 
 
 def test_reload_results_and_last_success(live, models):
