@@ -89,16 +89,45 @@ def test_each_alert_is_unit_tested_both_ways():
     assert names <= silent, f"no silent case for {sorted(names - silent)}"
 
 
-def test_promtool_unit_tests_can_fail(tmp_path):
-    """The unit tests bite: with one alert's threshold loosened, promtool reports a failure."""
+# Each threshold, window and `for` of the rules, loosened or tightened: the unit tests must notice.
+MUTANTS = [
+    ("FlyservePrefillRatioCollapsed", "< 0.25 *", "< 0.5 *"),
+    ("FlyservePrefillRatioCollapsed", ") > 0.1", ") > -1"),
+    ("FlyservePrefillRatioCollapsed", "[10m])) > 0.05", "[10m])) > 0"),
+    ("FlyservePrefillRatioCollapsed", "for: 5m", "for: 0m"),
+    ("FlyserveRanksDisagreeOnThresholds", "(flyserve_ranks_agree) == 0", "(flyserve_ranks_agree) < 0"),
+    (
+        "FlyserveRanksDisagreeOnThresholds",
+        "(flyserve_thresholds_version))) > 1)",
+        "(flyserve_thresholds_version))) > 2)",
+    ),
+    ("FlyserveRanksDisagreeOnThresholds", "for: 2m", "for: 0m"),
+    ("FlyserveConfigReloadFailing", '{result!="success"}[15m]', '{result!="success"}[60m]'),
+    ("FlyserveConfigReloadFailing", "[15m])) > 0", "[15m])) >= 0"),
+    ("FlyserveCircuitOpen", "(flyserve_circuit_open) > 0", "(flyserve_circuit_open) >= 0"),
+    (
+        "FlyserveCircuitOpen",
+        "(flyserve_circuit_open) > 0\n        for: 1m",
+        "(flyserve_circuit_open) > 0\n        for: 0m",
+    ),
+    (
+        "FlyserveRankStale",
+        "(flyserve_rank_up) == 0\n        for: 1m",
+        "(flyserve_rank_up) == 0\n        for: 0m",
+    ),
+    ("FlyserveRankStale", "(flyserve_rank_up) == 0", "(flyserve_rank_up) <= 1"),
+    ("FlyserveKernelTimeRegression", "> 1.5", "> 2"),
+    ("FlyserveKernelTimeRegression", ">= 20", ">= 0"),
+    ("FlyserveKernelTimeRegression", "for: 10m", "for: 5m"),
+]
+
+
+@pytest.mark.parametrize(("alert", "old", "new"), MUTANTS, ids=[f"{a}:{n}" for a, _, n in MUTANTS])
+def test_promtool_unit_tests_notice_a_changed_rule(tmp_path, alert, old, new):
+    """The unit tests bite: with one clause of one alert changed, promtool reports that alert."""
     rules = (CONFIG / "alerts.yml").read_text()
-    assert "for: 1m" in rules
-    (tmp_path / "alerts.yml").write_text(
-        rules.replace(
-            "max by (instance, rank) (flyserve_circuit_open) > 0",
-            "max by (instance, rank) (flyserve_circuit_open) >= 0",
-        )
-    )
+    assert rules.count(old) == 1, f"mutant anchor {old!r} not unique in alerts.yml"
+    (tmp_path / "alerts.yml").write_text(rules.replace(old, new))
     shutil.copy(CONFIG / "alerts_test.yml", tmp_path / "alerts_test.yml")
     r = subprocess.run(
         [_promtool(), "test", "rules", "alerts_test.yml"],
@@ -109,7 +138,7 @@ def test_promtool_unit_tests_can_fail(tmp_path):
         cwd=tmp_path,
     )
     assert r.returncode != 0
-    assert "FlyserveCircuitOpen" in r.stdout + r.stderr
+    assert f"alertname: {alert}" in r.stdout + r.stderr
 
 
 def test_prometheus_config_scrapes_the_sidecar_and_loads_the_alerts():
