@@ -5,8 +5,9 @@ import typer
 
 from flyserve.lab.cli import register
 
-app = typer.Typer(name="flyserve-lab", no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_show_locals=False)
+app = typer.Typer(
+    name="flyserve-lab", no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False
+)
 register(app)
 
 if __name__ == "__main__":

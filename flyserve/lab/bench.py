@@ -80,8 +80,19 @@ class Batch:
     max_seqlen_k: int
 
     def args(self, pool: KVPool, scale: float, causal: bool = True) -> tuple[Any, ...]:
-        return (self.q, pool.k, pool.v, self.out, self.cu_seqlens_q, self.seqused_k, self.block_table,
-                self.max_seqlen_q, self.max_seqlen_k, scale, causal)
+        return (
+            self.q,
+            pool.k,
+            pool.v,
+            self.out,
+            self.cu_seqlens_q,
+            self.seqused_k,
+            self.block_table,
+            self.max_seqlen_q,
+            self.max_seqlen_k,
+            scale,
+            causal,
+        )
 
 
 def make_batch(pool: KVPool, query_lens: list[int], seq_lens: list[int]) -> Batch:
@@ -100,7 +111,9 @@ def make_batch(pool: KVPool, query_lens: list[int], seq_lens: list[int]) -> Batc
         table[i, :n] = ids[off : off + n]
         off += n
     total = sum(query_lens)
-    q = torch.randn((total, lay.num_heads, lay.head_size), dtype=torch.bfloat16, device="cuda", generator=pool._gen)
+    q = torch.randn(
+        (total, lay.num_heads, lay.head_size), dtype=torch.bfloat16, device="cuda", generator=pool._gen
+    )
     cu = [0]
     for n in query_lens:
         cu.append(cu[-1] + n)
@@ -180,8 +193,16 @@ def _flush_buffer() -> Any:
 SLEEP_CYCLES = 600_000  # ~0.3 ms at 1.98 GHz: the host enqueues the timed call meanwhile
 
 
-def time_kernel(kernel: Any, pool: KVPool, batches: list[Batch], *, target_s: float = 0.2,
-                min_reps: int = 3, max_reps: int = 100, warmup: int = 2) -> dict[str, float]:
+def time_kernel(
+    kernel: Any,
+    pool: KVPool,
+    batches: list[Batch],
+    *,
+    target_s: float = 0.2,
+    min_reps: int = 3,
+    max_reps: int = 100,
+    warmup: int = 2,
+) -> dict[str, float]:
     """Median device seconds of one call, rotating over ``batches`` (same shape, different data).
 
     Before every timed call (outside its events) the L2 cache is flushed (a 256 MiB memset, as
@@ -256,8 +277,15 @@ class LivePricer:
     decode steps, whose contexts grow by one token per step, share a few hundred shapes.
     """
 
-    def __init__(self, kernels: dict[str, Any], layout: Layout, *, pool_tokens: int = 8 << 20,
-                 quantum: int = 256, check: bool = True) -> None:
+    def __init__(
+        self,
+        kernels: dict[str, Any],
+        layout: Layout,
+        *,
+        pool_tokens: int = 8 << 20,
+        quantum: int = 256,
+        check: bool = True,
+    ) -> None:
         self.kernels = kernels
         self.layout = layout
         self.num_heads = layout.num_heads
@@ -269,8 +297,15 @@ class LivePricer:
         self._memo: dict[tuple[tuple[int, ...], tuple[int, ...]], dict[str, float]] = {}
 
     @classmethod
-    def for_platform(cls, *, num_heads: int = 32, num_kv_heads: int = 8, head_size: int = 128,
-                     block_size: int = 16, platform: str = "cuda") -> LivePricer:
+    def for_platform(
+        cls,
+        *,
+        num_heads: int = 32,
+        num_kv_heads: int = 8,
+        head_size: int = 128,
+        block_size: int = 16,
+        platform: str = "cuda",
+    ) -> LivePricer:
         from flyserve.lab.kernels import PAIRS, KernelUnavailable, get_kernel
 
         require_cuda()

@@ -77,7 +77,9 @@ def build_grid(spec: dict[str, Any]) -> list[GridPoint]:
         for p in spec["prefill"]["p"]:
             pts.append(GridPoint("prefill", (q,), (q + p,)))
     for m in spec.get("mixed", []):
-        pts.append(mixed(m.get("decode_rows", 0), m.get("decode_ctx", 0), [tuple(c) for c in m.get("chunks", [])]))
+        pts.append(
+            mixed(m.get("decode_rows", 0), m.get("decode_ctx", 0), [tuple(c) for c in m.get("chunks", [])])
+        )
     return pts
 
 
@@ -116,15 +118,24 @@ def load_grid(name_or_path: str) -> list[GridPoint]:
         spec = json.loads(Path(name_or_path).read_text(encoding="utf-8"))
         return build_grid(spec)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CalibrationError(f"--grid {name_or_path!r}: not a known grid ({', '.join(GRIDS)}) "
-                               f"nor a readable grid JSON ({exc})", 2) from exc
+        raise CalibrationError(
+            f"--grid {name_or_path!r}: not a known grid ({', '.join(GRIDS)}) "
+            f"nor a readable grid JSON ({exc})",
+            2,
+        ) from exc
 
 
 # ----------------------------------------------------------------------------- the fit
 
 
-PREFILL_KNOBS = ("prefill_enabled", "min_seq_len", "max_seq_len", "min_qblock_rows",
-                 "decode_rows_base", "decode_ctx_unit")
+PREFILL_KNOBS = (
+    "prefill_enabled",
+    "min_seq_len",
+    "max_seq_len",
+    "min_qblock_rows",
+    "decode_rows_base",
+    "decode_ctx_unit",
+)
 
 
 def _midpoints(values: Iterable[float]) -> list[int]:
@@ -164,7 +175,9 @@ def fit_thresholds(entries: Sequence[CostEntry], *, num_heads: int, base: Thresh
     def total(th: Thresholds) -> float:
         acc = 0.0
         for q, s, a, b in zip(qls, sls, tu, tp, strict=True):
-            shape = BatchShape.from_query_lens(q, max_seq_len=int(s.max()), num_heads=num_heads, thresholds=th)
+            shape = BatchShape.from_query_lens(
+                q, max_seq_len=int(s.max()), num_heads=num_heads, thresholds=th
+            )
             acc += b if decide(shape, th).path == PREFILL else a
         return acc
 
@@ -191,7 +204,9 @@ def fit_thresholds(entries: Sequence[CostEntry], *, num_heads: int, base: Thresh
                     continue
                 cost = total(cand)
                 cur_rank = _rank(candidates[knob], getattr(t, knob))
-                if cost < best - 1e-12 or (abs(cost - best) <= 1e-12 and _rank(candidates[knob], v) < cur_rank):
+                if cost < best - 1e-12 or (
+                    abs(cost - best) <= 1e-12 and _rank(candidates[knob], v) < cur_rank
+                ):
                     t, best, changed = cand, cost, True
         if not changed:
             break
@@ -289,7 +304,9 @@ def run_calibration(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with (
-        Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as prog,
+        Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+        ) as prog,
         partial.open("a", encoding="utf-8") as sink,
     ):
         task = prog.add_task("calibrating", total=len(todo))
@@ -308,15 +325,24 @@ def run_calibration(
                 pools[bs] = bench.KVPool(lay, int(need * 1.1))
             pool = pools[bs]
             sets = bench.sets_for(pool, list(p.query_lens), list(p.seq_lens))
-            rec: dict[str, Any] = {"block_size": bs, "key": p.key, "kind": p.kind,
-                                   "query_lens": list(p.query_lens), "seq_lens": list(p.seq_lens), "ms": {},
-                                   "rel_err": {}, "spread": {}}
+            rec: dict[str, Any] = {
+                "block_size": bs,
+                "key": p.key,
+                "kind": p.kind,
+                "query_lens": list(p.query_lens),
+                "seq_lens": list(p.seq_lens),
+                "ms": {},
+                "rel_err": {},
+                "spread": {},
+            }
             for path, k in kernels.items():
                 res = bench.check_kernel(k, pool, sets[0])
                 if res["nan"] or not res["rel_err"] < bench.REL_TOL:
                     raise CalibrationError(
                         f"{k.name} gave a wrong result at block size {bs}, shape {p.key}: "
-                        f"{res['nan']} non-finite outputs, rel_err {res['rel_err']:.3g} (tol {bench.REL_TOL})", 5)
+                        f"{res['nan']} non-finite outputs, rel_err {res['rel_err']:.3g} (tol {bench.REL_TOL})",
+                        5,
+                    )
                 tm = bench.time_kernel(k, pool, sets)
                 rec["ms"][path] = tm["median_s"] * 1e3
                 rec["rel_err"][path] = res["rel_err"]
@@ -331,8 +357,9 @@ def run_calibration(
     for bs, p in todo:
         rec = done[(bs, p.key)]
         extra = {"block_size": bs, "rel_err": rec["rel_err"], "spread_ms": rec["spread"]}
-        entries.append(CostEntry(p.kind, p.query_lens, p.seq_lens,
-                                 {k: v / 1e3 for k, v in rec["ms"].items()}, extra))
+        entries.append(
+            CostEntry(p.kind, p.query_lens, p.seq_lens, {k: v / 1e3 for k, v in rec["ms"].items()}, extra)
+        )
     now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     meta = {
         **info,
@@ -348,13 +375,17 @@ def run_calibration(
         "block_sizes": list(block_sizes),
         "grid": grid,
         "method": "median of CUDA-event-timed calls (random bf16 data, blocks scattered in a pool, "
-                  "small batches rotated over 4 input sets); every shape checked against a float32 "
-                  "torch reference on sampled tokens after NaN-poisoning the output",
+        "small batches rotated over 4 input sets); every shape checked against a float32 "
+        "torch reference on sampled tokens after NaN-poisoning the output",
     }
     table = CostTable(out_costs.stem, meta, tuple(entries))
     fit = fit_thresholds(entries, num_heads=num_heads, base=base)
-    per_bs = {bs: fit_thresholds([e for e in entries if e.extra["block_size"] == bs], num_heads=num_heads,
-                                 base=base).thresholds for bs in block_sizes}
+    per_bs = {
+        bs: fit_thresholds(
+            [e for e in entries if e.extra["block_size"] == bs], num_heads=num_heads, base=base
+        ).thresholds
+        for bs in block_sizes
+    }
     agree = all(t == fit.thresholds for t in per_bs.values())
     header = [
         f"flyserve thresholds profile: {out_profile.stem} ({info['gpu']})",
@@ -371,11 +402,20 @@ def run_calibration(
         f"  {fit.wrong} shapes on the slower path",
         f"decode-only shapes: unified {fit.decode_unified_s * 1e3:.2f} ms, prefill {fit.decode_prefill_s * 1e3:.2f} ms",
         f"  -> decode_path {fit.thresholds.decode_path}",
-        "per-block-size fits " + ("agree" if agree else "differ: " + "; ".join(
-            f"bs {bs}: {fit.thresholds.diff(t)}" for bs, t in per_bs.items() if t != fit.thresholds)),
+        "per-block-size fits "
+        + (
+            "agree"
+            if agree
+            else "differ: "
+            + "; ".join(
+                f"bs {bs}: {fit.thresholds.diff(t)}" for bs, t in per_bs.items() if t != fit.thresholds
+            )
+        ),
         "",
     ]
     _atomic_write(out_costs, table.to_json())
     _atomic_write(out_profile, profile_yaml(fit.thresholds, header))
-    return (f"wrote {out_costs} ({len(entries)} shapes) and {out_profile}: routed/oracle on the grid "
-            f"{fit.routed_over_oracle:.4f}, decode_path {fit.thresholds.decode_path}")
+    return (
+        f"wrote {out_costs} ({len(entries)} shapes) and {out_profile}: routed/oracle on the grid "
+        f"{fit.routed_over_oracle:.4f}, decode_path {fit.thresholds.decode_path}"
+    )

@@ -40,10 +40,13 @@ def main(out: Path, quick: bool) -> None:
                 r = replay(tr, th, costs, num_heads=table.num_heads, profile=pname).to_json()
                 r["block_size"] = bs
                 results.append(r)
-                print(f"bs {bs} {name:14s} {pname:7s} routed/oracle {r['routed_over_oracle']:.4f} "
-                      f"unified/oracle {r['unified_over_oracle']:.3f} prefill_ratio {r['prefill_ratio']:.3f}")
-    (out / "replay.json").write_text(json.dumps({"source": "cost model over h200.json", "results": results},
-                                                indent=1))
+                print(
+                    f"bs {bs} {name:14s} {pname:7s} routed/oracle {r['routed_over_oracle']:.4f} "
+                    f"unified/oracle {r['unified_over_oracle']:.3f} prefill_ratio {r['prefill_ratio']:.3f}"
+                )
+    (out / "replay.json").write_text(
+        json.dumps({"source": "cost model over h200.json", "results": results}, indent=1)
+    )
 
     # live validation of the model on sampled steps (block size 16: vLLM's default)
     bs = table.block_sizes[0]
@@ -58,8 +61,10 @@ def main(out: Path, quick: bool) -> None:
         pre = [i for i, s in enumerate(tr) if s.max_query_len > 1]
         dec = [i for i, s in enumerate(tr) if s.max_query_len == 1]
         k_pre, k_dec = (1, 1) if quick else (6, 3)
-        pick = sorted({pre[int(j)] for j in np.linspace(0, len(pre) - 1, min(k_pre, len(pre)))}
-                      | {dec[int(j)] for j in np.linspace(0, len(dec) - 1, min(k_dec, len(dec)))})
+        pick = sorted(
+            {pre[int(j)] for j in np.linspace(0, len(pre) - 1, min(k_pre, len(pre)))}
+            | {dec[int(j)] for j in np.linspace(0, len(dec) - 1, min(k_dec, len(dec)))}
+        )
         for i in pick:
             s = tr[i]
             q, sl = s.query_lens.tolist(), s.seq_lens.tolist()
@@ -78,9 +83,11 @@ def main(out: Path, quick: bool) -> None:
             row["live_best"] = "prefill" if row["prefill_ms"] < row["unified_ms"] else "unified"
             row["model_best"] = "prefill" if row["prefill_pred_ms"] < row["unified_pred_ms"] else "unified"
             rows.append(row)
-            print(f"{name:14s} step {i:5d} rows {row['rows']:3d} tok {row['tokens']:6d}  "
-                  f"unified {row['unified_ms']:8.3f} (model {row['unified_pred_ms']:8.3f})  "
-                  f"prefill {row['prefill_ms']:8.3f} (model {row['prefill_pred_ms']:8.3f})")
+            print(
+                f"{name:14s} step {i:5d} rows {row['rows']:3d} tok {row['tokens']:6d}  "
+                f"unified {row['unified_ms']:8.3f} (model {row['unified_pred_ms']:8.3f})  "
+                f"prefill {row['prefill_ms']:8.3f} (model {row['prefill_pred_ms']:8.3f})"
+            )
     errs = {p: [abs(r[f"{p}_err"]) for r in rows] for p in PATHS}
     summary = {
         "block_size": bs,

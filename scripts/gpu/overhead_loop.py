@@ -45,8 +45,16 @@ SHAPES = [
 def _quantiles(xs: list[float]) -> dict[str, float]:
     xs = sorted(xs)
     q = statistics.quantiles(xs, n=4) if len(xs) >= 4 else [xs[0], statistics.median(xs), xs[-1]]
-    return {"median": statistics.median(xs), "q1": q[0], "q3": q[2], "min": xs[0], "max": xs[-1],
-            "mean": statistics.fmean(xs), "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
+    return {
+        "median": statistics.median(xs),
+        "q1": q[0],
+        "q3": q[2],
+        "min": xs[0],
+        "max": xs[-1],
+        "mean": statistics.fmean(xs),
+        "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+        "n": len(xs),
+    }
 
 
 def main(out_path: str, pairs: int = 30) -> dict:
@@ -82,8 +90,15 @@ def main(out_path: str, pairs: int = 30) -> dict:
     control = RankControl(tmp / "state", 0, profile="gfx950").start()
     t = Thresholds.load("gfx950")
     ua = get_kernel("triton_unified")
-    report: dict = {"device": bench.device_info(), "layers": LAYERS, "pairs": pairs, "timer_every": 16,
-                    "span_ratio": 0.01, "variants": list(VARIANTS), "shapes": []}
+    report: dict = {
+        "device": bench.device_info(),
+        "layers": LAYERS,
+        "pairs": pairs,
+        "timer_every": 16,
+        "span_ratio": 0.01,
+        "variants": list(VARIANTS),
+        "shapes": [],
+    }
     counter = [0]
 
     def make_step(variant: str, qsl: np.ndarray, ctx: int, layer_args: list, with_kernels: bool):
@@ -134,8 +149,9 @@ def main(out_path: str, pairs: int = 30) -> dict:
             rows, ctx, steps = sh["rows"], sh["ctx"], sh["steps"]
             lay = bench.Layout(32, 8, 128, 16)
             pool = bench.KVPool(lay, int(LAYERS * rows * (ctx + 16) * 1.05))
-            layer_args = [bench.make_batch(pool, [1] * rows, [ctx] * rows).args(pool, lay.scale)
-                          for _ in range(LAYERS)]
+            layer_args = [
+                bench.make_batch(pool, [1] * rows, [ctx] * rows).args(pool, lay.scale) for _ in range(LAYERS)
+            ]
             qsl = np.arange(rows + 1, dtype=np.int32)
             loops = {v: make_step(v, qsl, ctx, layer_args, True) for v in VARIANTS}
             for fn in loops.values():  # warm-up: Triton compile, event pool, metric files
@@ -146,7 +162,11 @@ def main(out_path: str, pairs: int = 30) -> dict:
                 seq = order if k % 2 == 0 else order[::-1]
                 for v in seq:
                     times[v].append(run(loops[v], steps))
-            ratios = {v: [a / b for a, b in zip(times[v], times["bare"], strict=True)] for v in VARIANTS if v != "bare"}
+            ratios = {
+                v: [a / b for a, b in zip(times[v], times["bare"], strict=True)]
+                for v in VARIANTS
+                if v != "bare"
+            }
             # host cost of the calls alone: the same loops with the kernels left out
             host = {v: make_step(v, qsl, ctx, layer_args, False) for v in VARIANTS}
             host_us: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -155,18 +175,32 @@ def main(out_path: str, pairs: int = 30) -> dict:
                     host_us[v].append(run(host[v], 200) * 1e6)
             hb = statistics.median(host_us["bare"])
             entry = {
-                "shape": sh["name"], "rows": rows, "ctx": ctx, "steps_per_run": steps,
+                "shape": sh["name"],
+                "rows": rows,
+                "ctx": ctx,
+                "steps_per_run": steps,
                 "step_ms": {v: _quantiles([x * 1e3 for x in times[v]]) for v in VARIANTS},
                 "ratio": {v: _quantiles(r) for v, r in ratios.items()},
                 "host_us_per_step": {v: statistics.median(h) for v, h in host_us.items()},
-                "host_us_added_per_step": {v: statistics.median(host_us[v]) - hb for v in VARIANTS if v != "bare"},
+                "host_us_added_per_step": {
+                    v: statistics.median(host_us[v]) - hb for v in VARIANTS if v != "bare"
+                },
                 "sync_errors": 0,
             }
             report["shapes"].append(entry)
-            print(json.dumps({"shape": entry["shape"], "bare_ms": entry["step_ms"]["bare"]["median"],
-                              "ratio_median": {v: round(q["median"], 5) for v, q in entry["ratio"].items()},
-                              "ratio_iqr": {v: [round(q["q1"], 5), round(q["q3"], 5)] for v, q in entry["ratio"].items()},
-                              "host_us_added": {v: round(x, 1) for v, x in entry["host_us_added_per_step"].items()}}))
+            print(
+                json.dumps(
+                    {
+                        "shape": entry["shape"],
+                        "bare_ms": entry["step_ms"]["bare"]["median"],
+                        "ratio_median": {v: round(q["median"], 5) for v, q in entry["ratio"].items()},
+                        "ratio_iqr": {
+                            v: [round(q["q1"], 5), round(q["q3"], 5)] for v, q in entry["ratio"].items()
+                        },
+                        "host_us_added": {v: round(x, 1) for v, x in entry["host_us_added_per_step"].items()},
+                    }
+                )
+            )
             del layer_args, pool, loops
             torch.cuda.empty_cache()
     finally:

@@ -76,8 +76,9 @@ def test_grids_and_bad_grid():
     assert len(load_grid("default")) == 20 + 24 + len(GRIDS["default"]["mixed"])
     app = typer.Typer()
     register(app)
-    res = CliRunner().invoke(app, ["calibrate", "--out-profile", "x.yaml", "--out-costs", "x.json",
-                                   "--grid", "no-such-grid"])
+    res = CliRunner().invoke(
+        app, ["calibrate", "--out-profile", "x.yaml", "--out-costs", "x.json", "--grid", "no-such-grid"]
+    )
     assert res.exit_code == 2 and "not a known grid" in res.output
 
 
@@ -87,8 +88,29 @@ def test_calibrate_without_gpu_exits_3(tmp_path):
         pytest.skip("a GPU is present: this test is about its absence")
     app = typer.Typer()
     register(app)
-    res = CliRunner().invoke(app, ["calibrate", "--out-profile", str(tmp_path / "p.yaml"),
-                                   "--out-costs", str(tmp_path / "c.json"), "--grid", "quick"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "calibrate",
+            "--out-profile",
+            str(tmp_path / "p.yaml"),
+            "--out-costs",
+            str(tmp_path / "c.json"),
+            "--grid",
+            "quick",
+        ],
+    )
     assert res.exit_code == 3
     assert "no CUDA GPU" in res.output
     assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "c.json").exists()
+
+
+def test_replay_live_without_gpu_exits_3():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: this test is about its absence")
+    app = typer.Typer()
+    register(app)
+    res = CliRunner().invoke(app, ["replay", "--live", "-w", "seed-8k-c8"])
+    assert res.exit_code == 3
+    assert "no CUDA GPU" in res.output

@@ -101,7 +101,7 @@ def test_triton_unified_call(monkeypatch):
     rec = _fake_module(monkeypatch, "vllm.v1.attention.ops.triton_unified_attention", "unified_attention")
     a = _args()
     get_kernel("triton_unified")(*a)
-    (args, kw), = rec.calls
+    ((args, kw),) = rec.calls
     assert args == ()
     assert kw["q"] is a[0] and kw["k"] is a[1] and kw["v"] is a[2] and kw["out"] is a[3]
     assert kw["cu_seqlens_q"] is a[4] and kw["seqused_k"] is a[5] and kw["block_table"] is a[6]
@@ -119,7 +119,7 @@ def test_fa3_call(monkeypatch):
     rec = _fake_module(monkeypatch, "vllm.vllm_flash_attn", "flash_attn_varlen_func")
     a = _args(causal=False)
     get_kernel("fa3")(*a)
-    (args, kw), = rec.calls
+    ((args, kw),) = rec.calls
     assert args == ()
     assert kw["fa_version"] == 3
     assert kw["q"] is a[0] and kw["k"] is a[1] and kw["v"] is a[2] and kw["out"] is a[3]
@@ -133,7 +133,7 @@ def test_aiter_call(monkeypatch):
     rec = _fake_module(monkeypatch, "aiter.ops.triton.unified_attention", "unified_attention")
     a = _args()
     get_kernel("aiter_unified")(*a)
-    (args, kw), = rec.calls
+    ((args, kw),) = rec.calls
     assert args == ()
     assert kw["q"] is a[0] and kw["k"] is a[1] and kw["v"] is a[2] and kw["out"] is a[3]
     assert kw["block_table"] is a[6] and kw["seqused_k"] is a[5] and kw["causal"] is True
@@ -147,7 +147,7 @@ def test_flydsl_call(monkeypatch):
     rec = _fake_module(monkeypatch, "kernels.attention.flash_attn_interface", "flydsl_flash_attn_func")
     a = _args()
     get_kernel("flydsl_dualwave")(*a)
-    (args, kw), = rec.calls
+    ((args, kw),) = rec.calls
     assert args[:3] == (a[0], a[1], a[2])
     assert kw == {
         "causal": True,

@@ -45,7 +45,15 @@ def test_replay_arithmetic_by_hand():
     assert r.reasons == {"no_prefill_rows": 1, "low_occupancy": 1, "admitted": 1}
     assert r.wrong_steps == 1
     doc = r.to_json()
-    for key in ("routed_s", "unified_s", "prefill_s", "oracle_s", "routed_over_oracle", "prefill_ratio", "reasons"):
+    for key in (
+        "routed_s",
+        "unified_s",
+        "prefill_s",
+        "oracle_s",
+        "routed_over_oracle",
+        "prefill_ratio",
+        "reasons",
+    ):
         assert key in doc
 
 
@@ -87,8 +95,10 @@ def _table() -> CostTable:
 def test_cost_model_by_hand():
     m = CostModel(_table())
     tr = _trace()
-    got = [(m.predict(s.query_lens, s.seq_lens, "unified"), m.predict(s.query_lens, s.seq_lens, "prefill"))
-           for s in tr]
+    got = [
+        (m.predict(s.query_lens, s.seq_lens, "unified"), m.predict(s.query_lens, s.seq_lens, "prefill"))
+        for s in tr
+    ]
     # step 0: 2 decode rows at mean ctx 200 -> (2, 4) ms
     # step 1: decode part R=1 @101 -> (1, 2); chunk q=50 after p=2950 -> halfway (4, 1);
     #         minus the launch floor once (1, 2): unified 1+4-1 = 4, prefill max(2+1-2, 2) = 2
@@ -96,7 +106,8 @@ def test_cost_model_by_hand():
     assert got == [pytest.approx((2e-3, 4e-3)), pytest.approx((4e-3, 2e-3)), pytest.approx((10e-3, 4e-3))]
     # interpolation across q is log-log: q=316 (geometric middle of 50 and 2000) at p=0 -> sqrt(2*10)
     assert m.predict(np.array([316]), np.array([316]), "unified") == pytest.approx(
-        np.exp(np.log(2e-3) + np.log(316 / 50) / np.log(40) * np.log(5)), rel=1e-9)
+        np.exp(np.log(2e-3) + np.log(316 / 50) / np.log(40) * np.log(5)), rel=1e-9
+    )
     # beyond the largest decode R: proportional
     assert m.predict(np.ones(4, dtype=int), np.full(4, 100), "unified") == pytest.approx(4e-3)
 
@@ -108,7 +119,9 @@ def test_cli_replay_json_matches_hand(tmp_path):
     costs.write_text(_table().to_json())
     app = typer.Typer()
     register(app)
-    res = CliRunner().invoke(app, ["replay", str(trace), "--costs", str(costs), "--profile", "gfx950", "--json"])
+    res = CliRunner().invoke(
+        app, ["replay", str(trace), "--costs", str(costs), "--profile", "gfx950", "--json"]
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     # model costs per step (unified, prefill) in ms: (2, 4), (4, 2), (10, 4); gfx950 routes U, U, P
@@ -128,8 +141,22 @@ def test_cli_replay_table_and_plot(tmp_path):
     app = typer.Typer()
     register(app)
     png = tmp_path / "r.png"
-    res = CliRunner().invoke(app, ["replay", "--workload", "seed-8k-c8", "--costs", str(costs), "-p", "gfx950",
-                                   "-p", "gfx950", "--plot", str(png)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "replay",
+            "--workload",
+            "seed-8k-c8",
+            "--costs",
+            str(costs),
+            "-p",
+            "gfx950",
+            "-p",
+            "gfx950",
+            "--plot",
+            str(png),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "routed/oracle" in res.output and png.stat().st_size > 1000
 

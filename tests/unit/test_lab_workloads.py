@@ -34,7 +34,9 @@ def test_six_seed_workloads_exist():
 
 def test_hand_checked_small_trace():
     # 2 clients, prompts of 10, 3 output tokens, 2 requests, budget 8: worked out by hand
-    t = generate(WorkloadSpec(input_len=10, output_len=3, concurrency=2, num_requests=2, max_num_batched_tokens=8))
+    t = generate(
+        WorkloadSpec(input_len=10, output_len=3, concurrency=2, num_requests=2, max_num_batched_tokens=8)
+    )
     got = [(s.query_lens.tolist(), s.seq_lens.tolist()) for s in t]
     assert got == [
         ([8], [8]),  # A's first chunk takes the whole budget; B waits
