@@ -16,13 +16,14 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.policy.thresholds import ThresholdsError
+from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.middleware import BodyLimitMiddleware, RequestMetricsMiddleware
 from flyserve.sidecar.models import RankView
 from flyserve.sidecar.routes import router
@@ -66,7 +67,8 @@ def _registry(metrics_dir: Path, share: bool) -> CollectorRegistry:
     return reg
 
 
-def _update_rank_gauges(views: list[RankView], agree: bool | None) -> None:
+def update_rank_gauges(views: list[RankView], agree: bool | None) -> None:
+    """flyserve_rank_up / _report_age_seconds / flyserve_ranks_agree from the ranks' reports."""
     for v in views:
         tm.RANK_UP.labels(str(v.rank)).set(0.0 if v.stale else 1.0)
         if v.age_s is not None:
@@ -87,6 +89,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
         settings.state_dir, profile=settings.profile, config_file=settings.config_file, **extra
     )
     stats = StatsService(settings, control)
+    stats.on_stats = lambda st: update_rank_gauges(st.ranks, st.ranks_agree)
     shutting_down = threading.Event()
 
     @asynccontextmanager
@@ -110,7 +113,14 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     app.state.stats = stats
     app.state.shutting_down = shutting_down
     app.state.registry = _registry(control.state_dir.metrics_dir, settings.share_control_metrics)
-    app.state.update_rank_gauges = _update_rank_gauges
+    registry = app.state.registry
+
+    def _exposition() -> bytes:
+        views = stats.rank_views_only()
+        update_rank_gauges(views, None)
+        return generate_latest(registry)
+
+    app.state.metrics_cache = TtlCache(_exposition, settings.metrics_ttl_s)
 
     @app.exception_handler(ThresholdsError)
     async def _thresholds_error(_: Request, exc: ThresholdsError):

@@ -53,6 +53,21 @@ def sidecar(
             "(default: the control plane's). Must cover ~2 s of steps.",
         ),
     ] = None,
+    stats_ttl: Annotated[
+        float,
+        typer.Option(
+            "--stats-ttl",
+            min=0.0,
+            max=60.0,
+            help="Seconds a computed /dispatch-stats is reused (0: recompute on every request).",
+        ),
+    ] = 0.5,
+    metrics_ttl: Annotated[
+        float,
+        typer.Option(
+            "--metrics-ttl", min=0.0, max=60.0, help="Seconds a /metrics exposition is reused (0: never)."
+        ),
+    ] = 1.0,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn/flyserve log level.")] = "info",
 ) -> None:
     """Serve /dispatch-stats, /thresholds and /metrics next to vLLM (uvicorn, one worker)."""
@@ -88,6 +103,8 @@ def sidecar(
         stream_interval_s=stream_interval,
         stale_after_s=stale_after,
         step_margin=step_margin,
+        stats_ttl_s=stats_ttl,
+        metrics_ttl_s=metrics_ttl,
     )
     if token is None:
         err("warning: no token (--token-file or $FLYSERVE_SIDECAR_TOKEN): mutations are disabled", err=True)

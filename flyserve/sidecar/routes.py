@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from flyserve.control import ChangeResult, ControlPlane
 from flyserve.policy.thresholds import Thresholds, ThresholdsError
@@ -106,12 +106,12 @@ def _thresholds_body_schema(nullable: bool) -> dict[str, Any]:
 
 
 @router.get("/dispatch-stats", response_model=DispatchStats, tags=["stats"])
-def dispatch_stats(request: Request) -> DispatchStats:
+def dispatch_stats(request: Request) -> Response:
     """Decisions by path and reason, prefill ratio (total and 60s/300s/900s windows), tokens and rows
     per path, sampled kernel time, LPT share, the thresholds in force, and every rank's state."""
-    stats = _service(request).dispatch_stats()
-    request.app.state.update_rank_gauges(stats.ranks, stats.ranks_agree)
-    return stats
+    # Pre-serialised once per computation (stats TTL); FastAPI's per-request re-validation of a
+    # 10 kB model would cost more than serving it.
+    return Response(_service(request).dispatch_stats_json(), media_type="application/json")
 
 
 @router.get(
@@ -137,8 +137,8 @@ async def dispatch_stats_stream(
     async def events():
         sent = 0
         while not shutting_down.is_set():
-            stats = await asyncio.to_thread(service.dispatch_stats)
-            yield f"event: stats\nid: {sent}\ndata: {stats.model_dump_json()}\n\n"
+            payload = await asyncio.to_thread(service.dispatch_stats_json)
+            yield f"event: stats\nid: {sent}\ndata: {payload.decode()}\n\n"
             sent += 1
             if max_events is not None and sent >= max_events:
                 return
@@ -275,9 +275,11 @@ def reload_config(
     "/metrics", tags=["ops"], response_class=Response, responses={200: {"content": {"text/plain": {}}}}
 )
 def metrics(request: Request) -> Response:
-    """Prometheus exposition: every rank's metrics (multiprocess files) plus the sidecar's own."""
-    request.app.state.update_rank_gauges(_service(request).rank_views_only(), None)
-    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus exposition: every rank's metrics (multiprocess files) plus the sidecar's own.
+
+    Reused for a short TTL (--metrics-ttl, 1 s): Prometheus scrapes every few seconds, and the
+    exposition of 8 ranks' files takes tens of milliseconds of CPU."""
+    return Response(request.app.state.metrics_cache.get(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/healthz", response_model=Health, tags=["ops"])

@@ -50,6 +50,11 @@ class SidecarSettings(BaseModel):
         description="Computed /dispatch-stats are reused for this long: reading the multiprocess files "
         "is the expensive part, and a dashboard polling at 200 req/s needs no fresher numbers.",
     )
+    metrics_ttl_s: float = Field(
+        1.0,
+        ge=0,
+        description="The /metrics exposition is reused for this long (Prometheus scrapes every few s).",
+    )
     stream_interval_s: float = Field(2.0, gt=0, description="Seconds between /dispatch-stats/stream events.")
     step_margin: int | None = Field(
         None,

@@ -23,7 +23,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 def make_settings(state_dir: Path, **kw) -> SidecarSettings:
     return SidecarSettings(
-        state_dir=state_dir, token=SecretStr(TOKEN), share_control_metrics=False, stats_ttl_s=0.0, **kw
+        state_dir=state_dir, token=SecretStr(TOKEN), share_control_metrics=False, stats_ttl_s=0.0, metrics_ttl_s=0.0, **kw
     )
 
 
@@ -280,3 +280,34 @@ def test_control_plane_is_the_one_writing(tmp_path: Path):
     with TestClient(create_app(make_settings(tmp_path))) as c:
         t = c.get("/thresholds").json()
     assert t["values"]["lpt"] == "never" and t["source"] == "cli" and t["actor"] == "cli-test"
+
+
+def test_ttl_cache_serves_stale_while_one_caller_refreshes():
+    import threading
+
+    from flyserve.sidecar.cache import TtlCache
+
+    now = [0.0]
+    calls = []
+    gate = threading.Event()
+
+    def compute():
+        calls.append(now[0])
+        if len(calls) == 2:
+            gate.wait(5)  # the refresh is slow
+        return len(calls)
+
+    c = TtlCache(compute, 1.0, clock=lambda: now[0])
+    assert c.get() == 1 and c.get() == 1 and calls == [0.0]
+    now[0] = 2.0  # stale
+    t = threading.Thread(target=c.get)
+    t.start()
+    while len(calls) < 2:
+        time.sleep(0.01)
+    assert c.get() == 1  # another caller is refreshing: the stale value, at once
+    gate.set()
+    t.join(5)
+    assert c.get() == 2
+    c.invalidate()
+    assert c.get() == 3
+    assert TtlCache(compute, 0.0).get() == 4  # TTL 0: always computed

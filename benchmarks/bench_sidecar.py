@@ -1,0 +1,157 @@
+"""Sidecar latency under a bounded local load (a script, not a test): prints a table.
+
+    .venv/bin/python benchmarks/bench_sidecar.py [--ranks 8] [--rate 200] [--duration 10]
+
+Starts `flyserve simulate` (N rank processes, seed-32k-c32) and the real sidecar (uvicorn, one
+worker, 127.0.0.1, free port), waits until every rank reports, then drives each endpoint with an
+open-loop load: request i is sent at t0 + i / rate whatever happened before (no coordinated
+omission), and its latency is measured from that scheduled time to the last byte of the answer.
+Runs each endpoint twice for /dispatch-stats: with the sidecar's stats cache (TTL 0.5 s, the
+default) and without it (TTL 0: every request reads every rank's files), so the cost of the
+computation itself is visible. Everything (load generator, sidecar, ranks) shares this machine's
+CPUs: on a small machine the numbers include that contention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+TOKEN = "bench-token-0123456789abcdef"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_sidecar(state: Path, port: int, stats_ttl: float, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, FLYSERVE_SIDECAR_TOKEN=TOKEN)
+    cmd = [sys.executable, "-m", "flyserve.cli", "sidecar", "--state-dir", str(state), "--port", str(port),
+           "--stats-ttl", str(stats_ttl), "--log-level", "warning"]  # fmt: skip
+    p = subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        if p.poll() is not None:
+            raise SystemExit(f"sidecar exited (see {log})")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return p
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit("sidecar did not start in 60 s")
+        time.sleep(0.2)
+
+
+def stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+
+async def drive(url: str, rate: float, duration: float) -> tuple[np.ndarray, int, float]:
+    """Open-loop load; returns (latencies in s of the OK answers, errors, achieved rate)."""
+    n = int(rate * duration)
+    lat: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=10.0, limits=limits) as client:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time() + 0.2
+
+        async def one(i: int) -> None:
+            nonlocal errors
+            due = t0 + i / rate
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            try:
+                r = await client.get(url)
+                await r.aread()
+                ok = r.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                lat.append(loop.time() - due)
+            else:
+                errors += 1
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+        took = loop.time() - t0
+    return np.array(lat), errors, n / took
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--rate", type=float, default=200.0, help="requests per second, per endpoint run")
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds per endpoint run")
+    ap.add_argument("--workload", default="seed-32k-c32")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="flyserve-bench-sidecar-"))
+    state, log = tmp / "state", tmp / "bench.log"
+    runs = [("/dispatch-stats", 0.5), ("/dispatch-stats", 0.0), ("/metrics", 0.5)]
+    total = args.duration * len(runs) + 120
+    steps = int(total / 0.05)
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "flyserve.cli", "simulate", "--state-dir", str(state), "--ranks", str(args.ranks),
+         "--workload", args.workload, "--steps", str(steps), "--step-interval", "0.05"],
+        stdout=log.open("a"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    rows = []
+    sidecar = None
+    try:
+        for path, ttl in runs:
+            port = free_port()
+            sidecar = start_sidecar(state, port, ttl, log)
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 90
+            while httpx.get(base + "/dispatch-stats", timeout=5).json()["live_ranks"] < args.ranks:
+                if time.monotonic() > deadline or sim.poll() is not None:
+                    raise SystemExit(f"{args.ranks} ranks did not come up (see {log})")
+                time.sleep(0.5)
+            httpx.get(base + path, timeout=5)  # warm-up
+            lat, errors, achieved = asyncio.run(drive(base + path, args.rate, args.duration))
+            size = len(httpx.get(base + path, timeout=5).content)
+            rows.append((path, ttl, achieved, len(lat), errors, lat, size))
+            stop(sidecar)
+            sidecar = None
+    finally:
+        if sidecar is not None:
+            stop(sidecar)
+        stop(sim)
+
+    print(f"\nflyserve sidecar latency: {args.ranks} simulated ranks ({args.workload}), open loop "
+          f"{args.rate:g} req/s x {args.duration:g} s per row")  # fmt: skip
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          "load generator, sidecar and ranks share it\n")  # fmt: skip
+    hdr = f"| {'endpoint':<16} | {'stats TTL':>9} | {'req/s':>6} | {'ok':>5} | {'err':>3} | {'p50 ms':>7} | " \
+          f"{'p99 ms':>7} | {'max ms':>7} | {'bytes':>6} |"  # fmt: skip
+    print(hdr)
+    print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
+    for path, ttl, achieved, ok, errors, lat, size in rows:
+        p50, p99, mx = (np.percentile(lat, [50, 99, 100]) * 1e3) if len(lat) else (float("nan"),) * 3
+        print(f"| {path:<16} | {ttl:>7g} s | {achieved:>6.0f} | {ok:>5} | {errors:>3} | {p50:>7.2f} | "
+              f"{p99:>7.2f} | {mx:>7.2f} | {size:>6} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
