@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -114,3 +116,95 @@ def test_replay_live_without_gpu_exits_3():
     res = CliRunner().invoke(app, ["replay", "--live", "-w", "seed-8k-c8"])
     assert res.exit_code == 3
     assert "no CUDA GPU" in res.output
+
+
+class _FakeBench:
+    """Stands in for the GPU harness: times are a deterministic function of the shape."""
+
+    def __init__(self, monkeypatch, *, wrong: str | None = None):
+        from flyserve.lab import bench, kernels
+
+        self.timed: list[tuple[int, ...]] = []
+        self.wrong = wrong
+        monkeypatch.setattr(bench, "require_cuda", lambda: None)
+        monkeypatch.setattr(bench, "warm_gpu", lambda seconds=1.5: None)
+        monkeypatch.setattr(
+            bench, "device_info", lambda: {"gpu": "FakeGPU", "torch": "t", "triton": "tr", "vllm": "v"}
+        )
+        monkeypatch.setattr(bench, "KVPool", lambda layout, n: layout)
+        monkeypatch.setattr(bench, "sets_for", lambda pool, q, s: [(tuple(q), tuple(s))])
+        monkeypatch.setattr(bench, "check_kernel", self.check)
+        monkeypatch.setattr(bench, "time_kernel", self.time)
+        fake = {n: types.SimpleNamespace(name=n) for n in ("triton_unified", "fa3")}
+        monkeypatch.setattr(kernels, "get_kernel", lambda n: fake[n])
+
+    def check(self, k, pool, batch):
+        return {"nan": 3 if k.name == self.wrong else 0, "rel_err": 1e-3}
+
+    def time(self, k, pool, sets):
+        q, s = sets[0]
+        self.timed.append(q)
+        work = sum(a * (b - a / 2) for a, b in zip(q, s, strict=True)) + 1e4
+        t = work * (1e-12 if k.name == "fa3" else 5e-12)
+        return {"median_s": t, "min_s": t, "max_s": t, "reps": 3.0}
+
+
+def _calibrate(tmp_path, *extra):
+    app = typer.Typer()
+    register(app)
+    return CliRunner().invoke(
+        app,
+        [
+            "calibrate",
+            "--out-profile",
+            str(tmp_path / "p.yaml"),
+            "--out-costs",
+            str(tmp_path / "c.json"),
+            "--grid",
+            "quick",
+            "--partial",
+            str(tmp_path / "part.jsonl"),
+            *extra,
+        ],
+    )
+
+
+def test_calibrate_end_to_end_with_a_fake_gpu_and_resume(tmp_path, monkeypatch):
+    fb = _FakeBench(monkeypatch)
+    res = _calibrate(tmp_path, "--block-size", "16", "--block-m", "128")
+    assert res.exit_code == 0, res.output
+    n = len(load_grid("quick"))
+    assert len(fb.timed) == 2 * n  # both paths, every shape
+    text = (tmp_path / "p.yaml").read_text()
+    assert "# command: flyserve calibrate" in text and "GPU: FakeGPU; vLLM v" in text
+    t = Thresholds.from_yaml_text(text)
+    assert t.decode_path == "prefill" and t.block_m == 128  # the fake FA3 is 5x faster everywhere
+    table = load_costs(tmp_path / "c.json")
+    assert len(table.entries) == n and table.meta["gpu"] == "FakeGPU"
+    # a rerun with --resume times nothing; without it, everything again
+    fb.timed.clear()
+    assert _calibrate(tmp_path, "--block-size", "16", "--resume").exit_code == 0
+    assert fb.timed == []
+    assert _calibrate(tmp_path, "--block-size", "16").exit_code == 0
+    assert len(fb.timed) == 2 * n
+
+
+def test_calibrate_stops_on_a_wrong_kernel(tmp_path, monkeypatch):
+    _FakeBench(monkeypatch, wrong="fa3")
+    res = _calibrate(tmp_path)
+    assert res.exit_code == 5
+    assert "fa3 gave a wrong result" in res.output
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_calibrate_without_the_kernels_exits_4(tmp_path, monkeypatch):
+    from flyserve.lab import bench, kernels
+
+    monkeypatch.setattr(bench, "require_cuda", lambda: None)
+
+    def missing(name):
+        raise kernels.KernelUnavailable(f"{name}: cannot import vllm")
+
+    monkeypatch.setattr(kernels, "get_kernel", missing)
+    res = _calibrate(tmp_path)
+    assert res.exit_code == 4 and "cannot import vllm" in res.output
