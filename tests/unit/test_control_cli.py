@@ -161,10 +161,11 @@ def test_watch_runs_until_sigterm_and_reloads_on_edit_and_sighup(tmp_path: Path)
         assert wait_for(lambda: plane.snapshot().thresholds.min_seq_len == 2000)
         cfg.write_text("min_seq_len: 2500\n")
         assert wait_for(lambda: plane.snapshot().thresholds.min_seq_len == 2500)
+        # the audit line follows the publish: wait for it before counting
+        assert wait_for(lambda: plane.audit_log()[-1].get("version") == plane.snapshot().version)
         n = len(plane.audit_log())
         proc.send_signal(signal.SIGHUP)
-        assert wait_for(lambda: len(plane.audit_log()) == n + 1)
-        assert plane.audit_log()[-1]["result"] == "unchanged"
+        assert wait_for(lambda: [e["result"] for e in plane.audit_log()[n:]] == ["unchanged"])
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=20)
         assert proc.returncode == 0, out
