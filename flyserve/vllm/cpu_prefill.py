@@ -19,6 +19,7 @@ Test hooks (environment, read once per process):
   FLYSERVE_CPU_COMPARE=<path>        also run the general kernel on every batch this path runs and
                                      append {"max_abs": ..., "ref_max": ...} per layer call (JSONL)
   FLYSERVE_CPU_PREFILL_FAIL_AT=<n>   raise on the n-th forward of this path (circuit-breaker tests)
+  FLYSERVE_CPU_PREFILL_FAIL_FILE=<p> raise on every forward of this path while file <p> exists
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from flyserve.vllm.breaker import trip
 
 COMPARE_ENV = "FLYSERVE_CPU_COMPARE"
 FAIL_AT_ENV = "FLYSERVE_CPU_PREFILL_FAIL_AT"
+FAIL_FILE_ENV = "FLYSERVE_CPU_PREFILL_FAIL_FILE"
 KERNEL_NAME = "cpu-sdpa-prefill"
 
 
@@ -105,6 +107,7 @@ class _Compare:
 
 _COMPARE = _Compare(os.environ[COMPARE_ENV]) if os.environ.get(COMPARE_ENV) else None
 _FAIL_AT = int(os.environ.get(FAIL_AT_ENV) or 0)
+_FAIL_FILE = os.environ.get(FAIL_FILE_ENV) or None
 
 
 class CpuPrefillImpl(CPUAttentionBackendImpl):
@@ -132,6 +135,8 @@ class CpuPrefillImpl(CPUAttentionBackendImpl):
             CpuPrefillImpl._calls += 1
             if _FAIL_AT and CpuPrefillImpl._calls == _FAIL_AT:
                 raise RuntimeError(f"injected failure ({FAIL_AT_ENV}={_FAIL_AT})")
+            if _FAIL_FILE is not None and os.path.exists(_FAIL_FILE):
+                raise RuntimeError(f"injected failure ({FAIL_FILE_ENV} exists)")
             self._sdpa_forward(layer, query, kv_cache, attn_metadata, output)
         except Exception as exc:  # noqa: BLE001 - the circuit breaker: any kernel failure
             from flyserve.vllm.runtime import RankRuntime

@@ -70,6 +70,24 @@ def vllm_command(python: str | None = None) -> list[str]:
 # --------------------------------------------------------------------------- subprocess helper
 
 
+def flyserve_env(state_dir: str | os.PathLike[str], profile: str, **extra: str) -> dict[str, str]:
+    """This process's environment for a vLLM running flyserve's backend: FLYSERVE_* cleared and
+    set afresh (attention on, state dir, profile), offline hub, quiet logs; ``extra`` laid over."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYSERVE_")}
+    env.update(
+        {
+            "FLYSERVE_ATTENTION": "1",
+            "FLYSERVE_STATE_DIR": str(state_dir),
+            "FLYSERVE_PROFILE": profile,
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    env.update(extra)
+    return env
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago (the usual race applies; good enough for tests)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -88,6 +88,8 @@ class FlyserveRouting:
             rt.step += 1
         step = rt.step
         snap = rt.control.current(step)
+        if snap is not self._last_snapshot:
+            self._on_new_snapshot(snap)  # rare: once per applied version (breaker, circuit gauge)
         t = snap.thresholds
         causal = metadata.causal
         shape = BatchShape.from_query_start_loc(
@@ -113,10 +115,8 @@ class FlyserveRouting:
         self.last_decision = rt.last_decision = d  # the causal builder reads .lpt next
         if self.is_leader:
             rt.recorder.record(d, shape, step, snap.version)
-            if snap is not self._last_snapshot:
-                self._on_new_snapshot(snap)
             if rt.shape_log is not None:
-                self._log_shape(metadata, step, shape, d)
+                self._log_shape(metadata, step, shape, d, snap.version)
         return d.variant
 
     # ------------------------------------------------------------------ rare paths
@@ -135,7 +135,7 @@ class FlyserveRouting:
             )
         rt.recorder.set_circuit_open(snap.circuit_open or rt.local_circuit_open)
 
-    def _log_shape(self, metadata: Any, step: int, shape: BatchShape, d: Any) -> None:
+    def _log_shape(self, metadata: Any, step: int, shape: BatchShape, d: Any, version: int) -> None:
         seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)
         if seq is None:
             seq = metadata.seq_lens
@@ -147,7 +147,7 @@ class FlyserveRouting:
         qsl = metadata.query_start_loc_cpu
         q = np.diff(qsl.numpy() if hasattr(qsl, "numpy") else np.asarray(qsl))
         s = (seq.numpy() if hasattr(seq, "numpy") else np.asarray(seq))[: q.size].copy()
-        self.rt.shape_log.append(step, q, s, int(shape.max_seq_len), d.path, d.reason)
+        self.rt.shape_log.append(step, q, s, int(shape.max_seq_len), d.path, d.reason, version)
 
     # ------------------------------------------------------------------ protocol statics
 

@@ -81,7 +81,7 @@ class ShapeLog:
         self.path = Path(str(path).replace("{rank}", str(rank)))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        self._q: deque[tuple[int, Any, Any, int, str, str]] = deque()
+        self._q: deque[tuple[int, Any, Any, int, str, str, int]] = deque()
         self._stop = threading.Event()
         self._file = open(self.path, "a", encoding="utf-8", buffering=1 << 20)  # noqa: SIM115
         if self._file.tell() == 0:
@@ -93,16 +93,23 @@ class ShapeLog:
         atexit.register(self.close)
 
     def append(
-        self, step: int, query_lens: Any, seq_lens: Any, max_seq_len: int, path: str, reason: str
+        self,
+        step: int,
+        query_lens: Any,
+        seq_lens: Any,
+        max_seq_len: int,
+        path: str,
+        reason: str,
+        version: int,
     ) -> None:
-        self._q.append((step, query_lens, seq_lens, max_seq_len, path, reason))
+        self._q.append((step, query_lens, seq_lens, max_seq_len, path, reason, version))
 
     def _drain(self) -> None:
         import json
 
         q, f = self._q, self._file
         while q:
-            step, ql, sl, msl, path, reason = q.popleft()
+            step, ql, sl, msl, path, reason, version = q.popleft()
             rec = {
                 "step": step,
                 "rank": self.rank,
@@ -111,6 +118,7 @@ class ShapeLog:
                 "max_seq_len": msl,
                 "path": path,
                 "reason": reason,
+                "version": version,
             }
             f.write(json.dumps(rec, separators=(",", ":")) + "\n")
         f.flush()
