@@ -219,6 +219,14 @@ class Watcher:
             if sha is not None:
                 self._handled = sha
             return False
+        except Exception as exc:  # a bug must not kill the watcher thread
+            log.exception("reloading %s failed unexpectedly", self.path)
+            self.last_error = exc
+            if sha is not None:
+                self._handled = sha
+            return False
         self.last_error = None
-        self._handled = res.snapshot.file_sha256 or sha
+        # The hash this check read, not the snapshot's: a comment-only edit publishes nothing (same
+        # values), so the snapshot keeps the old file hash and would make every poll reload again.
+        self._handled = sha
         return res.changed

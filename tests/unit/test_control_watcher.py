@@ -160,3 +160,18 @@ def test_two_watchers_of_one_file_publish_once(tmp_path: Path, stopper: list) ->
     assert wait_for(lambda: min_seq_len(a) == 2300)
     time.sleep(0.3)
     assert [s.thresholds.min_seq_len for s in a.history()] == [2000, 2300]
+
+
+def test_a_comment_only_edit_is_one_no_op_not_a_reload_loop(
+    tmp_path: Path, plane: ControlPlane, stopper: list
+) -> None:
+    cfg = tmp_path / "flyserve.yaml"
+    cfg.write_text("min_seq_len: 2000\n")
+    w = Watcher(plane, cfg, poll_interval_s=0.05, use_watchfiles=False).start()
+    stopper.append(w)
+    cfg.write_text("# tuned for the new model\nmin_seq_len: 2000\n")
+    assert wait_for(lambda: len(plane.audit_log()) == 2)
+    checks = w.checks
+    assert wait_for(lambda: w.checks > checks + 5)
+    assert [e["result"] for e in plane.audit_log()] == ["success", "unchanged"]
+    assert plane.snapshot().version == 1
