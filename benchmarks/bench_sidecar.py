@@ -6,9 +6,10 @@ Starts `flyserve simulate` (N rank processes, seed-32k-c32) and the real sidecar
 worker, 127.0.0.1, free port), waits until every rank reports, then drives each endpoint with an
 open-loop load: request i is sent at t0 + i / rate whatever happened before (no coordinated
 omission), and its latency is measured from that scheduled time to the last byte of the answer.
-Runs each endpoint twice for /dispatch-stats: with the sidecar's stats cache (TTL 0.5 s, the
-default) and without it (TTL 0: every request reads every rank's files), so the cost of the
-computation itself is visible. Everything (load generator, sidecar, ranks) shares this machine's
+Rows: /dispatch-stats and /metrics with the sidecar's caches (defaults: stats TTL 0.5 s, metrics
+TTL 1 s, refreshed in the background while in use), /dispatch-stats without any cache (TTL 0:
+every request reads every rank's files, so the cost of the computation itself is visible), and
+/healthz as the floor (uvicorn + FastAPI + the load generator itself). Everything (load generator, sidecar, ranks) shares this machine's
 CPUs: on a small machine the numbers include that contention.
 """
 
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+import httpx  # set-up only; the load itself uses the minimal client below
 import numpy as np
 
 TOKEN = "bench-token-0123456789abcdef"
@@ -42,6 +43,7 @@ def start_sidecar(state: Path, port: int, stats_ttl: float, log: Path) -> subpro
     env = dict(os.environ, FLYSERVE_SIDECAR_TOKEN=TOKEN)
     cmd = [sys.executable, "-m", "flyserve.cli", "sidecar", "--state-dir", str(state), "--port", str(port),
            "--stats-ttl", str(stats_ttl), "--log-level", "warning"]  # fmt: skip
+    cmd += ["--metrics-ttl", "1.0" if stats_ttl > 0 else "0"]
     p = subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while True:
@@ -67,33 +69,64 @@ def stop(p: subprocess.Popen) -> None:
             p.wait(timeout=5)
 
 
-async def drive(url: str, rate: float, duration: float) -> tuple[np.ndarray, int, float]:
-    """Open-loop load; returns (latencies in s of the OK answers, errors, achieved rate)."""
+class Conn:
+    """One keep-alive HTTP/1.1 connection with a minimal client: the load generator shares the CPUs
+    with the server, so it must cost far less per request than httpx does (measured: several ms)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def get(self, request: bytes) -> int:
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        await self.reader.readexactly(length)
+        return status
+
+
+async def drive(
+    host: str, port: int, path: str, rate: float, duration: float
+) -> tuple[np.ndarray, int, float]:
+    """Open-loop load; returns (latencies in s of the 200 answers, errors, achieved rate).
+
+    Request i is due at t0 + i / rate; its latency runs from that time to the last body byte, so
+    time spent waiting for a free connection or a busy server counts (no coordinated omission).
+    """
     n = int(rate * duration)
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+    pool: asyncio.Queue[Conn] = asyncio.Queue()
+    for _ in range(32):
+        pool.put_nowait(Conn(*await asyncio.open_connection(host, port)))
     lat: list[float] = []
     errors = 0
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=10.0, limits=limits) as client:
-        loop = asyncio.get_running_loop()
-        t0 = loop.time() + 0.2
+    loop = asyncio.get_running_loop()
+    t0 = loop.time() + 0.2
 
-        async def one(i: int) -> None:
-            nonlocal errors
-            due = t0 + i / rate
-            await asyncio.sleep(max(0.0, due - loop.time()))
-            try:
-                r = await client.get(url)
-                await r.aread()
-                ok = r.status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            if ok:
-                lat.append(loop.time() - due)
-            else:
-                errors += 1
+    async def one(i: int) -> None:
+        nonlocal errors
+        due = t0 + i / rate
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        conn = await pool.get()
+        try:
+            status = await asyncio.wait_for(conn.get(request), 10.0)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+            status = 0
+            conn.writer.close()
+            conn = Conn(*await asyncio.open_connection(host, port))
+        pool.put_nowait(conn)
+        if status == 200:
+            lat.append(loop.time() - due)
+        else:
+            errors += 1
 
-        await asyncio.gather(*(one(i) for i in range(n)))
-        took = loop.time() - t0
+    await asyncio.gather(*(one(i) for i in range(n)))
+    took = loop.time() - t0
+    while not pool.empty():
+        pool.get_nowait().writer.close()
     return np.array(lat), errors, n / took
 
 
@@ -107,7 +140,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="flyserve-bench-sidecar-"))
     state, log = tmp / "state", tmp / "bench.log"
-    runs = [("/dispatch-stats", 0.5), ("/dispatch-stats", 0.0), ("/metrics", 0.5)]
+    runs = [("/dispatch-stats", 0.5), ("/metrics", 0.5), ("/dispatch-stats", 0.0), ("/healthz", 0.5)]
     total = args.duration * len(runs) + 120
     steps = int(total / 0.05)
     sim = subprocess.Popen(
@@ -128,7 +161,7 @@ def main() -> int:
                     raise SystemExit(f"{args.ranks} ranks did not come up (see {log})")
                 time.sleep(0.5)
             httpx.get(base + path, timeout=5)  # warm-up
-            lat, errors, achieved = asyncio.run(drive(base + path, args.rate, args.duration))
+            lat, errors, achieved = asyncio.run(drive("127.0.0.1", port, path, args.rate, args.duration))
             size = len(httpx.get(base + path, timeout=5).content)
             rows.append((path, ttl, achieved, len(lat), errors, lat, size))
             stop(sidecar)

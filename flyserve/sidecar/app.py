@@ -121,6 +121,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
         return generate_latest(registry)
 
     app.state.metrics_cache = TtlCache(_exposition, settings.metrics_ttl_s)
+    stats.extra_caches.append(app.state.metrics_cache)
 
     @app.exception_handler(ThresholdsError)
     async def _thresholds_error(_: Request, exc: ThresholdsError):

@@ -25,12 +25,15 @@ class TtlCache(Generic[T]):
         self._clock = clock
         self._lock = threading.Lock()
         self._value: tuple[float, T] | None = None
+        self.last_get = float("-inf")  # clock time of the last get(): refresh only while in use
 
     def get(self) -> T:
         if self.ttl_s <= 0:
             return self._compute()
+        now = self._clock()
+        self.last_get = now
         c = self._value
-        if c is not None and self._clock() - c[0] < self.ttl_s:
+        if c is not None and now - c[0] < self.ttl_s:
             return c[1]
         # No value at all: wait for whoever computes it. A stale one: serve it if busy.
         if not self._lock.acquire(blocking=c is None):
@@ -44,6 +47,20 @@ class TtlCache(Generic[T]):
             v = self._compute()
             self._value = (now, v)
             return v
+        finally:
+            self._lock.release()
+
+    def refresh_if_used(self, idle_s: float) -> bool:
+        """Recompute now if someone asked within ``idle_s`` (a background thread calls this a bit
+        more often than the TTL, so requests find a fresh value and never pay for the compute)."""
+        if self.ttl_s <= 0 or self._clock() - self.last_get > idle_s:
+            return False
+        if not self._lock.acquire(blocking=False):
+            return False  # a request is computing it already
+        try:
+            now = self._clock()
+            self._value = (now, self._compute())
+            return True
         finally:
             self._lock.release()
 

@@ -165,7 +165,7 @@ async def dispatch_stats_stream(
 @router.get("/thresholds", response_model=ThresholdsView, tags=["thresholds"])
 def get_thresholds(request: Request, response: Response) -> ThresholdsView:
     """The thresholds in force (the published snapshot). ETag is the version, for If-Match."""
-    view = thresholds_view(_plane(request).snapshot())
+    view = thresholds_view(_service(request).snapshot())
     response.headers["ETag"] = f'"{view.version}"'
     return view
 
@@ -196,7 +196,7 @@ def _respond(request: Request, result: ChangeResult, dry_run: bool) -> ChangeRes
     rc = None
     if dry_run:
         settings = request.app.state.settings
-        current = _plane(request).snapshot().thresholds
+        current = _service(request).snapshot().thresholds
         samples = read_shape_samples(settings.state_dir, limit=settings.dry_run_shape_limit)
         rc = RoutingChange(**routing_change(samples, current, result.snapshot.thresholds))
     else:

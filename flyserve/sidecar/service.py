@@ -157,6 +157,7 @@ class StatsService:
         self._cache: TtlCache[tuple[DispatchStats, bytes]] = TtlCache(
             self._compute_payload, settings.stats_ttl_s
         )
+        self.extra_caches: list[TtlCache] = []  # e.g. the /metrics exposition, refreshed by the same thread
         self.on_stats: Callable[[DispatchStats], None] | None = None  # e.g. update the rank gauges
         self._snap_lock = threading.Lock()
         self._snap: tuple[tuple | None, ConfigSnapshot] | None = None
@@ -207,9 +208,21 @@ class StatsService:
             pass  # no metrics dir yet (no rank started): nothing to remember
 
     def _run(self) -> None:
+        """Counter snapshots every counter_snapshot_interval_s; between them, keep the cached
+        payloads fresh while they are being read (so no request pays for a computation)."""
+        next_snapshot = 0.0
+        tick = min(self.settings.counter_snapshot_interval_s, max(0.05, 0.8 * self.settings.stats_ttl_s))
         while not self._stop.is_set():
-            self.sample_once()
-            self._stop.wait(self.settings.counter_snapshot_interval_s)
+            now = self._mono()
+            if now >= next_snapshot:
+                self.sample_once()
+                next_snapshot = now + self.settings.counter_snapshot_interval_s
+            for cache in (self._cache, *self.extra_caches):
+                try:
+                    cache.refresh_if_used(idle_s=30.0)
+                except Exception:
+                    log.exception("background refresh failed")
+            self._stop.wait(tick)
 
     # ------------------------------------------------------------------ payload
 
