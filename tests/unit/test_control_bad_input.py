@@ -191,7 +191,7 @@ for n in range(int(sys.argv[3])):
 
 def test_two_writers_at_once_serialise(tmp_path: Path) -> None:
     """Two processes publish concurrently: no lost update, versions 1..N each exactly once."""
-    state, n = tmp_path / "state", 15
+    state, n = tmp_path / "state", 10
     procs = [
         subprocess.Popen([sys.executable, "-c", _WRITER, str(state), key, str(n)])
         for key in ("min_qblock_rows", "lpt_qblocks_always")
