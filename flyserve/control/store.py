@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -64,6 +65,36 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def _wait_for_flock(fd: int, timeout_s: float, path: str) -> None:
+    """Block on flock(fd) for at most ``timeout_s``; return once held. On timeout, raise ControlIOError
+    and hand ``fd`` to the waiting thread, which closes it (releasing the lock) if it ever gets it.
+    On an flock error, close ``fd`` and raise ControlIOError."""
+    guard = threading.Lock()
+    done = threading.Event()
+    state: dict[str, Any] = {"abandoned": False, "error": None}
+
+    def wait() -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            state["error"] = exc
+        with guard:
+            if state["abandoned"]:
+                os.close(fd)
+                return
+            done.set()
+
+    threading.Thread(target=wait, name="flyserve-control-lock", daemon=True).start()
+    if not done.wait(timeout_s):
+        with guard:
+            if not done.is_set():
+                state["abandoned"] = True
+                raise ControlIOError(f"another writer held the lock for more than {timeout_s:g}s", path=path)
+    if state["error"] is not None:
+        os.close(fd)
+        raise ControlIOError(f"cannot lock: {state['error'].strerror}", path=path) from state["error"]
+
+
 class Store:
     """Reads and writes one state directory. Holds no state of its own beyond the paths."""
 
@@ -76,7 +107,13 @@ class Store:
     @contextlib.contextmanager
     def lock(self, *, timeout_s: float = 10.0) -> Iterator[None]:
         """Exclusive writers' lock (fcntl.flock on control/lock). Raises ControlIOError when the state
-        directory cannot be created or the lock is held longer than ``timeout_s``."""
+        directory cannot be created or the lock is held longer than ``timeout_s``.
+
+        Waiting is a blocking flock (on a helper thread, so it can time out), not a LOCK_NB retry
+        loop: a retry loop that sleeps starves against a writer that publishes in a loop (measured:
+        two processes x 10 changes ran strictly one after the other), while blocked waiters are
+        woken by the kernel at each release.
+        """
         try:
             self.dir.control_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.dir.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
@@ -84,26 +121,22 @@ class Store:
             raise ControlIOError(
                 f"state directory not writable: {exc.strerror or exc}", path=str(self.dir.control_dir)
             ) from exc
+        owned = True  # False once an abandoned waiter thread owns (and will close) fd
         try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                        raise ControlIOError(
-                            f"cannot lock: {exc.strerror}", path=str(self.dir.lock_file)
-                        ) from exc
-                    if time.monotonic() > deadline:
-                        raise ControlIOError(
-                            f"another writer held the lock for more than {timeout_s:g}s",
-                            path=str(self.dir.lock_file),
-                        ) from None
-                    time.sleep(0.005)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise ControlIOError(
+                        f"cannot lock: {exc.strerror}", path=str(self.dir.lock_file)
+                    ) from exc
+                owned = False  # on timeout the waiter thread keeps fd; on error fd is closed
+                _wait_for_flock(fd, timeout_s, str(self.dir.lock_file))
+                owned = True
             yield
         finally:
-            os.close(fd)  # closing the descriptor releases the flock
+            if owned:
+                os.close(fd)  # closing the descriptor releases the flock
 
     # ------------------------------------------------------------------ snapshots
 

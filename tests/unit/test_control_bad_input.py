@@ -3,6 +3,7 @@ names the field and reason, is counted (flyserve_config_reloads_total{result}) a
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,10 +182,14 @@ def test_a_state_dir_that_is_not_writable(open_tmp: Path) -> None:
 
 
 _WRITER = """
-import sys
+import os, sys, time
 from flyserve.control import ControlPlane
 plane = ControlPlane(sys.argv[1])
 key = sys.argv[2]
+open(sys.argv[4] + "." + key, "w").close()  # ready
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[4]) and time.monotonic() < deadline:  # start together
+    time.sleep(0.005)
 for n in range(int(sys.argv[3])):
     plane.apply_overrides({key: 100 + n}, actor=key)
 """
@@ -192,11 +198,16 @@ for n in range(int(sys.argv[3])):
 def test_two_writers_at_once_serialise(tmp_path: Path) -> None:
     """Two processes publish concurrently: no lost update, versions 1..N each exactly once."""
     state, n = tmp_path / "state", 10
+    go = tmp_path / "go"
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, str(state), key, str(n)])
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(state), key, str(n), str(go)])
         for key in ("min_qblock_rows", "lpt_qblocks_always")
     ]
     try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(list(tmp_path.glob("go.*"))) < 2:
+            time.sleep(0.01)
+        go.touch()  # both are up and waiting: they start together
         assert [p.wait(timeout=120) for p in procs] == [0, 0]
     finally:
         for p in procs:
@@ -209,6 +220,10 @@ def test_two_writers_at_once_serialise(tmp_path: Path) -> None:
     audit = plane.audit_log()
     assert sorted(e["version"] for e in audit) == list(range(1, 2 * n + 1))
     assert all(e["version"] == e["version_before"] + 1 for e in audit)
+    # They really ran at the same time: the lock handed over between them, not one after the other
+    # (a LOCK_NB retry loop failed this: AAAAAAAAAABBBBBBBBBB).
+    actors = [e["actor"] for e in audit]
+    assert sum(a != b for a, b in itertools.pairwise(actors)) >= 2, actors
 
 
 def test_two_writers_from_the_same_version_one_wins(running: tuple[ControlPlane, Path]) -> None:
@@ -233,3 +248,27 @@ def test_two_writers_from_the_same_version_one_wins(running: tuple[ControlPlane,
     assert sorted(type(r).__name__ for r in results) == ["ChangeResult", "VersionConflict"]
     assert plane.snapshot().version == v + 1
     assert [e["result"] for e in plane.audit_log()[-2:]].count("conflict") == 1
+
+
+def test_a_writer_that_holds_the_lock_too_long(running: tuple[ControlPlane, Path]) -> None:
+    """A hung writer: the change fails as an I/O error after lock_timeout_s, nothing leaks, and once
+    the lock is free changes work again."""
+    import fcntl
+
+    plane, _ = running
+    impatient = ControlPlane(plane.state_dir, lock_timeout_s=0.2)
+    before = published_bytes(plane)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    holder = os.open(plane.state_dir.lock_file, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(ControlIOError) as ei:
+            impatient.apply_overrides({"min_seq_len": 4096}, actor="impatient")
+        assert "held the lock" in str(ei.value)
+        assert published_bytes(plane) == before
+    finally:
+        os.close(holder)
+    time.sleep(0.2)  # the abandoned waiter takes the lock, then lets it go
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    assert impatient.apply_overrides({"min_seq_len": 4096}, actor="impatient").changed
+    assert [e["result"] for e in plane.audit_log()[-2:]] == ["io_error", "success"]
