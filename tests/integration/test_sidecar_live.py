@@ -254,6 +254,11 @@ def test_auth_conflict_validation_and_size_errors(sidecar: Sidecar):
         r = c.put("/thresholds", content=b'{"lpt": "' + b"x" * 100_000 + b'"}', headers=AUTH)
         assert r.status_code == 413
         assert c.get("/thresholds").json()["values"]["lpt"] == "never"
+        time.sleep(1.1)  # past the /metrics TTL
+        text = c.get("/metrics").text
+        # Reload results, counted by the control plane inside the sidecar, reach /metrics.
+        assert 'flyserve_config_reloads_total{result="success",source="api"} 1.0' in text
+        assert 'flyserve_config_reloads_total{result="invalid",source="api"} 1.0' in text
     # The token is never on a command line.
     assert TOKEN.encode() not in Path(f"/proc/{sidecar.proc.pid}/cmdline").read_bytes()
 
