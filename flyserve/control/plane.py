@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -379,6 +380,9 @@ class ControlPlane:
         now = self._clock()
         entry: dict[str, Any] = {
             "time": now,
+            "time_iso": datetime.fromtimestamp(now, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
             "actor": actor,
             "source": source,
             "action": action,
