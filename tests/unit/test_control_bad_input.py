@@ -122,7 +122,7 @@ _AS_NOBODY = """
 import json, os, sys
 from flyserve.control import ControlPlane, ControlIOError
 plane = ControlPlane(sys.argv[1])
-plane.snapshot()  # every module imported while still root (the interpreter lives under /root)
+plane.snapshot()  # every module imported while still root (the interpreter may live in root's home, unreadable to nobody)
 os.setgid(65534)
 os.setuid(65534)
 try:
