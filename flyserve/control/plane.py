@@ -397,8 +397,15 @@ class ControlPlane:
                     raise VersionConflict(int(if_match), cur.version)
                 fields = build(cur)
                 candidate = self._candidate(cur, fields, source=source, actor=actor, now=now)
-                if candidate.thresholds.decode_path != cur.thresholds.decode_path and not (
-                    allow_decode_path or cur.version == 0
+                # The first version may set decode_path only while no rank runs: ranks that started
+                # on the profile's value have captured their CUDA graphs with it.
+                if (
+                    candidate.thresholds.decode_path != cur.thresholds.decode_path
+                    and not allow_decode_path
+                    and (
+                        cur.version > 0
+                        or self.store.live_ranks(stale_after_s=self.rank_stale_after_s, now=now) > 0
+                    )
                 ):
                     raise DecodePathChangeRefused(
                         cur.thresholds.decode_path, candidate.thresholds.decode_path, source=source

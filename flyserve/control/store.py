@@ -305,6 +305,17 @@ class Store:
                 continue
         return best, rate
 
+    def live_ranks(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:
+        """How many ranks reported within ``stale_after_s``."""
+        now = time.time() if now is None else now
+        n = 0
+        for d in self.rank_reports():
+            try:
+                n += now - float(d.get("time", 0)) <= stale_after_s
+            except (TypeError, ValueError):
+                continue
+        return n
+
     def max_rank_step(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:
         """The highest step any live rank is at now (see rank_progress)."""
         return self.rank_progress(stale_after_s=stale_after_s, now=now)[0]

@@ -239,3 +239,14 @@ def test_effective_step_is_sized_in_time_from_the_ranks_step_rate(tmp_path: Path
     p.store.write_rank_report({"rank": 1, "step": 1040, "steps_per_s": 20.0, "time": now}, rank=1)
     s = p.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
     assert s.effective_step == 1050 + 300  # projected step + ceil(100/s * 3 s)
+
+
+def test_the_first_version_may_not_change_decode_path_under_running_ranks(tmp_path: Path) -> None:
+    cfg = tmp_path / "flyserve.yaml"
+    cfg.write_text("decode_path: prefill\n")
+    p = ControlPlane(tmp_path / "s", config_file=cfg)
+    p.store.write_rank_report({"rank": 0, "step": 5, "time": p._clock()}, rank=0)  # a rank started on gfx950
+    with pytest.raises(DecodePathChangeRefused):
+        p.reload(actor="late-watcher")
+    fresh = ControlPlane(tmp_path / "s2", config_file=cfg)  # nothing running yet: allowed
+    assert fresh.reload(actor="startup").snapshot.thresholds.decode_path == "prefill"
