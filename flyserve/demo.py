@@ -28,9 +28,10 @@ from typing import Annotated, Any
 import typer
 
 PROFILE = "cpu-tiny"
-# The change made halfway: the occupancy and context floors drop to zero, so mixed batches that
-# the cpu-tiny profile keeps on the unified kernel move to the prefill path.
-FLIP = {"min_seq_len": 0, "min_qblock_rows": 0, "decode_rows_base": 64}
+# The change made halfway: the context floor of the prefill path goes up from 96 to 256 tokens, so
+# with prompts of 32-288 tokens most batches that carry a prefill chunk move to the unified kernel
+# (a batch's context is its longest row's, decode rows included, so some still qualify).
+FLIP = {"min_seq_len": 256}
 SERVE_ARGS = [
     "--enforce-eager",
     "--dtype",
@@ -114,9 +115,10 @@ def _line(stats: dict, base: dict | None, elapsed: float, phase: str) -> str:
     d = t["decisions"]
     b0 = base["totals"] if base else None
     n = t["batches"] - (b0["batches"] if b0 else 0)
+    n -= t["reasons"].get("no_prefill_rows", 0) - (b0["reasons"].get("no_prefill_rows", 0) if b0 else 0)
     pre = d.get("prefill", 0) - (b0["decisions"].get("prefill", 0) if b0 else 0)
     ratio = f"{pre / n:6.1%}" if n else "   n/a"
-    reasons = sorted(t["reasons"].items(), key=lambda kv: -kv[1])[:3]
+    reasons = [kv for kv in sorted(t["reasons"].items(), key=lambda kv: -kv[1]) if kv[1]][:4]
     k = stats.get("kernels", {})
     kern = " ".join(
         f"{p}:{v['mean_s'] * 1e3:.2f}ms" for p, v in sorted(k.items()) if v.get("count") and v.get("mean_s")
@@ -124,7 +126,7 @@ def _line(stats: dict, base: dict | None, elapsed: float, phase: str) -> str:
     return (
         f"[{elapsed:5.0f}s] {phase:<7} v{stats['thresholds']['version'] if stats.get('thresholds') else '?'} "
         f"batches {t['batches']:>6}  unified {d.get('unified', 0):>6}  prefill {d.get('prefill', 0):>6}  "
-        f"prefill share this phase {ratio}  top reasons {dict(reasons)}  {kern}"
+        f"prefill share of prefill batches (this phase) {ratio}  reasons {dict(reasons)}  {kern}"
     )
 
 
@@ -133,7 +135,15 @@ def _phase_ratio(start: dict, end: dict) -> dict[str, Any]:
     n = b["batches"] - a["batches"]
     pre = b["decisions"].get("prefill", 0) - a["decisions"].get("prefill", 0)
     reasons = {k: v - a["reasons"].get(k, 0) for k, v in b["reasons"].items() if v - a["reasons"].get(k, 0)}
-    return {"batches": n, "prefill": pre, "prefill_ratio": (pre / n) if n else None, "reasons": reasons}
+    with_prefill = n - reasons.get("no_prefill_rows", 0)
+    return {
+        "batches": n,
+        "prefill": pre,
+        "prefill_ratio": (pre / n) if n else None,
+        "batches_with_prefill_rows": with_prefill,
+        "prefill_ratio_of_prefill_batches": (pre / with_prefill) if with_prefill else None,
+        "reasons": reasons,
+    }
 
 
 def demo(
@@ -273,11 +283,12 @@ def demo(
                 **(_phase_ratio(base, end) if base and end else {}),
             }
             phases.append(phase)
-            ratio = phase.get("prefill_ratio")
+            ratio = phase.get("prefill_ratio_of_prefill_batches")
             echo(
                 f"      {name}: {phase['requests_completed']}/{n} requests completed, "
-                f"{phase.get('batches', 0)} batches, prefill share "
-                f"{'n/a' if ratio is None else f'{ratio:.1%}'}{' (bench TIMED OUT)' if timed_out else ''}"
+                f"{phase.get('batches', 0)} batches, {phase.get('batches_with_prefill_rows', 0)} with a prefill "
+                f"row, of which {'n/a' if ratio is None else f'{ratio:.1%}'} took the prefill path"
+                f"{' (bench TIMED OUT)' if timed_out else ''}"
             )
         final = _get(f"{sc_url}/dispatch-stats")
         summary.update(
@@ -293,9 +304,12 @@ def demo(
                 "wall_s": round(time.monotonic() - t_start, 1),
             }
         )
-        a, b = phases[0].get("prefill_ratio"), phases[1].get("prefill_ratio")
+        a, b = (
+            phases[0].get("prefill_ratio_of_prefill_batches"),
+            phases[1].get("prefill_ratio_of_prefill_batches"),
+        )
         echo(
-            "\nprefill share of batches: before the change "
+            "\nprefill path share of batches with a prefill row: before the change "
             f"{'n/a' if a is None else f'{a:.1%}'}, after {'n/a' if b is None else f'{b:.1%}'}; "
             f"requests: {summary['requests']}"
         )
