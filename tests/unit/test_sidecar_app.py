@@ -23,7 +23,12 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 def make_settings(state_dir: Path, **kw) -> SidecarSettings:
     return SidecarSettings(
-        state_dir=state_dir, token=SecretStr(TOKEN), share_control_metrics=False, stats_ttl_s=0.0, metrics_ttl_s=0.0, **kw
+        state_dir=state_dir,
+        token=SecretStr(TOKEN),
+        share_control_metrics=False,
+        stats_ttl_s=0.0,
+        metrics_ttl_s=0.0,
+        **kw,
     )
 
 
