@@ -1,0 +1,33 @@
+"""`flyserve demo`, briefly, as a user runs it: real vllm serve + sidecar + vllm bench serve."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_model, tmp_path):
+    summary_path = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "flyserve.cli", "demo", "--duration", "24", "--model-dir", str(tiny_model),
+         "--summary-json", str(summary_path)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for step in ("[1/5]", "[2/5]", "[3/5]", "[4/5]", "[5/5]", "stopping vllm serve", "stopping sidecar"):
+        assert step in out
+    s = json.loads(summary_path.read_text())
+    assert s["requests"]["sent"] == s["requests"]["completed"] > 0 and s["requests"]["failed"] == 0
+    assert s["decisions_by_path"]["prefill"] > 0 and s["decisions_by_path"]["unified"] > 0
+    stats = s["dispatch_stats"]
+    assert stats["thresholds"]["version"] == 2 and stats["thresholds"]["values"]["min_seq_len"] == 256
+    assert stats["totals"]["batches"] == sum(s["decisions_by_path"].values())
+    before, after = s["phases"]
+    assert before["prefill_ratio_of_prefill_batches"] > after["prefill_ratio_of_prefill_batches"]
+    assert after["reasons"].get("short_context", 0) > before["reasons"].get("short_context", 0)
