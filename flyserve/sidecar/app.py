@@ -96,10 +96,21 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         shutting_down.clear()
         stats.start()
+        # The operator's file is watched here, in the one process that always runs beside the
+        # ranks: an edit (or a ConfigMap swap, or SIGHUP) is published without anyone calling
+        # POST /reload. Publishing is idempotent by content hash, so another watcher is harmless.
+        watcher = None
+        if settings.config_file is not None and settings.watch_config:
+            watcher = control.watch(poll_interval_s=settings.config_poll_s, actor="sidecar-watcher")
+            if threading.current_thread() is threading.main_thread():
+                watcher.install_sighup()
+        app.state.watcher = watcher
         try:
             yield
         finally:
             shutting_down.set()
+            if watcher is not None:
+                watcher.stop()
             stats.stop()
 
     app = FastAPI(

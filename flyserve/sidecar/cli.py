@@ -36,8 +36,18 @@ def sidecar(
         str, typer.Option("--profile", help="Threshold profile under the overrides.")
     ] = "gfx950",
     config_file: Annotated[
-        Path | None, typer.Option("--config-file", help="Operator thresholds file (for /reload).")
+        Path | None,
+        typer.Option(
+            "--config-file",
+            help="Operator thresholds file ($FLYSERVE_CONFIG). Watched: edits, ConfigMap symlink swaps and "
+            "SIGHUP publish it to every rank; POST /reload re-reads it on demand.",
+            envvar="FLYSERVE_CONFIG",
+        ),
     ] = None,
+    config_poll: Annotated[
+        float,
+        typer.Option("--config-poll", min=0.1, help="Seconds between backstop re-reads of --config-file."),
+    ] = 5.0,
     stream_interval: Annotated[
         float, typer.Option("--stream-interval", min=0.05, help="Seconds between SSE events.")
     ] = 2.0,
@@ -99,6 +109,7 @@ def sidecar(
         state_dir=sd,
         profile=profile,
         config_file=config_file,
+        config_poll_s=config_poll,
         token=token,
         stream_interval_s=stream_interval,
         stale_after_s=stale_after,

@@ -35,6 +35,15 @@ class SidecarSettings(BaseModel):
     state_dir: Path = Field(description="The flyserve state directory shared with the ranks.")
     profile: str = Field("gfx950", description="Threshold profile the control plane layers overrides on.")
     config_file: Path | None = Field(None, description="Optional operator thresholds file (control plane).")
+    watch_config: bool = Field(
+        True, description="Watch config_file and publish its changes (off: only POST /reload reads it)."
+    )
+    config_poll_s: float = Field(
+        5.0,
+        gt=0,
+        description="With a config_file, the sidecar watches its directory (a ConfigMap symlink swap "
+        "included) and also re-reads it this often as a backstop; SIGHUP reloads it at once.",
+    )
     token: SecretStr | None = Field(
         None, description="Bearer token for mutating routes. None: every mutation is refused (403)."
     )

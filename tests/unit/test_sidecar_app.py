@@ -176,7 +176,8 @@ def test_rollback_and_history(client: TestClient):
 def test_reload_reads_the_config_file(tmp_path: Path):
     cfg = tmp_path / "flyserve.yaml"
     cfg.write_text("min_seq_len: 3000\n")
-    with TestClient(create_app(make_settings(tmp_path / "state", config_file=cfg))) as c:
+    settings = make_settings(tmp_path / "state", config_file=cfg, watch_config=False)
+    with TestClient(create_app(settings)) as c:
         r = c.post("/reload", headers=AUTH)
         assert r.status_code == 200, r.text
         t = c.get("/thresholds").json()
@@ -190,6 +191,40 @@ def test_reload_reads_the_config_file(tmp_path: Path):
         r = c.post("/reload", headers=AUTH)
         assert r.status_code == 422 and "malformed" in r.json()["detail"]
         assert c.post("/reload", headers=AUTH | {"If-Match": "7"}).status_code == 409
+
+
+def test_config_file_is_watched_without_a_reload_call(tmp_path: Path):
+    """An edit of the operator's file reaches the published thresholds with no POST /reload, and a
+    bad edit changes nothing (the running values stay, the invalid reload is audited)."""
+    cfg = tmp_path / "cfg" / "flyserve.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text("min_seq_len: 3000\n")
+    settings = make_settings(tmp_path / "state", config_file=cfg, config_poll_s=0.2)
+
+    def wait_for(pred, timeout_s: float = 10.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            v = c.get("/thresholds").json()
+            if pred(v):
+                return v
+            time.sleep(0.05)
+        raise AssertionError(f"not reached in {timeout_s}s: {v}")
+
+    with TestClient(create_app(settings)) as c:
+        v = wait_for(lambda t: t["values"]["min_seq_len"] == 3000)
+        assert v["source"] == "file"
+        first = v["version"]
+        cfg.write_text("min_seq_len: 4000\n")
+        v = wait_for(lambda t: t["values"]["min_seq_len"] == 4000)
+        assert v["version"] == first + 1
+        cfg.write_text("min_seq_len: -1\n")  # invalid: nothing may change
+        audit = tmp_path / "state" / "audit.jsonl"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and '"invalid"' not in audit.read_text():
+            time.sleep(0.05)
+        assert '"invalid"' in audit.read_text()
+        v = c.get("/thresholds").json()
+        assert (v["version"], v["values"]["min_seq_len"]) == (first + 1, 4000)
 
 
 # ----------------------------------------------------------------------------- stats / ops
