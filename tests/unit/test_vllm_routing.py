@@ -259,3 +259,19 @@ def test_shape_log_is_a_loadable_trace(state, tmp_path, monkeypatch):
     assert [list(st.seq_lens) for st in trace] == [s for _, s in batches]
     lines = [json.loads(x) for x in path.read_text().splitlines()[1:]]
     assert [x["path"] for x in lines] == [PREFILL, UNIFIED, UNIFIED]
+
+
+def test_select_hot_path_benchmark(state, benchmark):
+    """select() with the real DispatchRecorder on a 16-row mixed batch (pytest-benchmark table with
+    --benchmark-enable; a plain single run otherwise)."""
+    import torch
+
+    rt = RankRuntime(state_dir=state, rank=0, start=False, setup_metrics=False)
+    cls = routing_class(PrefillKernelSpec("test-prefill"), "unified")
+    layers = {"l0": layer()}
+    r = cls(list(layers), vllm_config(layers), runtime=rt)
+    q = [1] * 14 + [120, 200]
+    md = metadata(q, [300] * 14 + [120, 200])
+    md.query_start_loc_cpu = torch.from_numpy(md.query_start_loc_cpu)  # what vLLM passes
+    variant = benchmark(r.select, md)
+    assert variant == r.last_decision.variant

@@ -1,0 +1,51 @@
+"""The vllm.general_plugins entry point: off by default, registers the CPU composite when enabled."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+pytest.importorskip("vllm")
+
+
+@pytest.fixture
+def overrides(monkeypatch):
+    from vllm.v1.attention.backends import registry
+
+    monkeypatch.setattr(registry, "_ATTN_OVERRIDES", dict(registry._ATTN_OVERRIDES))
+    return registry
+
+
+def test_entry_point_is_declared():
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert any(ep.value == "flyserve.vllm.plugin:register" for ep in eps)
+
+
+def test_disabled_by_default(monkeypatch, overrides):
+    from flyserve.vllm import plugin
+
+    monkeypatch.delenv("FLYSERVE_ATTENTION", raising=False)
+    plugin.register()
+    E = overrides.AttentionBackendEnum
+    assert E.CUSTOM not in overrides._ATTN_OVERRIDES and E.CPU_ATTN not in overrides._ATTN_OVERRIDES
+
+
+def test_enabled_on_cpu_registers_custom_and_cpu_attn(monkeypatch, overrides, tmp_path):
+    from flyserve.vllm import backends, plugin
+
+    monkeypatch.setenv("FLYSERVE_ATTENTION", "1")
+    monkeypatch.setenv("FLYSERVE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("FLYSERVE_PROFILE", "cpu-tiny")
+    plugin.register()
+    E = overrides.AttentionBackendEnum
+    path = "flyserve.vllm.backends.FlyserveCpuAttention"
+    assert overrides._ATTN_OVERRIDES[E.CUSTOM] == path == overrides._ATTN_OVERRIDES[E.CPU_ATTN]
+    cls = E.CPU_ATTN.get_class()  # what vLLM's CPU platform will load
+    assert cls is backends.FlyserveCpuAttention and cls.get_name() == "CUSTOM"
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from flyserve.vllm.cpu_prefill import CpuPrefillBackend
+
+    assert cls.general_backend_cls is CPUAttentionBackend and cls.causal_backend_cls is CpuPrefillBackend
+    assert cls.get_builder_cls().__name__ == "CompositeAttentionMetadataBuilder"
