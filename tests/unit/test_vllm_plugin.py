@@ -49,3 +49,17 @@ def test_enabled_on_cpu_registers_custom_and_cpu_attn(monkeypatch, overrides, tm
 
     assert cls.general_backend_cls is CPUAttentionBackend and cls.causal_backend_cls is CpuPrefillBackend
     assert cls.get_builder_cls().__name__ == "CompositeAttentionMetadataBuilder"
+
+
+def test_cuda_pair_composes(tmp_path, monkeypatch):
+    """TRITON_ATTN + FLASH_ATTN form a real composite (shared cache layout, separate cache update).
+    Not run on a GPU here; this only checks that vLLM's factory accepts the pair."""
+    from flyserve.vllm import backends
+
+    monkeypatch.setenv("FLYSERVE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(backends, "_BUILT", {})
+    cls = backends.build_composite("cuda")
+    general, causal, _ = backends._children("cuda")
+    assert cls.general_backend_cls is general and cls.causal_backend_cls is causal
+    assert general.get_name() == "TRITON_ATTN" and causal.get_name() == "FLASH_ATTN"
+    assert cls.get_name() == "CUSTOM" and cls.__name__ == "FlyserveCudaAttention"
