@@ -1,10 +1,8 @@
-"""The tiny model builder and the vLLM launcher (no engine start: see tests/e2e for that)."""
+"""The tiny model builder and the vLLM launcher (the launcher serving a model: tests/e2e)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -70,19 +68,6 @@ def test_patch_answers_vllm_version():
     except md.PackageNotFoundError:
         expected = v
     assert v == expected
-
-
-def test_launcher_runs_vllm_cli():
-    pytest.importorskip("vllm")
-    out = subprocess.run(
-        [sys.executable, "-m", "flyserve.vllm.launch", "--version"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().split("+")[0][:1].isdigit()
 
 
 def test_free_port_and_start_failure_is_reported(tmp_path):
