@@ -34,7 +34,9 @@ def test_tiny_model_config_and_tokenizer(tiny_dir):
     ids = tok(text)["input_ids"]
     assert 3 < len(ids) < len(text)  # BPE merges happened
     assert tok.decode(ids) == text  # byte-level: lossless round trip
-    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat.endswith("<|assistant|>\n") and "hi" in chat
 
 
