@@ -12,7 +12,7 @@ ranks replay the same trace step for step (TP ranks see the same batch), and ste
 trace step ``s % len(trace)``: the decisions of a run can be recomputed from (workload, steps,
 thresholds history), which is what the integration tests do.
 
-Ranks also keep a bounded sample of recent shapes in ``<state>/shapes/`` (flyserve.sidecar.shapes)
+Ranks also keep a bounded sample of recent shapes in ``<state>/shapes/`` (flyserve.telemetry.shape_sample)
 for the sidecar's dry runs. Kernel times are NOT simulated: there is no kernel here, so
 ``kernels`` in /dispatch-stats stays at count 0 (a made-up number would be a fake measurement).
 """
@@ -52,9 +52,9 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float) -> int:
     from flyserve.lab.workloads import workload
     from flyserve.policy import NO_PREFILL_ROWS, PREFILL, UNIFIED, BatchShape, decide, decision_for
     from flyserve.policy.vocabulary import CIRCUIT_OPEN
-    from flyserve.sidecar.shapes import ShapeSampleWriter
     from flyserve.telemetry import metrics
     from flyserve.telemetry.recorder import DispatchRecorder
+    from flyserve.telemetry.shape_sample import ShapeSampleWriter
 
     stop = False
 

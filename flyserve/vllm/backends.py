@@ -19,6 +19,7 @@ on that platform.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from flyserve.vllm.eligibility import PrefillKernelSpec
@@ -27,6 +28,7 @@ from flyserve.vllm.routing import routing_class
 log = logging.getLogger("flyserve.vllm")
 
 BACKEND_NAME = "CUSTOM"
+CONFIG_ENV = "FLYSERVE_CONFIG"  # the operator's thresholds file (docs/operations.md)
 CLASS_NAMES = {
     "cpu": "FlyserveCpuAttention",
     "cuda": "FlyserveCudaAttention",
@@ -53,12 +55,30 @@ def platform_kind() -> str:
 
 
 def start_decode_path() -> str:
-    """decode_path at start: the published snapshot's if there is one, else the profile's."""
+    """decode_path at start: the published snapshot's if there is one, else the profile's.
+
+    With $FLYSERVE_CONFIG set, the operator's file is published first (``reload(startup=True)``, the
+    one moment decode_path may change: no graph is captured yet). Every worker does this; the first
+    publishes, the others find the same content and publish nothing, so all capture the same variant.
+    A bad file is logged and the thresholds already in force are used: serving is not refused.
+    """
     from flyserve.control import ControlPlane
+    from flyserve.policy.thresholds import ThresholdsError
     from flyserve.vllm.runtime import profile_name
 
+    config_file = os.environ.get(CONFIG_ENV) or None
     try:
-        return ControlPlane(profile=profile_name()).snapshot().thresholds.decode_path
+        plane = ControlPlane(profile=profile_name(), config_file=config_file)
+        if config_file:
+            try:
+                plane.reload(actor=f"vllm-startup:{os.getpid()}", startup=True)
+            except ThresholdsError as exc:
+                log.error(
+                    "flyserve: $%s not published at start (%s); serving with the thresholds in force",
+                    CONFIG_ENV,
+                    exc,
+                )
+        return plane.snapshot().thresholds.decode_path
     except Exception:  # noqa: BLE001 - an unreadable state dir must not stop vLLM: use the profile
         from flyserve.policy.profiles import load_profile
 

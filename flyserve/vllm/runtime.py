@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flyserve.policy import PATHS, PREFILL, UNIFIED
+from flyserve.telemetry.shape_sample import ShapeSampleWriter
 
 log = logging.getLogger("flyserve.vllm")
 
@@ -33,6 +34,10 @@ PROFILE_ENV = "FLYSERVE_PROFILE"
 SHAPE_LOG_ENV = "FLYSERVE_SHAPE_LOG"
 FORCE_PATH_ENV = "FLYSERVE_FORCE_PATH"
 TIMER_EVERY_ENV = "FLYSERVE_KERNEL_TIMER_EVERY"
+# 1 step in 8 goes into the dry-run shape sample: enough to fill its 256 entries in a few seconds of
+# serving, while the copy of the row lengths it needs stays off 7 steps in 8.
+SHAPE_SAMPLE_EVERY = 8
+SHAPE_SAMPLE_FLUSH_S = 1.0
 DEFAULT_PROFILE = "gfx950"
 
 
@@ -194,12 +199,22 @@ class RankRuntime:
             if shape_log
             else None
         )
+        # A bounded sample of recent shapes (1 step in SHAPE_SAMPLE_EVERY) for the sidecar's dry runs
+        # (PUT/PATCH /thresholds?dry_run=true replays them through decide()); written by a thread.
+        self.shape_sample = ShapeSampleWriter(self.state_dir.path, rank=rank, engine=engine)
+        self.shape_sample_every = SHAPE_SAMPLE_EVERY
+        self._sample_stop = threading.Event()
+        self._sample_thread: threading.Thread | None = None
         self.kernel_timer = _kernel_timer(rank, self.tracing)
         self.path_timers = (
             tuple(self.kernel_timer.path(p) for p in PATHS) if self.kernel_timer is not None else None
         )
         if start:
             self.control.start()
+            self._sample_thread = threading.Thread(
+                target=self._flush_shape_sample, name="flyserve-shape-sample", daemon=True
+            )
+            self._sample_thread.start()
         log.info(
             "flyserve routing: rank %d, state dir %s, profile %s, thresholds version %d%s",
             rank,
@@ -208,6 +223,13 @@ class RankRuntime:
             self.control.snapshot.version,
             f", FORCED path {self.forced}" if self.forced else "",
         )
+
+    def _flush_shape_sample(self) -> None:
+        while not self._sample_stop.wait(SHAPE_SAMPLE_FLUSH_S):
+            try:
+                self.shape_sample.flush()
+            except Exception:
+                log.debug("flyserve shape sample: flush failed", exc_info=True)
 
     @classmethod
     def get(cls) -> RankRuntime:
@@ -224,6 +246,7 @@ class RankRuntime:
         inst = cls._instance
         cls._instance = None
         if inst is not None:
+            inst._sample_stop.set()
             inst.control.stop(timeout_s=1.0)
             if inst.shape_log is not None:
                 inst.shape_log.close()

@@ -63,3 +63,26 @@ def test_cuda_pair_composes(tmp_path, monkeypatch):
     assert cls.general_backend_cls is general and cls.causal_backend_cls is causal
     assert general.get_name() == "TRITON_ATTN" and causal.get_name() == "FLASH_ATTN"
     assert cls.get_name() == "CUSTOM" and cls.__name__ == "FlyserveCudaAttention"
+
+
+def test_start_publishes_the_operator_file_before_capture(tmp_path, monkeypatch, caplog):
+    """$FLYSERVE_CONFIG is published when the backend is built, decode_path included (the one moment
+    it may change), once however many workers do it; a bad file is logged and changes nothing."""
+    from flyserve.control import ControlPlane
+    from flyserve.vllm.backends import start_decode_path
+
+    state = tmp_path / "state"
+    cfg = tmp_path / "flyserve.yaml"
+    cfg.write_text("decode_path: prefill\nmin_seq_len: 64\n")
+    monkeypatch.setenv("FLYSERVE_STATE_DIR", str(state))
+    monkeypatch.setenv("FLYSERVE_PROFILE", "cpu-tiny")
+    monkeypatch.setenv("FLYSERVE_CONFIG", str(cfg))
+    assert start_decode_path() == "prefill"
+    assert start_decode_path() == "prefill"  # a second worker: same content, no new version
+    snap = ControlPlane(state, profile="cpu-tiny").snapshot()
+    assert snap.version == 1 and snap.thresholds.min_seq_len == 64 and snap.source == "file"
+    cfg.write_text("decode_path: sideways\n")
+    with caplog.at_level("ERROR", logger="flyserve.vllm"):
+        assert start_decode_path() == "prefill"
+    assert "decode_path" in caplog.text
+    assert ControlPlane(state, profile="cpu-tiny").snapshot().version == 1
