@@ -30,7 +30,7 @@ from flyserve.sidecar.models import (
     ThresholdsView,
 )
 from flyserve.sidecar.service import StatsService, thresholds_view
-from flyserve.sidecar.shapes import read_shape_samples, routing_change
+from flyserve.telemetry.shape_sample import read_shape_samples, routing_change
 
 router = APIRouter(
     responses={422: {"model": ErrorDetail, "description": "Invalid input: names the field and the reason."}}

@@ -115,6 +115,10 @@ class FlyserveRouting:
         self.last_decision = rt.last_decision = d  # the causal builder reads .lpt next
         if self.is_leader:
             rt.recorder.record(d, shape, step, snap.version)
+            if step % rt.shape_sample_every == 0:
+                qsl = metadata.query_start_loc_cpu
+                lens = np.diff(qsl.numpy() if hasattr(qsl, "numpy") else np.asarray(qsl))  # a copy
+                rt.shape_sample.add(step, lens, shape.max_seq_len, self.num_heads, shape.causal)
             if rt.shape_log is not None:
                 self._log_shape(metadata, step, shape, d, snap.version)
         return d.variant

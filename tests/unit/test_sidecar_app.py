@@ -15,7 +15,7 @@ from flyserve.control import ControlPlane, StateDir
 from flyserve.sidecar.app import create_app
 from flyserve.sidecar.auth import token_id
 from flyserve.sidecar.settings import SidecarSettings, TokenError, read_token
-from flyserve.sidecar.shapes import ShapeSampleWriter, read_shape_samples
+from flyserve.telemetry.shape_sample import ShapeSampleWriter, read_shape_samples
 
 TOKEN = "t0ken-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -46,7 +46,7 @@ def test_simulate_validates_before_starting_anything(tmp_path: Path):
 
 def test_simulate_one_rank_runs_the_real_path(tmp_path: Path):
     """One rank, a few steps, no sleeping: counters, report and shape sample appear; exit 0."""
-    from flyserve.sidecar.shapes import read_shape_samples
+    from flyserve.telemetry.shape_sample import read_shape_samples
     from flyserve.sidecar.stats import read_counters
 
     r = runner.invoke(

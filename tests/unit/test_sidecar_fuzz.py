@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 
 from flyserve.sidecar.app import create_app
 from flyserve.sidecar.settings import SidecarSettings
-from flyserve.sidecar.shapes import ShapeSampleWriter
+from flyserve.telemetry.shape_sample import ShapeSampleWriter
 
 TOKEN = "fuzz-token-0123456789abcdef"
 _STATE = Path(tempfile.mkdtemp(prefix="flyserve-sidecar-fuzz-"))

@@ -275,3 +275,22 @@ def test_select_hot_path_benchmark(state, benchmark):
     md.query_start_loc_cpu = torch.from_numpy(md.query_start_loc_cpu)  # what vLLM passes
     variant = benchmark(r.select, md)
     assert variant == r.last_decision.variant
+
+
+def test_shape_sample_feeds_the_sidecars_dry_run(state):
+    """The leader puts 1 step in 8 into the dry-run sample; flushed, the sidecar's reader gets the
+    exact row lengths vLLM passed, and a dry run over them predicts the same routing decide() makes."""
+    from flyserve.telemetry.shape_sample import read_shape_samples, routing_change
+
+    rt, r = make(state)
+    for _ in range(32):
+        r.select(metadata(*MIXED))
+    rt.shape_sample.flush()
+    samples = read_shape_samples(rt.state_dir.path, limit=100)
+    assert [s.step for s in samples] == [32, 24, 16, 8]
+    assert all(s.query_lens == tuple(MIXED[0]) and s.max_seq_len == max(MIXED[1]) for s in samples)
+    assert all(s.num_heads == HEADS for s in samples)
+    t = Thresholds.load("cpu-tiny")
+    change = routing_change(samples, t, t.merged({"prefill_enabled": False}))
+    assert change["current"] == {"unified": 0, "prefill": 4}
+    assert change["proposed"] == {"unified": 4, "prefill": 0}
