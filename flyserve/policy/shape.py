@@ -7,8 +7,7 @@ is a vectorised reduction, never a Python loop over rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -30,9 +29,12 @@ def _as_int_array(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-@dataclass(frozen=True, slots=True)
-class BatchShape:
-    """One batch, as the dispatcher sees it.
+class BatchShape(NamedTuple):
+    """One batch, as the dispatcher sees it. Immutable.
+
+    A NamedTuple rather than a frozen dataclass because it is built once per engine step on the
+    hot path: construction costs 0.36 us against 1.31 us for a frozen slotted dataclass of the same
+    eight fields (timeit on the 2-core CI VM).
 
     num_decode_rows: rows with query_len <= decode_query_len_max.
     num_short_query_rows: rows with query_len < block_m (decode rows included): rows that
