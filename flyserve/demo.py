@@ -27,28 +27,14 @@ from typing import Annotated, Any
 
 import typer
 
+from flyserve.vllm.launch import TINY_SERVE_ARGS
+
 PROFILE = "cpu-tiny"
 # The change made halfway: the context floor of the prefill path goes up from 96 to 256 tokens, so
 # with prompts of 32-288 tokens most batches that carry a prefill chunk move to the unified kernel
 # (a batch's context is its longest row's, decode rows included, so some still qualify).
 FLIP = {"min_seq_len": 256}
-SERVE_ARGS = [
-    "--enforce-eager",
-    "--dtype",
-    "bfloat16",
-    "--kv-cache-memory-bytes",
-    str(256 << 20),
-    "--max-num-batched-tokens",
-    "256",
-    "--max-num-seqs",
-    "16",
-    "--max-model-len",
-    "1024",
-    "--enable-chunked-prefill",
-    "--served-model-name",
-    "tiny",
-    "--disable-log-stats",
-]
+SERVE_ARGS = [*TINY_SERVE_ARGS, "--disable-log-stats"]
 
 
 def _default_model_dir() -> Path:

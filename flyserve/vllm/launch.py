@@ -88,6 +88,27 @@ def flyserve_env(state_dir: str | os.PathLike[str], profile: str, **extra: str) 
     return env
 
 
+# `vllm serve` flags for the tiny local model on a 2-core CPU machine (demo and e2e tests): eager, an
+# explicit KV cache (the memory-utilisation check refuses 24 GB machines), and a 256-token batch
+# budget so chunked prefill produces mixed prefill + decode batches.
+TINY_SERVE_ARGS: tuple[str, ...] = (
+    "--enforce-eager",
+    "--dtype",
+    "bfloat16",
+    "--kv-cache-memory-bytes",
+    str(256 << 20),
+    "--max-num-batched-tokens",
+    "256",
+    "--max-num-seqs",
+    "16",
+    "--max-model-len",
+    "1024",
+    "--enable-chunked-prefill",
+    "--served-model-name",
+    "tiny",
+)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago (the usual race applies; good enough for tests)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -19,26 +19,11 @@ from typing import Self
 import pytest
 
 from flyserve.control import ControlPlane
-from flyserve.vllm.launch import VllmServer, flyserve_env
+from flyserve.vllm.launch import TINY_SERVE_ARGS, VllmServer, flyserve_env
 
 pytestmark = pytest.mark.e2e
 
-SERVE_ARGS = [
-    "--enforce-eager",
-    "--dtype",
-    "bfloat16",
-    "--kv-cache-memory-bytes",
-    str(256 << 20),
-    "--max-num-batched-tokens",
-    "256",
-    "--max-num-seqs",
-    "16",
-    "--max-model-len",
-    "1024",
-    "--enable-chunked-prefill",
-    "--served-model-name",
-    "tiny",
-]
+SERVE_ARGS = list(TINY_SERVE_ARGS)
 
 
 @pytest.fixture(scope="module")
