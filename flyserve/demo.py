@@ -198,7 +198,10 @@ def demo(
         echo(f"      {sc_url}/dispatch-stats")
 
         echo("[3/5] starting vllm serve with the flyserve backend (about 20-60 s on 2 cores) ...")
-        server = VllmServer(model, SERVE_ARGS, env=flyserve_env(state, PROFILE), log_path=work / "vllm.log")
+        # The tiny model has 2 layers: time 1 forward in 16 (not the serving default, 1 in 256) so the
+        # kernel panel fills within the demo's minutes.
+        server_env = flyserve_env(state, PROFILE, FLYSERVE_KERNEL_TIMER_EVERY="16")
+        server = VllmServer(model, SERVE_ARGS, env=server_env, log_path=work / "vllm.log")
         stack.push("vllm serve", server.stop)
         server.start(
             timeout=300,
