@@ -24,6 +24,7 @@ Usage (on the device): PYTHONPATH=/tmp/site:. python3 scripts/gpu/overhead_loop.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -40,6 +41,11 @@ SHAPES = [
     {"name": "gpu-bound: 32 decode rows @ 8k", "rows": 32, "ctx": 8192, "steps": 30},
     {"name": "launch-bound: 8 decode rows @ 2k", "rows": 8, "ctx": 2048, "steps": 60},
 ]
+# The kernel timer's sampling (1 call in N per path; the loop uses 16, vLLM ranks default
+# to 256) and which shapes to run ("all", or "launch" for the launch-bound one only).
+TIMER_EVERY = int(os.environ.get("FLYSERVE_OVERHEAD_EVERY", "16"))
+if os.environ.get("FLYSERVE_OVERHEAD_SHAPES", "all") == "launch":
+    SHAPES = SHAPES[1:]
 
 
 def _quantiles(xs: list[float]) -> dict[str, float]:
@@ -86,7 +92,7 @@ def main(out_path: str, pairs: int = 30) -> dict:
     exporter = NullExporter()
     tracing = setup_tracing(exporter=exporter, ratio=0.01)
     recorder = DispatchRecorder(0, tracing=tracing)
-    timer = KernelTimer(0, every=16, clock="cuda", tracing=tracing)
+    timer = KernelTimer(0, every=TIMER_EVERY, clock="cuda", tracing=tracing)
     control = RankControl(tmp / "state", 0, profile="gfx950").start()
     t = Thresholds.load("gfx950")
     ua = get_kernel("triton_unified")
@@ -94,7 +100,7 @@ def main(out_path: str, pairs: int = 30) -> dict:
         "device": bench.device_info(),
         "layers": LAYERS,
         "pairs": pairs,
-        "timer_every": 16,
+        "timer_every": TIMER_EVERY,
         "span_ratio": 0.01,
         "variants": list(VARIANTS),
         "shapes": [],
