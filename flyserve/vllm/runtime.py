@@ -37,8 +37,8 @@ TIMER_EVERY_ENV = "FLYSERVE_KERNEL_TIMER_EVERY"
 # Serving default: 1 attention forward in 256 per path is timed. On the H200 a timed call cost the
 # host 21-37 us (42-74 us per step at 1 in 16 with 32 layers, i.e. two timed calls per step;
 # docs/performance.md section 6), about 1.3% of a launch-bound 3.5 ms decode step. At 1 in 256 a
-# 32-layer model times one call every 8 steps (derived: ~3-5 us per step on average), still several
-# samples a second for the p50/p99 panels. The overhead benchmark itself runs at 1 in 16.
+# 32-layer model times one call every 8 steps: measured there, 6.4 us of timer host time per step
+# (10.0 us with the recorder), still several samples a second for the p50/p99 panels.
 SERVING_TIMER_EVERY = 256
 # 1 step in 8 goes into the dry-run shape sample: enough to fill its 256 entries in a few seconds of
 # serving, while the copy of the row lengths it needs stays off 7 steps in 8.
