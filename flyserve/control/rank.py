@@ -52,7 +52,9 @@ class RankControl:
         self._pending: list[ConfigSnapshot] = []  # ascending version; touched under _lock only
         self._pending_step = _NEVER
         self._seen_stat: tuple[int, int, int] | None = None
-        self._last_rate_sample: tuple[float, int] | None = None
+        # Counted from construction (step 0), so the very first report already carries a rate and a
+        # change published in a rank's first seconds gets a margin in time, not the 8-step floor.
+        self._last_rate_sample: tuple[float, int] | None = (time.time(), 0)
         self._steps_per_s: float | None = None
         self.applied: list[tuple[int, int, int]] = []  # (version, effective_step, applied_step), bounded
         snap = self._read_current_quiet()

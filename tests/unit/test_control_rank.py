@@ -155,3 +155,21 @@ def test_the_hot_path_does_no_io_takes_the_slow_path_once_and_keeps_nothing(
     assert rc.snapshot.version == 2
     # The one switch appends an (version, effective_step, applied_step) record; nothing per step.
     assert retained < 2_000, f"{retained} bytes retained over 20000 steps"
+
+
+def test_first_report_carries_a_step_rate_so_an_early_change_gets_a_margin_in_time(
+    plane: ControlPlane,
+) -> None:
+    """A change published in a rank's first second must not fall back to the 8-step floor: the first
+    report's rate counts from construction, and the publisher sizes the margin from it."""
+    rc = RankControl(plane.state_dir, 0, report=False)
+    time.sleep(0.2)
+    for step in range(1, 201):
+        rc.current(step)
+    rc.write_report()
+    (report_file,) = plane.state_dir.ranks_dir.glob("*.json")
+    assert json.loads(report_file.read_text())["steps_per_s"] > 100  # 200 steps in ~0.2 s
+    timed = ControlPlane(plane.state_dir, step_margin=8, lead_s=3.0)
+    res = timed.apply_overrides({"min_seq_len": 2048}, actor="t")
+    # margin = max(8, rate * lead_s): at > 100 steps/s and a 3 s lead, 300+ steps ahead, not 8
+    assert res.snapshot.effective_step >= 200 + 300
