@@ -31,12 +31,14 @@ from prometheus_client.mmap_dict import MmapedDict
 
 from flyserve.policy.vocabulary import NO_PREFILL_ROWS, PATHS, PREFILL, REASONS
 from flyserve.sidecar.models import KernelStats, Totals, Window
+from flyserve.telemetry import metrics as tm
 
-DECISIONS = "flyserve_dispatch_decisions_total"
-TOKENS = "flyserve_dispatch_tokens_total"
-ROWS = "flyserve_dispatch_rows_total"
-LPT = "flyserve_dispatch_lpt_total"
-KERNEL = "flyserve_kernel_seconds"
+# The sample names as the ranks' files hold them, from the metric definitions (never retyped here).
+DECISIONS = tm.exposed_name(tm.DISPATCH_DECISIONS)
+TOKENS = tm.exposed_name(tm.DISPATCH_TOKENS)
+ROWS = tm.exposed_name(tm.DISPATCH_ROWS)
+LPT = tm.exposed_name(tm.DISPATCH_LPT)
+KERNEL = tm.exposed_name(tm.KERNEL_SECONDS)
 ROW_KINDS = ("prefill", "decode")
 
 WINDOWS: dict[str, float] = {"60s": 60.0, "300s": 300.0, "900s": 900.0}

@@ -548,14 +548,15 @@ SHARED_METRICS: Final = RANK_METRICS + CONTROL_METRICS
 ALL_METRICS: Final = SHARED_METRICS + SIDECAR_METRICS
 
 
-def _exposed_name(m: Any) -> str:
+def exposed_name(m: Any) -> str:
+    """The name a scrape shows (and the multiprocess files hold): counters get their _total suffix."""
     return m._name + ("_total" if m._type == "counter" else "")
 
 
-METRIC_NAMES: Final[tuple[str, ...]] = tuple(_exposed_name(m) for m in ALL_METRICS)
+METRIC_NAMES: Final[tuple[str, ...]] = tuple(exposed_name(m) for m in ALL_METRICS)
 """Every metric name as an operator queries it (counters with ``_total``; histograms' base name,
 whose series are ``<name>_bucket``, ``_sum``, ``_count``)."""
-METRIC_TYPES: Final[dict[str, str]] = {_exposed_name(m): m._type for m in ALL_METRICS}
+METRIC_TYPES: Final[dict[str, str]] = {exposed_name(m): m._type for m in ALL_METRICS}
 
 REGISTRY: Final = CollectorRegistry()
 """In-process view of every flyserve metric of this process (tests, single-process use)."""

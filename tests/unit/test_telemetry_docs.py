@@ -22,7 +22,7 @@ def _queries() -> list[str]:
 def test_every_metric_is_documented_with_its_labels() -> None:
     text = DOC.read_text()
     for m in metrics.ALL_METRICS:
-        name = metrics._exposed_name(m)
+        name = metrics.exposed_name(m)
         row = next((line for line in text.splitlines() if line.startswith(f"| `{name}` |")), None)
         assert row is not None, f"{name} has no row in docs/metrics.md"
         for label in m._labelnames:
