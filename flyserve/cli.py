@@ -25,8 +25,8 @@ _COMMAND_MODULES = (
     "flyserve.control.cli",  # thresholds show|set|unset|rollback|history
     "flyserve.sidecar.cli",  # sidecar, simulate
     "flyserve.dashboards_cli",  # dashboards build
-    "flyserve.lab.cli",  # calibrate, replay, arms compare
-    "flyserve.lab.arms_cli",  # arms compare
+    "flyserve.lab.cli",  # calibrate, replay
+    "flyserve.arms.cli",  # arms compare
     "flyserve.demo",  # demo
 )
 

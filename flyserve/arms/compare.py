@@ -8,9 +8,9 @@ per arm cannot say whether 1.4 points is the kernel or the noise. This tool send
 deterministic requests to both arms K times, so each arm's run-to-run divergence (the noise floor)
 is measured next to the cross-arm divergence, and tests both differences by a paired bootstrap.
 
-Modules: arms_prompts (the JSONL input), arms_client (HTTP, retries), arms_results (the resumable
-raw file), arms_align (token alignment, margins), arms_extract (final answers), arms_stats (figures,
-tests), arms_report (table, JSON, plot). This one runs them in order.
+Modules: prompts (the JSONL input), client (HTTP, retries), results (the resumable
+raw file), align (token alignment, margins), extract (final answers), stats (figures,
+tests), report (table, JSON, plot). This one runs them in order.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from flyserve.lab.arms_client import (
+from flyserve.arms.client import (
     ArmServerError,
     RequestSpec,
     RetryPolicy,
@@ -35,10 +35,10 @@ from flyserve.lab.arms_client import (
     parse_response,
     post_with_retries,
 )
-from flyserve.lab.arms_extract import Extractor, ExtractorError, make_extractor
-from flyserve.lab.arms_prompts import PromptFileError, PromptItem, load_prompts, prompts_fingerprint
-from flyserve.lab.arms_results import ResultsFile, ResultsFileError
-from flyserve.lab.arms_stats import ARMS, BOOTSTRAP_SEED, analyze
+from flyserve.arms.extract import Extractor, ExtractorError, make_extractor
+from flyserve.arms.prompts import PromptFileError, PromptItem, load_prompts, prompts_fingerprint
+from flyserve.arms.results import ResultsFile, ResultsFileError
+from flyserve.arms.stats import ARMS, BOOTSTRAP_SEED, analyze
 
 __all__ = [
     "ArmServerError",
@@ -280,7 +280,7 @@ def run_compare_cli(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flyserve.lab.arms_report import render_table, write_json, write_plot
+    from flyserve.arms.report import render_table, write_json, write_plot
 
     err = Console(stderr=True)
     try:

@@ -84,7 +84,7 @@ def compare(
     Exit codes: 0 done; 1 bad input (prompts file, flags, results file of another comparison);
     3 a server kept failing (everything received so far is in the results file: re-run to resume).
     """
-    from flyserve.lab.arms import run_compare_cli
+    from flyserve.arms.compare import run_compare_cli
 
     code = run_compare_cli(
         a=a,
