@@ -15,7 +15,6 @@ import httpx
 import pytest
 from arms_fake_openai import FakeState, make_app
 
-from flyserve.arms.compare import ArmsInputError, CompareSettings, check_answers, check_base_url, compare
 from flyserve.arms.client import (
     ArmServerError,
     RequestSpec,
@@ -24,6 +23,7 @@ from flyserve.arms.client import (
     parse_response,
     post_with_retries,
 )
+from flyserve.arms.compare import ArmsInputError, CompareSettings, check_answers, check_base_url, compare
 from flyserve.arms.extract import NumberExtractor
 from flyserve.arms.prompts import PromptFileError, PromptItem, parse_prompts
 from flyserve.arms.results import ResultsFile, ResultsFileError
