@@ -17,10 +17,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from _support import require_module
 
 pytestmark = pytest.mark.e2e
 
-pytest.importorskip("vllm")
+require_module("vllm")
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = 2
