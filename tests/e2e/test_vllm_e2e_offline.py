@@ -95,8 +95,8 @@ def test_chunked_prefill_made_mixed_batches(engine):
 def test_recorded_decisions_equal_decide_on_vllms_shapes(engine):
     thresholds = {h["version"]: Thresholds.parse(h["thresholds"]) for h in engine["result"]["history"]}
     thresholds.setdefault(0, Thresholds.load("cpu-tiny"))
-    circuit = {h["version"]: h["circuit_open"] for h in engine["result"]["history"]}
-    checked = 0
+    opened_after, closed_at = _circuit_window(engine)
+    checked = circuit_rows = 0
     for s in engine["shapes"]:
         t = thresholds[s["version"]]
         shape = BatchShape.from_query_lens(
@@ -104,12 +104,29 @@ def test_recorded_decisions_equal_decide_on_vllms_shapes(engine):
         )
         assert s["max_seq_len"] == max(s["seq_lens"])
         d = decide(shape, t)
-        if s["reason"] == "circuit_open":  # the breaker overrides an admitted batch, nothing else
-            assert d.reason == "admitted" and (circuit.get(s["version"]) or s["path"] == "unified")
+        if s["reason"] == "circuit_open":
+            # The breaker overrides an admitted batch, nothing else; it runs on unified; and only
+            # while the circuit is open: after the kernel started failing, before the rank applied
+            # the version that closed it.
+            assert d.reason == "admitted", s
+            assert s["path"] == "unified", s
+            assert s["step"] > opened_after, (s, opened_after)
+            assert s["version"] < closed_at, (s, closed_at)
+            circuit_rows += 1
             continue
         assert (s["path"], s["reason"]) == (d.path, d.reason), s
         checked += 1
     assert checked >= 20
+    assert circuit_rows >= 1
+
+
+def _circuit_window(engine) -> tuple[int, int]:
+    """(last step before the prefill kernel started failing, the version that closed the circuit)."""
+    history = engine["result"]["history"]
+    opened = [h["version"] for h in history if h["circuit_open"]]
+    assert opened, "the control plane never published an open circuit"
+    closed_at = min(h["version"] for h in history if h["version"] > opened[0] and not h["circuit_open"])
+    return phases(engine)["prefill"]["last_step"], closed_at
 
 
 def test_prometheus_counters_equal_the_recorded_decisions(engine):

@@ -8,6 +8,7 @@ effective step, new ones from it).
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import socket
@@ -120,9 +121,27 @@ def expected_decisions(name: str, steps: int, switches: list[tuple[int, Threshol
     return out
 
 
+def _pause_ranks(stats: dict) -> list[int]:
+    """SIGSTOP every rank process of the stats (checked to be our simulator's); their pids."""
+    pids = [r["pid"] for r in stats["ranks"]]
+    for pid in pids:
+        assert b"flyserve.sim.simulate" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def _resume(pids: list[int]) -> None:
+    while pids:
+        try:
+            os.kill(pids.pop(), signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def test_stats_match_decisions_and_patch_switches_all_ranks_at_one_step(sidecar: Sidecar):
     name, steps, ranks = "seed-60k-c32", 800, 3
     sim = start_simulate(sidecar.state, ranks=ranks, name=name, steps=steps, interval=0.02)
+    paused: list[int] = []
     try:
         with sidecar.client() as c:
 
@@ -131,7 +150,11 @@ def test_stats_match_decisions_and_patch_switches_all_ranks_at_one_step(sidecar:
                 live = [r for r in s["ranks"] if not r["stale"]]
                 return s if len(live) == ranks and min(r["step"] or 0 for r in live) >= n else None
 
-            wait_for(lambda: ranks_past(70), timeout=60, what="3 ranks past step 70")
+            seen = wait_for(lambda: ranks_past(70), timeout=60, what="3 ranks past step 70")
+            # Hold the ranks (SIGSTOP) while the change is made, so where they are when it is published
+            # does not depend on how fast this machine answers HTTP: the second wave's prefill batches
+            # (steps 601..661) always come after the effective step.
+            paused = _pause_ranks(seen)
             # A dry run: the diff and the routing change on recent shapes; nothing applied.
             r = c.patch("/thresholds", params={"dry_run": "true"}, json={"min_seq_len": 65536},
                         headers=AUTH | {"If-Match": "0"})  # fmt: skip
@@ -154,8 +177,9 @@ def test_stats_match_decisions_and_patch_switches_all_ranks_at_one_step(sidecar:
             snap = r.json()["thresholds"]
             assert snap["version"] == 1
             effective = snap["effective_step"]
-            # The second wave's prefill batches (steps 600..661) must come after the switch.
-            assert 70 + STEP_MARGIN <= effective < 600, f"effective_step {effective}: machine too loaded?"
+            _resume(paused)
+            held_at = max(r["step"] for r in seen["ranks"])
+            assert held_at + STEP_MARGIN <= effective < 601, (held_at, effective)
 
         out, _ = sim.communicate(timeout=120)
         assert sim.returncode == 0, out
@@ -166,6 +190,7 @@ def test_stats_match_decisions_and_patch_switches_all_ranks_at_one_step(sidecar:
             s = c.get("/dispatch-stats").json()
             metrics_text = c.get("/metrics").text
     finally:
+        _resume(paused)
         _stop(sim)
 
     # Every rank switched at the same step, the one the control plane chose.
@@ -271,15 +296,16 @@ def test_shutdown_does_not_hang_on_open_stream(sidecar: Sidecar):
         lines = r.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         assert '"totals"' in first
-        t0 = time.monotonic()
         sidecar.proc.send_signal(signal.SIGTERM)
-        rest = list(lines)  # the server ends the stream
-        sidecar.proc.wait(timeout=10)
-        took = time.monotonic() - t0
+        # The server ends the stream: the chunked body closes properly (a stream cut off by
+        # uvicorn's graceful-shutdown timeout raises RemoteProtocolError here instead).
+        rest = list(lines)
+        sidecar.proc.wait(timeout=60)
     # uvicorn re-raises the captured SIGTERM after its graceful shutdown: -15 is the clean exit.
     assert sidecar.proc.returncode in (0, -signal.SIGTERM)
-    assert isinstance(rest, list)
+    # Whatever arrived after the first event is whole events, each a complete stats payload.
+    data = [line[len("data: "):] for line in rest if line.startswith("data: ")]
+    assert all(json.loads(d)["totals"] is not None for d in data), data
     log = sidecar.log.read_text()
+    # uvicorn logs this when its graceful timeout (5 s) cancels a task: the stream did not end on its own.
     assert "graceful shutdown exceeded" not in log and "Traceback" not in log, log
-    # uvicorn's graceful timeout is 5 s; the stream must end on its own well before that.
-    assert took < 4.0, took

