@@ -336,11 +336,23 @@ def test_more_runs_extend_the_file(tmp_path):
 
 
 def test_header_only_file_resumes(tmp_path):
+    """A run killed after writing the header: reopened, the file is resumed (no second header, no
+    records), a response appended then is found on the next open, and another comparison is refused."""
     results = tmp_path / "r.jsonl"
-    items = parse_prompts("\n".join(PROMPTS))
-    rf = ResultsFile.open(results, {"prompts_sha256": "x"})
-    assert rf.records == {} and len(items) == 4
+    first = ResultsFile.open(results, {"prompts_sha256": "x"})
+    assert first.records == {}
     assert results.read_text().count("\n") == 1
+
+    again = ResultsFile.open(results, {"prompts_sha256": "x"})
+    assert again.records == {} and again.notes == []
+    assert results.read_text().count("\n") == 1  # the header is not written twice
+    again.append({"arm": "a", "run": 0, "prompt": 2, "text": "7", "tokens": ["7"], "top_logprobs": [[]]})
+
+    third = ResultsFile.open(results, {"prompts_sha256": "x"})
+    assert set(third.records) == {("a", 0, 2)} and third.has("a", 0, 2) and not third.has("b", 0, 2)
+    assert third.records[("a", 0, 2)].text == "7"
+    with pytest.raises(ResultsFileError, match="prompts_sha256"):
+        ResultsFile.open(results, {"prompts_sha256": "y"})
 
 
 def test_the_shipped_example_is_valid():

@@ -271,10 +271,15 @@ def test_select_hot_path_benchmark(state, benchmark):
     layers = {"l0": layer()}
     r = cls(list(layers), vllm_config(layers), runtime=rt)
     q = [1] * 14 + [120, 200]
-    md = metadata(q, [300] * 14 + [120, 200])
+    seqs = [300] * 14 + [120, 200]
+    md = metadata(q, seqs)
     md.query_start_loc_cpu = torch.from_numpy(md.query_start_loc_cpu)  # what vLLM passes
     variant = benchmark(r.select, md)
-    assert variant == r.last_decision.variant
+    # The answer decide() gives on the same batch and thresholds, computed here without select().
+    t = Thresholds.load("cpu-tiny")
+    expected = decide(BatchShape.from_query_lens(q, max_seq_len=max(seqs), num_heads=HEADS, thresholds=t), t)
+    assert variant == expected.variant
+    assert r.last_decision is expected
 
 
 def test_shape_sample_feeds_the_sidecars_dry_run(state):
