@@ -4,8 +4,11 @@ kernels cannot run here)."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
 import types
+from pathlib import Path
 
 import pytest
 from _support import require_module
@@ -79,17 +82,56 @@ def test_torch_reference_is_not_trivially_equal_to_noncausal():
 
 
 class _Recorder:
-    def __init__(self):
+    """A stand-in kernel. With ``signature`` (the real kernel's), each call is bound to it first, so
+    an argument the kernel does not take, or a required one left out, fails the call as it would on
+    the GPU."""
+
+    def __init__(self, signature: inspect.Signature | None = None):
         self.calls = []
+        self.signature = signature
 
     def __call__(self, *args, **kwargs):
+        if self.signature is not None:
+            self.signature.bind(*args, **kwargs)  # TypeError on a mismatch
         self.calls.append((args, kwargs))
 
 
-def _fake_module(monkeypatch, name, attr):
-    rec = _Recorder()
+def _fake_module(monkeypatch, name, attr, signature=None):
+    rec = _Recorder(signature)
     monkeypatch.setitem(__import__("sys").modules, name, types.SimpleNamespace(**{attr: rec}))
     return rec
+
+
+def _installed_vllm_source(relpath: str) -> Path:
+    vllm = require_module("vllm")
+    path = Path(vllm.__file__).parent / relpath
+    assert path.is_file(), f"the installed vLLM has no {relpath}"
+    return path
+
+
+def _signature_from_source(path: Path, func: str) -> inspect.Signature:
+    """A function's signature read with ast (for a module that cannot be imported on a CPU host)."""
+    node = next(
+        n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef) and n.name == func
+    )
+    a = node.args
+    positional = a.posonlyargs + a.args
+    first_default = len(positional) - len(a.defaults)
+    params = [
+        inspect.Parameter(
+            arg.arg,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None if i >= first_default else inspect.Parameter.empty,
+        )
+        for i, arg in enumerate(positional)
+    ]
+    params += [
+        inspect.Parameter(arg.arg, inspect.Parameter.KEYWORD_ONLY, default=None if d is not None else inspect.Parameter.empty)
+        for arg, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+    ]
+    if a.kwarg is not None:
+        params.append(inspect.Parameter(a.kwarg.arg, inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(params)
 
 
 def _args(causal=True):
@@ -99,7 +141,17 @@ def _args(causal=True):
 
 
 def test_triton_unified_call(monkeypatch):
-    rec = _fake_module(monkeypatch, "vllm.v1.attention.ops.triton_unified_attention", "unified_attention")
+    """The call binds to the installed vLLM's unified_attention, with the 3D-kernel buffers sized by
+    the constants of vLLM's own TritonAttentionMetadataBuilder (read from vLLM, not retyped here)."""
+    from vllm.v1.attention.backends import triton_attn
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+    rec = _fake_module(
+        monkeypatch,
+        "vllm.v1.attention.ops.triton_unified_attention",
+        "unified_attention",
+        inspect.signature(unified_attention),
+    )
     a = _args()
     get_kernel("triton_unified")(*a)
     ((args, kw),) = rec.calls
@@ -109,15 +161,22 @@ def test_triton_unified_call(monkeypatch):
     assert (kw["max_seqlen_q"], kw["max_seqlen_k"], kw["softmax_scale"], kw["causal"]) == (6, 7, a[9], True)
     assert kw["window_size"] == (-1, -1) and kw["softcap"] == 0 and kw["q_descale"] is None
     assert kw["alibi_slopes"] is None and kw["sinks"] is None and kw["output_scale"] is None
-    # vLLM's TritonAttentionMetadataBuilder: threshold 128 // num_kv_heads, 16 segments
-    assert kw["seq_threshold_3D"] == 128 // HKV and kw["num_par_softmax_segments"] == 16
-    assert tuple(kw["softmax_segm_output"].shape) == (128 // HKV, H, 16, 16)
-    assert tuple(kw["softmax_segm_max"].shape) == (128 // HKV, H, 16)
+    threshold = triton_attn.MIN_LAUNCH_GRID_SIZE_2D // HKV
+    segments = triton_attn.NUM_PAR_SOFTMAX_SEGMENTS
+    assert kw["seq_threshold_3D"] == threshold and kw["num_par_softmax_segments"] == segments
+    assert tuple(kw["softmax_segm_output"].shape) == (threshold, H, segments, D)
+    assert tuple(kw["softmax_segm_max"].shape) == (threshold, H, segments)
     assert tuple(kw["k_descale"].shape) == (2, HKV) and float(kw["k_descale"].max()) == 1.0
 
 
 def test_fa3_call(monkeypatch):
-    rec = _fake_module(monkeypatch, "vllm.vllm_flash_attn", "flash_attn_varlen_func")
+    """The call binds to the installed vLLM's flash_attn_varlen_func (its source: the module needs
+    the CUDA extension to import)."""
+    sig = _signature_from_source(
+        _installed_vllm_source("vllm_flash_attn/flash_attn_interface.py"), "flash_attn_varlen_func"
+    )
+    assert {"q", "fa_version", "seqused_k", "block_table"} <= set(sig.parameters)  # the right function
+    rec = _fake_module(monkeypatch, "vllm.vllm_flash_attn", "flash_attn_varlen_func", sig)
     a = _args(causal=False)
     get_kernel("fa3")(*a)
     ((args, kw),) = rec.calls
@@ -128,6 +187,17 @@ def test_fa3_call(monkeypatch):
     assert (kw["max_seqlen_q"], kw["max_seqlen_k"], kw["softmax_scale"], kw["causal"]) == (6, 7, a[9], False)
     assert kw["window_size"] == [-1, -1] and kw["softcap"] == 0.0 and kw["alibi_slopes"] is None
     assert "cu_seqlens_k" not in kw  # paged: the KV lengths come from seqused_k
+
+
+def test_a_call_the_kernel_cannot_take_is_caught(monkeypatch):
+    """The signature-bound fake bites: an unknown keyword and a missing required argument both fail."""
+    sig = inspect.signature(lambda q, k, *, causal=False: None)
+    rec = _Recorder(sig)
+    rec(1, 2, causal=True)
+    with pytest.raises(TypeError):
+        rec(1, 2, dropout=0.0)
+    with pytest.raises(TypeError):
+        rec(1)
 
 
 def test_aiter_call(monkeypatch):
