@@ -15,7 +15,8 @@ from flyserve.control import ControlPlane, Watcher
 from flyserve.control._metrics import reload_count
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+def wait_for(cond: Callable[[], bool], timeout_s: float = 60.0) -> bool:
+    """Poll ``cond``; the deadline is generous (a loaded 2-core machine) and costs time only on failure."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
@@ -127,22 +128,34 @@ def test_sighup_forces_a_reload(
     cfg.parent.mkdir()
     cfg.write_text("min_seq_len: 2000\n")
     w = Watcher(plane, cfg, poll_interval_s=30, use_watchfiles=use_watchfiles)
+    reloads_done: list[bool] = []
+    reload = w._reload
+
+    def counted_reload(sha):  # the watcher thread's reload, observed: the end of each one is an event
+        try:
+            return reload(sha)
+        finally:
+            reloads_done.append(True)
+
+    w._reload = counted_reload
     previous = signal.getsignal(signal.SIGHUP)
     w.install_sighup()
     try:
+        w.check()  # the start-up load, here and now: the watcher thread then starts from a settled state
+        base = len(reloads_done)
         w.start()
         stopper.append(w)
         n = len(plane.audit_log())
         os.kill(os.getpid(), signal.SIGHUP)
-        assert wait_for(lambda: len(plane.audit_log()) == n + 1)
+        assert wait_for(lambda: len(reloads_done) == base + 1)  # SIGHUP's reload finished, hash recorded
+        assert len(plane.audit_log()) == n + 1
         assert plane.audit_log()[-1]["result"] == "unchanged"  # same content: no new version
         # Written behind the watcher's back (the new content's hash is made to look handled), so
         # neither an event nor the 30 s poll would reload it: only SIGHUP does.
-        time.sleep(0.2)  # let the watcher thread finish recording the first reload
         w._handled = hashlib.sha256(b"min_seq_len: 2200\n").hexdigest()
         cfg.write_text("min_seq_len: 2200\n")
-        time.sleep(0.3)
-        assert min_seq_len(plane) == 2000
+        assert w.check() is False  # what an event or the poll does: a plain look, no reload
+        assert min_seq_len(plane) == 2000 and len(reloads_done) == base + 1
         os.kill(os.getpid(), signal.SIGHUP)
         assert wait_for(lambda: min_seq_len(plane) == 2200)
     finally:
@@ -157,8 +170,10 @@ def test_two_watchers_of_one_file_publish_once(tmp_path: Path, stopper: list) ->
     stopper.append(Watcher(a, poll_interval_s=0.05, debounce_ms=10, actor="sidecar").start())
     stopper.append(Watcher(b, poll_interval_s=0.05, debounce_ms=10, actor="rank0").start())
     cfg.write_text("min_seq_len: 2300\n")
+    new = hashlib.sha256(b"min_seq_len: 2300\n").hexdigest()
     assert wait_for(lambda: min_seq_len(a) == 2300)
-    time.sleep(0.3)
+    watchers = stopper[-2:]
+    assert wait_for(lambda: all(w._handled == new for w in watchers))  # both have dealt with the edit
     assert [s.thresholds.min_seq_len for s in a.history()] == [2000, 2300]
 
 
