@@ -38,8 +38,8 @@ def main() -> None:
     ap.add_argument("--stop-file", required=True)
     ap.add_argument("--interval", type=float, default=0.05)
     ap.add_argument("--step-sleep", type=float, default=0.004)
-    ap.add_argument("--max-steps", type=int, default=20000)
-    ap.add_argument("--max-seconds", type=float, default=60.0)
+    ap.add_argument("--max-steps", type=int, default=200_000)
+    ap.add_argument("--max-seconds", type=float, default=600.0)
     a = ap.parse_args()
 
     pool = shape_pool()
@@ -49,9 +49,18 @@ def main() -> None:
     stop = Path(a.stop_file)
     deadline = time.monotonic() + a.max_seconds
     step = 0
+    # The first step at which this rank knew of each version (its poll thread had read it): lets the
+    # test tell a version learned in time (applied exactly at effective_step) from one learned late
+    # on a loaded machine (applied at once), instead of assuming the machine is fast enough.
+    learned: dict[int, int] = {}
+    known = 0
     try:
         while step < a.max_steps:
             snap = rc.current(step)
+            now_known = rc._known_version
+            for v in range(known + 1, now_known + 1):
+                learned[v] = step
+            known = max(known, now_known)
             d = decide(pool[step % len(pool)], snap.thresholds)
             versions[step] = snap.version
             decisions.append(f"{d.path}/{d.reason}/{d.ordering}")
@@ -70,6 +79,7 @@ def main() -> None:
                 "versions": versions[:step].tolist(),
                 "decisions": decisions,
                 "applied": rc.applied,
+                "learned": learned,
             }
         )
     )

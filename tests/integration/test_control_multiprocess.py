@@ -26,11 +26,12 @@ pytestmark = pytest.mark.integration
 
 RANKS = 4
 # A new version takes effect LEAD_S after it is published (in steps, from the ranks' reported rate):
-# ranks poll every 50 ms here, so 0.6 s is ample even on a busy 2-core machine.
-LEAD_S = 0.6
+# ranks poll every 50 ms here. A rank that still learns of it late (a loaded machine) must apply it at
+# once; the checks below tell the two cases apart from what each rank recorded.
+LEAD_S = 2.0
 
 
-def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
@@ -104,7 +105,7 @@ def test_four_ranks_switch_together_through_file_api_and_configmap_swaps(tmp_pat
                         "--step-sleep",
                         "0.004",
                         "--max-seconds",
-                        "60",
+                        "600",
                     ],
                 )
             )
@@ -162,14 +163,20 @@ def test_four_ranks_switch_together_through_file_api_and_configmap_swaps(tmp_pat
         assert any(decide(s, before) != decide(s, after) for s in pool), f"version {v} changes no decision"
 
     outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(RANKS)]
+    late: list[tuple[int, int]] = []
     for r, out in enumerate(outs):
         assert out["pid"] == procs[r].pid == pids_during[r], "a rank process was restarted"
         applied = {v: (eff, at) for v, eff, at in out["applied"]}
         assert sorted(applied) == [1, 2, 3, 4, 5], f"rank {r} skipped a version: {out['applied']}"
+        learned = {int(v): step for v, step in out["learned"].items()}
         for v in range(2, 6):
             eff, at = applied[v]
             assert eff == history[v].effective_step
-            assert at == eff, f"rank {r} applied version {v} at step {at}, not at its effective step {eff}"
+            if learned[v] < eff:  # known in time: exactly at the effective step
+                assert at == eff, f"rank {r} applied version {v} at step {at}, not at its effective step {eff}"
+            else:  # learned late (a loaded machine): at once, at the step it learned of it (or the next)
+                assert at in (learned[v], learned[v] + 1), (r, v, eff, at, learned[v])
+                late.append((r, v))
         assert out["steps"] > history[5].effective_step
         for step, (v, got) in enumerate(zip(out["versions"], out["decisions"], strict=True)):
             expect_v = max((u for u in range(2, 6) if history[u].effective_step <= step), default=1)
@@ -177,5 +184,7 @@ def test_four_ranks_switch_together_through_file_api_and_configmap_swaps(tmp_pat
             d = decide(pool[step % len(pool)], history[v].thresholds)
             assert got == f"{d.path}/{d.reason}/{d.ordering}", f"rank {r} step {step}"
     # The same step for every rank, by construction of the checks above; say it plainly too.
-    switch_steps = {tuple(sorted((v, at) for v, _eff, at in o["applied"] if v > 1)) for o in outs}
+    in_time = [v for v in range(2, 6) if all((r, v) not in late for r in range(RANKS))]
+    assert in_time, f"no version reached every rank before its effective step ({LEAD_S} s lead): {late}"
+    switch_steps = {tuple(sorted((v, at) for v, _eff, at in o["applied"] if v in in_time)) for o in outs}
     assert len(switch_steps) == 1
