@@ -139,8 +139,11 @@ def test_read_counters_from_real_multiprocess_files(tmp_path: Path):
     k = kernels_of(counters.values())
     assert k["prefill"].count == 4 and k["unified"].count == 0
     assert k["prefill"].mean_s == pytest.approx((0.002 + 0.003 + 0.004 + 0.2) / 4)
-    assert 0.0025 <= k["prefill"].p50_s <= 0.005
-    assert 0.1 <= k["prefill"].p99_s <= 0.25
+    # histogram_quantile is deterministic: 0.002 in (0.001, 0.0025], 0.003 and 0.004 in (0.0025, 0.005],
+    # 0.2 in (0.1, 0.25]. p50: rank 2 of 4, 1 below the bucket, 2 in it -> 0.0025 + 0.0025 * 1/2.
+    # p99: rank 3.96, 3 below, 1 in (0.1, 0.25] -> 0.1 + 0.15 * 0.96.
+    assert k["prefill"].p50_s == pytest.approx(0.00375, rel=1e-12)
+    assert k["prefill"].p99_s == pytest.approx(0.244, rel=1e-12)
     assert json.loads(k["prefill"].model_dump_json())["count"] == 4
 
 
