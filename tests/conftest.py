@@ -18,3 +18,24 @@ def seed_cases() -> dict:
     if not path.is_file():
         pytest.fail(f"{path} is missing: the seed's measured cases are required test data")
     return json.loads(path.read_text())
+
+
+# Fast to slow, so a broken unit test shows in seconds, before the servers and vLLM start.
+# Within a tier, collection order (file, then definition order) is kept.
+TIERS = ("unit", "benchmarks", "integration", "e2e", "gpu")
+
+
+def tier_of(path: Path) -> int:
+    """The tier of a test file: the first directory under the repository named in TIERS."""
+    try:
+        parts = path.resolve().relative_to(REPO).parts
+    except ValueError:
+        return len(TIERS)
+    for part in parts[:2]:
+        if part in TIERS:
+            return TIERS.index(part)
+    return len(TIERS)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    items.sort(key=lambda item: tier_of(Path(str(item.path))))
