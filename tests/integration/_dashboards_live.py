@@ -386,10 +386,16 @@ def run_scenario(stack: LiveStack, *, phase_s: float = 8.0, log=print) -> Scenar
         raise RuntimeError(f"circuit open failed: {r.stdout}{r.stderr}")
     mark("circuit open")
     watch_alerts(phase_s)
+    # Each phase ends on what Prometheus shows, not on a clock: the tests bound their windows by
+    # these "seen" events (a loaded machine stretches a phase instead of failing it).
+    stack.wait_for("the open circuit in Prometheus", "min(flyserve_circuit_open)", timeout_s=120)
+    mark("circuit open seen")
     r = stack.circuit(False)
     if r.returncode != 0:
         raise RuntimeError(f"circuit close failed: {r.stdout}{r.stderr}")
     mark("circuit closed")
+    stack.wait_for("the closed circuit in Prometheus", "max(flyserve_circuit_open) == bool 0", timeout_s=120)
+    mark("circuit closed seen")
     time.sleep(phase_s / 2)
     r = stack.patch_thresholds({"min_seq_len": 100000})
     sc.responses["collapse"] = (r.status_code, r.json())
@@ -399,6 +405,19 @@ def run_scenario(stack: LiveStack, *, phase_s: float = 8.0, log=print) -> Scenar
     sc.responses["invalid"] = (r.status_code, r.json())
     mark("invalid change (422)")
     watch_alerts(1.5 * phase_s)  # the refusing change lasts 2 phases: bursts of prefills are seconds apart
+    # ... and at least until both ranks run it and a batch with prefill rows was refused under it.
+    version = sc.responses["collapse"][1]["thresholds"]["version"]
+    stack.wait_for(
+        "both ranks on the refusing version",
+        f"count(flyserve_thresholds_version >= {version}) == bool 2",
+        timeout_s=120,
+    )
+    stack.wait_for(
+        "a prefill batch refused (short_context) under the refusing version",
+        f"sum(increase(flyserve_dispatch_decisions_total{{reason=\"short_context\"}}[{RATE_INTERVAL}]))",
+        timeout_s=120,
+    )
+    mark("refusal seen")
     r = stack.patch_thresholds({"min_seq_len": None})
     sc.responses["undo"] = (r.status_code, r.json())
     mark("override dropped (back to the profile)")
