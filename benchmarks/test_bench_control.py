@@ -32,17 +32,19 @@ class _Holder:
 @pytest.mark.benchmark(group="control-per-step")
 def test_bare_attribute_read(benchmark, rank: RankControl) -> None:
     h = _Holder(rank.snapshot)
-    benchmark(lambda: h.snapshot)
+    assert benchmark(lambda: h.snapshot) is rank.snapshot
 
 
 @pytest.mark.benchmark(group="control-per-step")
 def test_rank_control_current(benchmark, rank: RankControl) -> None:
     steps = itertools.count()
-    benchmark(lambda: rank.current(next(steps)))
+    snap = benchmark(lambda: rank.current(next(steps)))
+    assert snap.version == 1 and snap.thresholds.min_seq_len == 2048  # the published override
 
 
 @pytest.mark.benchmark(group="control-per-step")
 def test_decide_mixed_batch(benchmark, rank: RankControl) -> None:
     shape = BatchShape.from_query_lens([1] * 24 + [2048] * 4, max_seq_len=16384, num_heads=16)
     t = rank.snapshot.thresholds
-    benchmark(lambda: decide(shape, t))
+    d = benchmark(lambda: decide(shape, t))
+    assert d.path in ("prefill", "unified")

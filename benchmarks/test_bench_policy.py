@@ -20,12 +20,16 @@ QSL = np.concatenate([[0], np.cumsum(_LENS)]).astype(np.int32)
 
 @pytest.mark.benchmark(group="policy-256-rows")
 def test_bare_np_diff(benchmark):
-    benchmark(np.diff, QSL)
+    assert np.array_equal(benchmark(np.diff, QSL), _LENS)
 
 
 @pytest.mark.benchmark(group="policy-256-rows")
 def test_shape_from_query_start_loc(benchmark):
-    benchmark(lambda: BatchShape.from_query_start_loc(QSL, max_seq_len=61440, num_heads=16, thresholds=SEED))
+    shape = benchmark(
+        lambda: BatchShape.from_query_start_loc(QSL, max_seq_len=61440, num_heads=16, thresholds=SEED)
+    )
+    assert shape == BatchShape.from_query_lens(_LENS, max_seq_len=61440, num_heads=16, thresholds=SEED)
+    assert shape.num_actual_tokens == int(_LENS.sum())
 
 
 @pytest.mark.benchmark(group="policy-256-rows")
@@ -40,4 +44,4 @@ def test_shape_plus_decide(benchmark):
 @pytest.mark.benchmark(group="policy-256-rows")
 def test_decide_only(benchmark):
     s = BatchShape.from_query_start_loc(QSL, max_seq_len=61440, num_heads=16, thresholds=SEED)
-    benchmark(decide, s, SEED)
+    assert benchmark(decide, s, SEED) is decide(s, SEED)

@@ -53,6 +53,11 @@ def mode(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         metrics.setup_in_process()
 
 
+def _decisions(rank: str) -> float:
+    labels = {"path": DECISION.path, "reason": DECISION.reason, "rank": rank}
+    return metrics.REGISTRY.get_sample_value("flyserve_dispatch_decisions_total", labels) or 0.0
+
+
 def _group(benchmark, mode: str) -> None:
     benchmark.group = f"record-{mode}"
 
@@ -66,17 +71,18 @@ def test_bare_decide(benchmark, mode: str) -> None:
 def test_record_metrics_only(benchmark, mode: str) -> None:
     _group(benchmark, mode)
     rec = DispatchRecorder(900)
+    before = _decisions("900")
     benchmark(rec.record, DECISION, SHAPE, 1000, 3)
-    name = "flyserve_dispatch_decisions_total"
-    labels = {"path": DECISION.path, "reason": DECISION.reason, "rank": "900"}
-    assert metrics.REGISTRY.get_sample_value(name, labels) > 0
+    benchmark.assert_effect_per_call(_decisions("900") - before)  # one count per call, nothing lost
 
 
 def test_record_spans_sampled_out(benchmark, mode: str) -> None:
     _group(benchmark, mode)
     t = _tracing(0.0)
     rec = DispatchRecorder(901, tracing=t)
+    before = _decisions("901")
     benchmark(rec.record, DECISION, SHAPE, 1000, 3)
+    benchmark.assert_effect_per_call(_decisions("901") - before)
     t.shutdown()
 
 
@@ -84,7 +90,9 @@ def test_record_every_span(benchmark, mode: str) -> None:
     _group(benchmark, mode)
     t = _tracing(1.0)
     rec = DispatchRecorder(902, tracing=t)
+    before = _decisions("902")
     benchmark(rec.record, DECISION, SHAPE, 1000, 3)
+    benchmark.assert_effect_per_call(_decisions("902") - before)
     t.shutdown()
 
 
@@ -97,7 +105,9 @@ def test_decide_then_record(benchmark, mode: str) -> None:
     def step() -> None:
         rec.record(decide(SHAPE, SEED), SHAPE, 1000, 3)
 
+    before = _decisions("903")
     benchmark(step)
+    benchmark.assert_effect_per_call(_decisions("903") - before)
     t.shutdown()
 
 
@@ -111,3 +121,4 @@ def test_kernel_timer_unsampled_call(benchmark, mode: str) -> None:
         p.stop(p.start())
 
     benchmark(call)
+    assert p._left > 0 and p._owner.pending == 0  # every benchmarked call was an untimed one
