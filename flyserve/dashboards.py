@@ -37,6 +37,35 @@ from grafana_foundation_sdk.models import dashboard as dash_m
 from grafana_foundation_sdk.models import heatmap as heatmap_m
 from grafana_foundation_sdk.models import prometheus as prom_m
 
+from flyserve.telemetry import metrics as tm
+
+# Metric names as a scrape shows them, from the definitions (flyserve.telemetry.metrics): a renamed
+# metric changes every query here, and test_dashboards_promql checks each name is exposed.
+DECISIONS = tm.exposed_name(tm.DISPATCH_DECISIONS)
+TOKENS = tm.exposed_name(tm.DISPATCH_TOKENS)
+ROWS = tm.exposed_name(tm.DISPATCH_ROWS)
+LPT = tm.exposed_name(tm.DISPATCH_LPT)
+QUERY_TOKENS = tm.exposed_name(tm.DISPATCH_QUERY_TOKENS)
+MAX_SEQ_LEN = tm.exposed_name(tm.DISPATCH_MAX_SEQ_LEN)
+KERNEL_SECONDS = tm.exposed_name(tm.KERNEL_SECONDS)
+KERNEL_TIMER_DROPPED = tm.exposed_name(tm.KERNEL_TIMER_DROPPED)
+ENGINE_STEP = tm.exposed_name(tm.ENGINE_STEP)
+THRESHOLDS_VERSION = tm.exposed_name(tm.THRESHOLDS_VERSION)
+CIRCUIT_OPEN = tm.exposed_name(tm.CIRCUIT_OPEN)
+CONFIG_RELOADS = tm.exposed_name(tm.CONFIG_RELOADS)
+CONFIG_LAST_SUCCESS = tm.exposed_name(tm.CONFIG_LAST_SUCCESS)
+SIDECAR_REQUESTS = tm.exposed_name(tm.SIDECAR_REQUESTS)
+SIDECAR_REQUEST_SECONDS = tm.exposed_name(tm.SIDECAR_REQUEST_SECONDS)
+RANK_UP = tm.exposed_name(tm.RANK_UP)
+RANK_REPORT_AGE = tm.exposed_name(tm.RANK_REPORT_AGE)
+RANKS_AGREE = tm.exposed_name(tm.RANKS_AGREE)
+KERNEL_SECONDS_BUCKET = KERNEL_SECONDS + "_bucket"
+KERNEL_SECONDS_COUNT = KERNEL_SECONDS + "_count"
+KERNEL_SECONDS_SUM = KERNEL_SECONDS + "_sum"
+MAX_SEQ_LEN_BUCKET = MAX_SEQ_LEN + "_bucket"
+QUERY_TOKENS_BUCKET = QUERY_TOKENS + "_bucket"
+SIDECAR_REQUEST_SECONDS_BUCKET = SIDECAR_REQUEST_SECONDS + "_bucket"
+
 DATASOURCE = dash_m.DataSourceRef(type_val="prometheus", uid="${datasource}")
 """Every panel, variable and annotation queries the datasource chosen by ``$datasource``."""
 
@@ -261,7 +290,7 @@ def _variables(d: dash.Dashboard, *, with_rank: bool = True) -> dash.Dashboard:
         dash.QueryVariable("instance")
         .label("Instance")
         .datasource(DATASOURCE)
-        .query("label_values(flyserve_engine_step, instance)")
+        .query(f"label_values({ENGINE_STEP}, instance)")
         .description("The flyserve sidecar(s) (one per vLLM server) to show.")
         .multi(True)
         .include_all(True)
@@ -274,7 +303,7 @@ def _variables(d: dash.Dashboard, *, with_rank: bool = True) -> dash.Dashboard:
             dash.QueryVariable("rank")
             .label("Rank")
             .datasource(DATASOURCE)
-            .query('label_values(flyserve_engine_step{instance=~"$instance"}, rank)')
+            .query(f'label_values({ENGINE_STEP}{{instance=~"$instance"}}, rank)')
             .description("The tensor/pipeline-parallel ranks (worker processes) to show.")
             .multi(True)
             .include_all(True)
@@ -292,7 +321,7 @@ def _annotation_thresholds_change() -> dash.AnnotationQuery:
         .datasource(DATASOURCE)
         .enable(True)
         .icon_color("orange")
-        .expr(f"changes(max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})[1m:]) > 0")
+        .expr(f"changes(max by (rank) ({THRESHOLDS_VERSION}{{{RANK_SEL}}})[1m:]) > 0")
     )
 
 
@@ -303,7 +332,7 @@ def _annotation_circuit_change() -> dash.AnnotationQuery:
         .datasource(DATASOURCE)
         .enable(True)
         .icon_color("red")
-        .expr(f"changes(max by (rank) (flyserve_circuit_open{{{RANK_SEL}}})[1m:]) > 0")
+        .expr(f"changes(max by (rank) ({CIRCUIT_OPEN}{{{RANK_SEL}}})[1m:]) > 0")
     )
 
 
@@ -338,8 +367,6 @@ def _rate(metric: str, sel: str, by: str = "", extra: str = "") -> str:
     return f"{agg}(rate({metric}{{{matchers}}}[{RATE}]))"
 
 
-DECISIONS = "flyserve_dispatch_decisions_total"
-TOKENS = "flyserve_dispatch_tokens_total"
 PREFILL_RATIO_DECISIONS = (
     _rate(DECISIONS, RANK_SEL, extra='path="prefill"') + " / " + _rate(DECISIONS, RANK_SEL)
 )
@@ -350,17 +377,12 @@ PREFILL_RATIO_ELIGIBLE = (
 )
 """Among batches that have prefill rows, the share the prefill specialist ran: what thresholds control."""
 PREFILL_RATIO_TOKENS = _rate(TOKENS, RANK_SEL, extra='path="prefill"') + " / " + _rate(TOKENS, RANK_SEL)
-LPT_SHARE = (
-    _rate("flyserve_dispatch_lpt_total", RANK_SEL, extra='ordering="lpt"')
-    + " / "
-    + _rate("flyserve_dispatch_lpt_total", RANK_SEL)
-)
+LPT_SHARE = _rate(LPT, RANK_SEL, extra='ordering="lpt"') + " / " + _rate(LPT, RANK_SEL)
 
 
 def _mean_kernel_seconds_by_path() -> str:
     return (
-        f"({_rate('flyserve_kernel_seconds_sum', RANK_SEL, 'path')}"
-        f" / {_rate('flyserve_kernel_seconds_count', RANK_SEL, 'path')})"
+        f"({_rate(KERNEL_SECONDS_SUM, RANK_SEL, 'path')} / {_rate(KERNEL_SECONDS_COUNT, RANK_SEL, 'path')})"
     )
 
 
@@ -414,7 +436,7 @@ def dispatch_overview() -> dash.Dashboard:
             "Thresholds version",
             "The newest thresholds version any selected rank has applied. Compare with 'Ranks agree': a "
             "version that went up on some ranks only is a split configuration.",
-            _target(f"max(flyserve_thresholds_version{{{RANK_SEL}}})", "version", instant=True),
+            _target(f"max({THRESHOLDS_VERSION}{{{RANK_SEL}}})", "version", instant=True),
             unit="none",
             decimals=0,
         )
@@ -425,7 +447,7 @@ def dispatch_overview() -> dash.Dashboard:
             "1 (AGREE) when every live rank applied the same thresholds version, as the sidecar sees it. "
             "DISAGREE for more than a few seconds means a rank missed a change (see the Control plane "
             "dashboard) and ranks now route the same shapes differently.",
-            _target(f"min(flyserve_ranks_agree{{{INSTANCE_SEL}}})", "agree", instant=True),
+            _target(f"min({RANKS_AGREE}{{{INSTANCE_SEL}}})", "agree", instant=True),
             unit="none",
             thresholds=[(None, "red"), (1, "green")],
             mappings={"0": ("DISAGREE", "red"), "1": ("AGREE", "green")},
@@ -487,11 +509,7 @@ def dispatch_overview() -> dash.Dashboard:
             "prefill rows (more than one query token) or decode rows. Prefill rows on the unified path "
             "are prefills the specialist did not get; many decode rows riding along in prefill-path "
             "batches is what the too_many_decode_rows rule limits.",
-            [
-                _target(
-                    _rate("flyserve_dispatch_rows_total", RANK_SEL, "path, kind"), "{{path}} {{kind}} rows"
-                )
-            ],
+            [_target(_rate(ROWS, RANK_SEL, "path, kind"), "{{path}} {{kind}} rows")],
             unit="ops",
             legend_calcs=["mean", "lastNotNull"],
         )
@@ -516,7 +534,7 @@ def dispatch_overview() -> dash.Dashboard:
             "The thresholds version each rank applied. All lines should move together, at the same engine "
             "step; orange annotations mark every change. A rank whose line lags is a rank that missed "
             "the change.",
-            [_target(f"max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})", "rank {{rank}}")],
+            [_target(f"max by (rank) ({THRESHOLDS_VERSION}{{{RANK_SEL}}})", "rank {{rank}}")],
             unit="none",
             legend_calcs=["lastNotNull"],
         )
@@ -529,11 +547,11 @@ def dispatch_overview() -> dash.Dashboard:
             "takes is the RanksDisagreeOnThresholds alert.",
             [
                 _target(
-                    f'count(count_values("version", max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})))',
+                    f'count(count_values("version", max by (rank) ({THRESHOLDS_VERSION}{{{RANK_SEL}}})))',
                     "distinct versions",
                     "A",
                 ),
-                _target(f"min(flyserve_ranks_agree{{{INSTANCE_SEL}}})", "sidecar: ranks agree", "B"),
+                _target(f"min({RANKS_AGREE}{{{INSTANCE_SEL}}})", "sidecar: ranks agree", "B"),
             ],
             unit="none",
             min_val=0,
@@ -561,12 +579,12 @@ def kernel_paths() -> dash.Dashboard:
             "alert compares each path against its own last hour.",
             [
                 _target(
-                    f"histogram_quantile(0.5, {_rate('flyserve_kernel_seconds_bucket', RANK_SEL, 'le, path')})",
+                    f"histogram_quantile(0.5, {_rate(KERNEL_SECONDS_BUCKET, RANK_SEL, 'le, path')})",
                     "{{path}} p50",
                     "A",
                 ),
                 _target(
-                    f"histogram_quantile(0.99, {_rate('flyserve_kernel_seconds_bucket', RANK_SEL, 'le, path')})",
+                    f"histogram_quantile(0.99, {_rate(KERNEL_SECONDS_BUCKET, RANK_SEL, 'le, path')})",
                     "{{path}} p99",
                     "B",
                 ),
@@ -599,7 +617,7 @@ def kernel_paths() -> dash.Dashboard:
             "Kernel time heatmap: prefill",
             "Distribution of sampled prefill-specialist kernel times over time (darker = more samples). "
             "Two bands mean two populations of shapes; a band drifting up is a slowdown.",
-            _rate("flyserve_kernel_seconds_bucket", RANK_SEL, "le", 'path="prefill"'),
+            _rate(KERNEL_SECONDS_BUCKET, RANK_SEL, "le", 'path="prefill"'),
             unit="s",
         )
     )
@@ -608,7 +626,7 @@ def kernel_paths() -> dash.Dashboard:
             "Kernel time heatmap: unified",
             "Distribution of sampled unified-kernel times over time (decode, mixed and refused prefill "
             "batches). Compare with the prefill heatmap: batches the prefill path refused land here.",
-            _rate("flyserve_kernel_seconds_bucket", RANK_SEL, "le", 'path="unified"'),
+            _rate(KERNEL_SECONDS_BUCKET, RANK_SEL, "le", 'path="unified"'),
             unit="s",
         )
     )
@@ -618,7 +636,7 @@ def kernel_paths() -> dash.Dashboard:
             "Kernel timings skipped per second because the timer's queue of pending device events was "
             "full: the GPU ran far behind the host (the timer never waits for the device). A steady "
             "non-zero rate means the timings above under-represent the slowest forwards.",
-            [_target(_rate("flyserve_kernel_timer_dropped_total", RANK_SEL, "path"), "{{path}}")],
+            [_target(_rate(KERNEL_TIMER_DROPPED, RANK_SEL, "path"), "{{path}}")],
             unit="ops",
             w=24,
             h=6,
@@ -632,7 +650,7 @@ def kernel_paths() -> dash.Dashboard:
             "How many query tokens (num_actual_tokens) the batches the unified kernel ran had, over the "
             "dashboard's time range. Large-token bars here are prefills that fell back: check the "
             "Fallback reasons panel for why.",
-            f'sum by (le) (increase(flyserve_dispatch_query_tokens_bucket{{path="unified", {RANK_SEL}}}[$__range]))',
+            f'sum by (le) (increase({QUERY_TOKENS_BUCKET}{{path="unified", {RANK_SEL}}}[$__range]))',
             unit="short",
         )
     )
@@ -641,7 +659,7 @@ def kernel_paths() -> dash.Dashboard:
             "Query tokens per batch: prefill",
             "How many query tokens the batches the prefill specialist ran had, over the time range. "
             "The left edge is the smallest batch the thresholds admit (min_qblock_rows x block_m / heads).",
-            f'sum by (le) (increase(flyserve_dispatch_query_tokens_bucket{{path="prefill", {RANK_SEL}}}[$__range]))',
+            f'sum by (le) (increase({QUERY_TOKENS_BUCKET}{{path="prefill", {RANK_SEL}}}[$__range]))',
             unit="short",
         )
     )
@@ -650,7 +668,7 @@ def kernel_paths() -> dash.Dashboard:
             "max_seq_len per batch: unified (fallbacks and decode)",
             "Longest sequence (context) in the batches the unified kernel ran, over the time range. Bars "
             "above max_seq_len or below min_seq_len are the context_too_long / short_context fallbacks.",
-            f'sum by (le) (increase(flyserve_dispatch_max_seq_len_bucket{{path="unified", {RANK_SEL}}}[$__range]))',
+            f'sum by (le) (increase({MAX_SEQ_LEN_BUCKET}{{path="unified", {RANK_SEL}}}[$__range]))',
             unit="short",
         )
     )
@@ -659,7 +677,7 @@ def kernel_paths() -> dash.Dashboard:
             "max_seq_len per batch: prefill",
             "Longest sequence in the batches the prefill specialist ran, over the time range: the context "
             "lengths where the specialist is trusted.",
-            f'sum by (le) (increase(flyserve_dispatch_max_seq_len_bucket{{path="prefill", {RANK_SEL}}}[$__range]))',
+            f'sum by (le) (increase({MAX_SEQ_LEN_BUCKET}{{path="prefill", {RANK_SEL}}}[$__range]))',
             unit="short",
         )
     )
@@ -670,12 +688,12 @@ def kernel_paths() -> dash.Dashboard:
             "kernel-time change that follows a shape change here is the workload, not a regression.",
             [
                 _target(
-                    f"histogram_quantile(0.5, {_rate('flyserve_dispatch_query_tokens_bucket', RANK_SEL, 'le, path')})",
+                    f"histogram_quantile(0.5, {_rate(QUERY_TOKENS_BUCKET, RANK_SEL, 'le, path')})",
                     "{{path}} query tokens p50",
                     "A",
                 ),
                 _target(
-                    f"histogram_quantile(0.5, {_rate('flyserve_dispatch_max_seq_len_bucket', RANK_SEL, 'le, path')})",
+                    f"histogram_quantile(0.5, {_rate(MAX_SEQ_LEN_BUCKET, RANK_SEL, 'le, path')})",
                     "{{path}} max_seq_len p50",
                     "B",
                 ),
@@ -695,6 +713,13 @@ def control_plane() -> dash.Dashboard:
         "and the sidecar's own latency.",
     )
     d = _variables(d).annotation(_annotation_thresholds_change()).annotation(_annotation_circuit_change())
+    d = _control_reloads_row(d)
+    d = _control_ranks_row(d)
+    return _control_sidecar_row(d)
+
+
+def _control_reloads_row(d: dash.Dashboard) -> dash.Dashboard:
+    """Reload results and the age of the last good one: did a change land, or fail?"""
     d = d.with_row(dash.Row("Reloads"))
     d = d.with_panel(
         _timeseries(
@@ -705,7 +730,7 @@ def control_plane() -> dash.Dashboard:
             "directory could not be written.",
             [
                 _target(
-                    f"sum by (result, source) (increase(flyserve_config_reloads_total{{{INSTANCE_SEL}}}[{RATE}]))",
+                    f"sum by (result, source) (increase({CONFIG_RELOADS}{{{INSTANCE_SEL}}}[{RATE}]))",
                     "{{result}} ({{source}})",
                 )
             ],
@@ -722,7 +747,7 @@ def control_plane() -> dash.Dashboard:
             "Time since the control plane last published a valid thresholds snapshot. Old is fine; it only "
             "matters next to failed reloads (left): then the running thresholds are older than intended.",
             _target(
-                f"time() - max(flyserve_config_last_success_timestamp_seconds{{{INSTANCE_SEL}}})",
+                f"time() - max({CONFIG_LAST_SUCCESS}{{{INSTANCE_SEL}}})",
                 "age",
                 instant=True,
             ),
@@ -731,14 +756,18 @@ def control_plane() -> dash.Dashboard:
             h=8,
         )
     )
+    return d
 
+
+def _control_ranks_row(d: dash.Dashboard) -> dash.Dashboard:
+    """What each rank runs: version, circuit, liveness, report age, and the table of all of it now."""
     d = d.with_row(dash.Row("Ranks"))
     d = d.with_panel(
         _timeseries(
             "Config version per rank",
             "Thresholds version applied by each rank. All lines step together (same engine step) on a "
             "change; a lagging line is a rank that did not pick the change up.",
-            [_target(f"max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})", "rank {{rank}}")],
+            [_target(f"max by (rank) ({THRESHOLDS_VERSION}{{{RANK_SEL}}})", "rank {{rank}}")],
             unit="none",
             legend_calcs=["lastNotNull"],
         )
@@ -749,7 +778,7 @@ def control_plane() -> dash.Dashboard:
             "Each rank's prefill circuit breaker: closed (green) or open (red). Open means the "
             "prefill kernel raised (or an operator opened it) and every batch takes the "
             "unified kernel until it is closed: correct results, slower prefills.",
-            f"max by (rank) (flyserve_circuit_open{{{RANK_SEL}}})",
+            f"max by (rank) ({CIRCUIT_OPEN}{{{RANK_SEL}}})",
             {"0": ("closed", "green"), "1": ("open", "red")},
             [(None, "green"), (1, "red")],
         )
@@ -760,7 +789,7 @@ def control_plane() -> dash.Dashboard:
             "Whether the sidecar sees each rank as live (green, its status file is fresh) or stale "
             "(red, no report within the sidecar's --stale-after). A stale rank is hung, dead or "
             "cannot write the state directory, and cannot apply thresholds changes.",
-            f"min by (rank) (flyserve_rank_up{{{RANK_SEL}}})",
+            f"min by (rank) ({RANK_UP}{{{RANK_SEL}}})",
             {"0": ("stale", "red"), "1": ("live", "green")},
             [(None, "red"), (1, "green")],
         )
@@ -773,7 +802,7 @@ def control_plane() -> dash.Dashboard:
             "below a second or two is healthy.",
             [
                 _target(
-                    f"max by (rank) (flyserve_rank_report_age_seconds{{{RANK_SEL}}})",
+                    f"max by (rank) ({RANK_REPORT_AGE}{{{RANK_SEL}}})",
                     "rank {{rank}}",
                 )
             ],
@@ -781,7 +810,12 @@ def control_plane() -> dash.Dashboard:
             min_val=0,
         )
     )
-    d = d.with_panel(
+    return d.with_panel(_ranks_now_table())
+
+
+def _ranks_now_table() -> table.Panel:
+    """One row per rank, four instant queries merged on the rank label."""
+    return (
         table.Panel()
         .title("Ranks now")
         .description(
@@ -793,7 +827,7 @@ def control_plane() -> dash.Dashboard:
         .height(8)
         .with_target(
             _target(
-                f"max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})",
+                f"max by (rank) ({THRESHOLDS_VERSION}{{{RANK_SEL}}})",
                 "",
                 "version",
                 instant=True,
@@ -802,7 +836,7 @@ def control_plane() -> dash.Dashboard:
         )
         .with_target(
             _target(
-                f"max by (rank) (flyserve_circuit_open{{{RANK_SEL}}})",
+                f"max by (rank) ({CIRCUIT_OPEN}{{{RANK_SEL}}})",
                 "",
                 "circuit",
                 instant=True,
@@ -811,7 +845,7 @@ def control_plane() -> dash.Dashboard:
         )
         .with_target(
             _target(
-                f"min by (rank) (flyserve_rank_up{{{RANK_SEL}}})",
+                f"min by (rank) ({RANK_UP}{{{RANK_SEL}}})",
                 "",
                 "up",
                 instant=True,
@@ -820,7 +854,7 @@ def control_plane() -> dash.Dashboard:
         )
         .with_target(
             _target(
-                f"max by (rank) (flyserve_engine_step{{{RANK_SEL}}})",
+                f"max by (rank) ({ENGINE_STEP}{{{RANK_SEL}}})",
                 "",
                 "step",
                 instant=True,
@@ -844,6 +878,9 @@ def control_plane() -> dash.Dashboard:
         )
     )
 
+
+def _control_sidecar_row(d: dash.Dashboard) -> dash.Dashboard:
+    """The sidecar's own latency and answers (it is never in vllm serve's request path)."""
     d = d.with_row(dash.Row("Sidecar"))
     d = d.with_panel(
         _timeseries(
@@ -853,13 +890,13 @@ def control_plane() -> dash.Dashboard:
             "or a slow state directory, not slow inference.",
             [
                 _target(
-                    f"histogram_quantile(0.5, sum by (le, route) (rate(flyserve_sidecar_request_seconds_bucket"
+                    f"histogram_quantile(0.5, sum by (le, route) (rate({SIDECAR_REQUEST_SECONDS_BUCKET}"
                     f"{{{INSTANCE_SEL}}}[{RATE}])))",
                     "{{route}} p50",
                     "A",
                 ),
                 _target(
-                    f"histogram_quantile(0.99, sum by (le, route) (rate(flyserve_sidecar_request_seconds_bucket"
+                    f"histogram_quantile(0.99, sum by (le, route) (rate({SIDECAR_REQUEST_SECONDS_BUCKET}"
                     f"{{{INSTANCE_SEL}}}[{RATE}])))",
                     "{{route}} p99",
                     "B",
@@ -877,7 +914,7 @@ def control_plane() -> dash.Dashboard:
             "changed); 503 an unwritable state directory.",
             [
                 _target(
-                    f"sum by (route, method, code) (rate(flyserve_sidecar_requests_total{{{INSTANCE_SEL}}}[{RATE}]))",
+                    f"sum by (route, method, code) (rate({SIDECAR_REQUESTS}{{{INSTANCE_SEL}}}[{RATE}]))",
                     "{{method}} {{route}} {{code}}",
                 )
             ],

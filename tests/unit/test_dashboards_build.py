@@ -233,3 +233,23 @@ def test_committed_files_are_valid_json_with_schema_version():
         model = json.loads(p.read_text())
         assert model["schemaVersion"] >= 39  # Grafana 11
         assert "__inputs" not in model  # nothing to fill in at import
+
+
+def test_queries_take_metric_names_from_the_definitions():
+    """No metric name is typed into flyserve/dashboards.py: each comes from flyserve.telemetry.metrics,
+    so a renamed metric renames every query (and the committed JSON diff shows it)."""
+    import ast
+    import re
+
+    from flyserve.telemetry.metrics import METRIC_NAMES
+
+    source = Path(__file__).resolve().parents[2] / "flyserve" / "dashboards.py"
+    names = set(METRIC_NAMES)
+    typed = []
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for token in re.findall(r"flyserve_[a-z_]+", node.value):
+                base = re.sub(r"_(bucket|sum|count)$", "", token)
+                if token in names or base in names:
+                    typed.append((node.lineno, token))
+    assert typed == []
