@@ -11,6 +11,7 @@ and writes ``out`` with a float32 torch reference, so a call that maps an argume
 
 from __future__ import annotations
 
+import importlib.machinery
 import inspect
 import json
 import sys
@@ -43,13 +44,14 @@ def signature_of(contract: dict) -> inspect.Signature:
 
 
 def fake_function(contract: dict, body: Callable[[dict[str, Any]], Any]) -> Callable[..., Any]:
-    """A function with the contract's signature; ``body`` gets the bound arguments (defaults applied)."""
+    """A function with the contract's signature; ``body`` gets the bound arguments (defaults applied)
+    and, under the key ``"__passed__"``, the keyword names the caller actually passed."""
     sig = signature_of(contract)
 
     def fn(*args: Any, **kwargs: Any) -> Any:
         bound = sig.bind(*args, **kwargs)  # TypeError exactly where Python would raise one
         bound.apply_defaults()
-        return body(dict(bound.arguments))
+        return body({**bound.arguments, "__passed__": frozenset(kwargs)})
 
     fn.__signature__ = sig  # type: ignore[attr-defined]
     fn.__name__ = contract["function"]
@@ -79,6 +81,7 @@ class FakeFlyDSL:
         mod = types.ModuleType("kernels.attention.flash_attn_interface")
         mod.flydsl_flash_attn_func = self.fn
         mod.__file__ = f"<fake FlyDSL {self.revision}>"
+        mod.__spec__ = importlib.machinery.ModuleSpec(mod.__name__, None)
         sizes = tuple(self.rev["page_sizes"])
         if len(sizes) > 1:
             mod._PAGED_PAGE_SIZES = sizes
@@ -90,10 +93,8 @@ class FakeFlyDSL:
 
     def install(self, monkeypatch: Any) -> None:
         """Make ``kernels.attention.flash_attn_interface`` import as this fake."""
-        pkg = types.ModuleType("kernels")
-        pkg.__path__ = []  # type: ignore[attr-defined]
-        sub = types.ModuleType("kernels.attention")
-        sub.__path__ = []  # type: ignore[attr-defined]
+        pkg = _package("kernels")
+        sub = _package("kernels.attention")
         monkeypatch.setitem(sys.modules, "kernels", pkg)
         monkeypatch.setitem(sys.modules, "kernels.attention", sub)
         monkeypatch.setitem(sys.modules, "kernels.attention.flash_attn_interface", self.module())
@@ -166,6 +167,15 @@ class FakeFlyDSL:
         if self.compute:
             _reference_into(out, q, k, v, a)
         return out
+
+
+def _package(name: str) -> types.ModuleType:
+    """An empty package module with a spec (importlib.util.find_spec, which transformers calls on
+    'kernels', raises on a module without one)."""
+    mod = types.ModuleType(name)
+    mod.__path__ = []  # type: ignore[attr-defined]
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    return mod
 
 
 def _row_stride(k: Any, v: Any, page_size: int, num_kv_heads: int, head_dim: int) -> int | None:
