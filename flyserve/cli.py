@@ -28,6 +28,7 @@ _COMMAND_MODULES = (
     "flyserve.lab.cli",  # calibrate, replay, arms compare
     "flyserve.lab.arms_cli",  # arms compare
     "flyserve.demo",  # demo
+    "flyserve.doctor.cli",  # doctor
 )
 
 for _name in _COMMAND_MODULES:

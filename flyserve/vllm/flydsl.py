@@ -29,12 +29,10 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from flyserve.vllm.flydsl_kernel import (
-    FlyDSLKernel,
     FlyDSLRevision,
-    FlyDSLUnavailable,
     call_paged,
     kv_layout_problem,
-    load_flydsl_kernel,
+    try_load,
     warm_up,
 )
 
@@ -57,14 +55,6 @@ class PrefixSumBuffer:
             raise ValueError(f"{num_reqs} requests exceed the prefix-sum buffer ({self.buf.numel() - 1})")
         torch.cumsum(seq_lens[:num_reqs], 0, dtype=torch.int32, out=self.buf[1 : num_reqs + 1])
         return self.buf[: num_reqs + 1]
-
-
-def try_load() -> tuple[FlyDSLKernel | None, str | None]:
-    """(kernel, None), or (None, why not) - never raises."""
-    try:
-        return load_flydsl_kernel(), None
-    except FlyDSLUnavailable as exc:
-        return None, str(exc)
 
 
 def page_size_for(block_size: int, revision: FlyDSLRevision) -> int | None:

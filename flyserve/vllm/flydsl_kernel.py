@@ -139,6 +139,14 @@ def load_flydsl_kernel() -> FlyDSLKernel:
     return FlyDSLKernel(fn=fn, revision=detect_revision(fn))
 
 
+def try_load() -> tuple[FlyDSLKernel | None, str | None]:
+    """(kernel, None), or (None, why not): never raises."""
+    try:
+        return load_flydsl_kernel(), None
+    except FlyDSLUnavailable as exc:
+        return None, str(exc)
+
+
 def call_paged(
     kernel: FlyDSLKernel,
     query: Any,
