@@ -137,7 +137,8 @@ def gpu_name() -> str:
         import torch
 
         p = torch.cuda.get_device_properties(0)
-        arch = getattr(p, "gcnArchName", "") or f"sm_{p.major}{p.minor}"
+        # gcnArchName is the ROCm arch (gfx950...); on CUDA torch fills it with the device name
+        arch = p.gcnArchName if torch.version.hip else f"sm_{p.major}{p.minor}"
         return f"{p.name}, {arch.split(':')[0]}, {p.total_memory >> 30} GiB"
     except Exception as exc:  # noqa: BLE001
         return f"GPU not readable ({_short(exc)})"
@@ -376,15 +377,12 @@ def check_plugin(kind: str | None) -> Check:
     if not eps:
         return Check("plugin", "fail", "flyserve's vllm.general_plugins entry point is not installed",
                      "pip install flyserve (an editable install counts); PYTHONPATH alone does not register it")  # fmt: skip
-    flag = "" if kind == "cpu" else " and --attention-backend CUSTOM"
+    flag = "" if kind == "cpu" else " --attention-backend CUSTOM"
     if not enabled():
         return Check("plugin", "warn", f"entry point {eps[0].value} installed, but ${ENABLE_ENV} is not 1: "
                      "`vllm serve` will not use flyserve", f"export {ENABLE_ENV}=1; vllm serve MODEL{flag}")  # fmt: skip
-    return Check(
-        "plugin",
-        "ok",
-        f"{eps[0].value}; ${ENABLE_ENV}=1: vllm serve loads it{flag and ' (with' + flag + ')'}",
-    )
+    how = f"`vllm serve MODEL{flag}` loads it" if flag else "`vllm serve` loads it (CPU: no flag needed)"
+    return Check("plugin", "ok", f"{eps[0].value}; ${ENABLE_ENV}=1: {how}")
 
 
 def run_checks(*, block_size: int | None = None) -> list[Check]:
