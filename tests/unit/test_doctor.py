@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from _support import require_module
 from contract_fakes import (
     FLYDSL_REVISIONS,
     FakeFlyDSL,
@@ -16,6 +17,9 @@ from contract_fakes import (
 from typer.testing import CliRunner
 
 from flyserve.doctor import checks
+
+require_module("vllm")
+require_module("torch")
 
 
 def by_name(rep_checks):

@@ -9,6 +9,7 @@ import math
 import types
 
 import pytest
+from _support import require_module
 from contract_fakes import (
     FLYDSL_REVISIONS,
     FakeFlyDSL,
@@ -23,7 +24,7 @@ from flyserve.lab.kernels import (
     kernel_names,
 )
 
-torch = pytest.importorskip("torch")
+torch = require_module("torch")
 
 H, HKV, D, BS = 4, 2, 16, 4
 

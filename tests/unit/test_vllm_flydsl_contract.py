@@ -15,10 +15,13 @@ import logging
 from types import SimpleNamespace
 
 import pytest
-import torch
+from _support import require_module
 from contract_fakes import FLYDSL_REVISIONS, FakeFlyDSL, PreconditionError
 
 from flyserve.vllm import flydsl_kernel as fk
+
+torch = require_module("torch")
+require_module("vllm")
 
 REVISIONS = sorted(FLYDSL_REVISIONS)
 MAIN, PR1056 = "main-11c4174d", "pr1056-943152de"
