@@ -93,6 +93,18 @@ def rocm_prefill_status() -> PrefillStatus:
     return PrefillStatus(ROCM_PREFILL_SPEC.name, rev.label, None, problems)
 
 
+def _plain_status(kind: str, spec: PrefillKernelSpec) -> PrefillStatus:
+    """CUDA and CPU: the prefill kernel ships with vLLM. On CPU a test hook can declare it
+    unavailable (FLYSERVE_CPU_PREFILL_UNAVAILABLE), exercising the same start-up refusal as a
+    missing FlyDSL on ROCm inside a real vLLM."""
+    why = os.environ.get("FLYSERVE_CPU_PREFILL_UNAVAILABLE") if kind == "cpu" else None
+    if why:
+        off = f"{spec.name} unavailable (FLYSERVE_CPU_PREFILL_UNAVAILABLE: {why[:200]})"
+        log.warning("flyserve: prefill path unavailable (%s); serving on the unified path", off)
+        return PrefillStatus(spec.name, None, off)
+    return PrefillStatus(spec.name)
+
+
 def gpu_arch() -> str:
     """gcnArchName of GPU 0 on ROCm ('' when unknown)."""
     try:
@@ -174,7 +186,7 @@ def build_composite(kind: str) -> type:
     from vllm.v1.attention.backends.composite import create_composite_attention_backend
 
     general, causal, spec = _children(kind)
-    status = rocm_prefill_status() if kind == "rocm" else PrefillStatus(spec.name)
+    status = rocm_prefill_status() if kind == "rocm" else _plain_status(kind, spec)
     routing = routing_class(spec, start_decode_path(), name=f"FlyserveRouting_{kind}")
     base = create_composite_attention_backend(
         general,

@@ -155,15 +155,10 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
             )  # fmt: skip
             return True
         except Exception as exc:  # noqa: BLE001 - any compile/launch failure: serve on unified instead
-            from flyserve.vllm.breaker import trip
+            from flyserve.vllm.breaker import warm_up_failed
             from flyserve.vllm.runtime import RankRuntime
 
-            log.error(
-                "flyserve: FlyDSL warm-up failed (%s: %s); the prefill path is OFF (circuit open), serving "
-                "on AITER unified. Fix the FlyDSL install, then `flyserve thresholds circuit close`.",
-                type(exc).__name__, exc,
-            )  # fmt: skip
-            trip(RankRuntime.get(), exc, kernel=f"{KERNEL_NAME} warm-up")
+            warm_up_failed(RankRuntime.get(), exc, kernel=KERNEL_NAME)
             return False
 
     def forward(
