@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from flyserve.startup_checks import StartupError, check_profile, profile_problem
@@ -26,10 +25,10 @@ def test_vllm_plugin_exits_on_a_bad_profile_before_registering_anything(
 ):
     """vLLM calls register() while it builds its argument parser; a bad FLYSERVE_PROFILE must end the
     process there (it was found at line 56 of a 275-line log)."""
-    import flyserve.vllm.plugin as plugin
+    from flyserve.vllm import plugin
 
     registered: list[bool] = []
-    import flyserve.vllm.backends as backends
+    from flyserve.vllm import backends
 
     monkeypatch.setattr(backends, "register_for_current_platform", lambda: registered.append(True))
     monkeypatch.setenv("FLYSERVE_ATTENTION", "1")
@@ -45,7 +44,7 @@ def test_vllm_plugin_exits_on_a_bad_profile_before_registering_anything(
 
 
 def test_disabled_plugin_does_not_look_at_the_profile(monkeypatch: pytest.MonkeyPatch):
-    import flyserve.vllm.plugin as plugin
+    from flyserve.vllm import plugin
 
     monkeypatch.delenv("FLYSERVE_ATTENTION", raising=False)
     monkeypatch.setenv("FLYSERVE_PROFILE", "mi355")
