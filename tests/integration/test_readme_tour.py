@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 def test_readme_shows_the_tour_script_verbatim():
     readme = (REPO / "README.md").read_text()
-    m = re.search(r"<!-- include: examples/tour.sh -->\n```bash\n(.*?)```", readme, re.S)
+    m = re.search(r"<!-- include: examples/tour.sh -->\n```bash\n(.*?)```", readme, re.DOTALL)
     assert m, "README.md lost its tour block"
     assert m.group(1) == TOUR.read_text()
     for line in TOUR.read_text().splitlines():  # every path the tour names is in the repository

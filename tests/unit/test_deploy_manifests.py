@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import yaml
 
-
 REPO = Path(__file__).resolve().parents[2]
 TEST_DATA = REPO / "tests" / "data"
 BASE = REPO / "deploy" / "base"
@@ -180,7 +179,7 @@ def test_the_placeholder_token_is_refused_by_the_sidecar(resources, tmp_path: Pa
         read_token(f, env={})
 
 
-DOC_BLOCK = re.compile(r"<!-- include: (deploy/[\w/.-]+) -->\n```yaml\n(.*?)```", re.S)
+DOC_BLOCK = re.compile(r"<!-- include: (deploy/[\w/.-]+) -->\n```yaml\n(.*?)```", re.DOTALL)
 
 
 def test_docs_show_the_manifests_verbatim():
