@@ -7,6 +7,7 @@ import os
 import subprocess
 
 import pytest
+from _support import require_module
 
 from flyserve.vllm.launch import vllm_command
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_vllm_serve_with_an_unknown_profile_fails_first_with_one_line(tmp_path):
-    pytest.importorskip("vllm")
+    require_module("vllm")
     env = {**os.environ, "FLYSERVE_ATTENTION": "1", "FLYSERVE_PROFILE": "mi355",
            "FLYSERVE_STATE_DIR": str(tmp_path / "state")}  # fmt: skip
     p = subprocess.run(
