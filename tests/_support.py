@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -45,3 +46,21 @@ def require_binary(name: str, install: str = "install Debian's `prometheus` pack
         _missing(f"executable {name!r}", install, "not on PATH")
         raise AssertionError("unreachable")
     return path
+
+
+# Fast to slow, so a broken unit test shows in seconds, before the servers and vLLM start (the
+# order tests/conftest.py gives a run). Within a tier, collection order is kept.
+REPO = Path(__file__).resolve().parents[1]
+TIERS = ("unit", "benchmarks", "integration", "e2e", "gpu")
+
+
+def tier_of(path: Path) -> int:
+    """The tier of a test file: the first directory under the repository named in TIERS."""
+    try:
+        parts = path.resolve().relative_to(REPO).parts
+    except ValueError:
+        return len(TIERS)
+    for part in parts[:2]:
+        if part in TIERS:
+            return TIERS.index(part)
+    return len(TIERS)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _support import tier_of
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_DATA = Path(__file__).resolve().parent / "data"
@@ -20,22 +21,6 @@ def seed_cases() -> dict:
     return json.loads(path.read_text())
 
 
-# Fast to slow, so a broken unit test shows in seconds, before the servers and vLLM start.
-# Within a tier, collection order (file, then definition order) is kept.
-TIERS = ("unit", "benchmarks", "integration", "e2e", "gpu")
-
-
-def tier_of(path: Path) -> int:
-    """The tier of a test file: the first directory under the repository named in TIERS."""
-    try:
-        parts = path.resolve().relative_to(REPO).parts
-    except ValueError:
-        return len(TIERS)
-    for part in parts[:2]:
-        if part in TIERS:
-            return TIERS.index(part)
-    return len(TIERS)
-
-
 def pytest_collection_modifyitems(config, items) -> None:
+    """Fast to slow (unit, benchmarks, integration, e2e, gpu): a broken unit test shows in seconds."""
     items.sort(key=lambda item: tier_of(Path(str(item.path))))

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, TIERS, tier_of
+from _support import REPO, TIERS, tier_of
 
 
 def test_tier_of_each_directory():
