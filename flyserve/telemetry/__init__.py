@@ -1,6 +1,8 @@
 """flyserve.telemetry: what the dispatcher did, at a cost the engine does not notice.
 
-metrics     every metric, defined once; multiprocess files in flyserve's own directory
+metrics        every metric, defined once (the list; add metrics here)
+_prom_backend  the value classes: the only module touching prometheus_client internals (version-gated)
+multiprocess   flyserve's own multiprocess directory: set-up, wipe, the exposition registry
 recorder    DispatchRecorder: the per-decision hot path (bound cells, span only when sampled)
 gpu_timer   KernelTimer: 1-in-N kernel timing with CUDA events harvested by query(), never a sync
 tracing     OpenTelemetry set-up with a sampling ratio that changes at run time
