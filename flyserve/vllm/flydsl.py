@@ -76,6 +76,9 @@ from vllm.v1.attention.backends.rocm_aiter_unified_attn import (
     RocmAiterUnifiedAttentionMetadataBuilder,
 )
 
+# Builds warmed up in this process -> whether the warm-up succeeded (see FlyDSLDualwaveImpl.warm_up).
+_WARMED: dict[tuple[Any, ...], bool] = {}
+
 
 class DecisionNotBound(RuntimeError):
     """The FlyDSL builder was asked to build without the routing object that decides its LPT flag."""
@@ -146,13 +149,22 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
                      torch.cuda.is_current_stream_capturing)  # fmt: skip
 
     def warm_up(self, dtype: Any, page_size: int, device: Any, is_capturing: Callable[[], bool]) -> bool:
-        """Compile the dualwave variants now; on failure open the circuit and keep serving."""
+        """Compile the dualwave variants now; on failure open the circuit and keep serving.
+
+        Once per distinct build (dtype, heads, KV heads, head size, page size) in the process: the
+        layers of a model share one, and a failure is reported once, not once per layer.
+        """
+        key = (str(dtype), self.num_heads, self.num_kv_heads, self.head_size, page_size)
+        if key in _WARMED:
+            return _WARMED[key]
+        _WARMED[key] = False
         try:
             warm_up(
                 self.kernel, dtype=dtype, device=device, num_heads=self.num_heads,
                 num_kv_heads=self.num_kv_heads, head_size=self.head_size, page_size=page_size,
                 is_capturing=is_capturing,
             )  # fmt: skip
+            _WARMED[key] = True
             return True
         except Exception as exc:  # noqa: BLE001 - any compile/launch failure: serve on unified instead
             from flyserve.vllm.breaker import warm_up_failed

@@ -410,14 +410,23 @@ def test_a_layout_flydsl_would_copy_switches_the_path_off_and_tells_the_routing(
     assert len(heard) == 1 and heard[0].startswith("KV cache layout")
 
 
-def test_warm_up_failure_opens_the_circuit_instead_of_aborting(flydsl, fake, runtime, caplog):
+def test_warm_up_runs_once_per_build_and_its_failure_opens_the_circuit(
+    flydsl, fake, runtime, caplog, monkeypatch
+):
     from flyserve.control import ControlPlane
 
+    monkeypatch.setattr(flydsl, "_WARMED", {})
     impl = _impl(flydsl, fk.load_flydsl_kernel())
+    assert impl.warm_up(torch.bfloat16, 64, "cpu", lambda: False) is True
+    n = len(fake.calls)
+    assert n >= 1 and _impl(flydsl, impl.kernel).warm_up(torch.bfloat16, 64, "cpu", lambda: False) is True
+    assert len(fake.calls) == n  # a second layer with the same build compiles nothing again
     fake.fail = RuntimeError("no code object for gfx942")
     with caplog.at_level(logging.ERROR, logger="flyserve.vllm"):
-        ok = impl.warm_up(torch.bfloat16, 64, "cpu", lambda: False)
-    assert ok is False and runtime.local_circuit_open
+        ok = impl.warm_up(torch.float16, 64, "cpu", lambda: False)
+        again = _impl(flydsl, impl.kernel).warm_up(torch.float16, 64, "cpu", lambda: False)
+    assert ok is False and again is False and runtime.local_circuit_open
+    assert sum("warm-up failed" in r.getMessage() for r in caplog.records) == 1  # once, not per layer
     snap = ControlPlane(runtime.state_dir).snapshot()
     assert snap.circuit_open and "warm-up" in snap.circuit_reason and "gfx942" in snap.circuit_reason
     assert any("warm-up failed" in r.getMessage() for r in caplog.records)
