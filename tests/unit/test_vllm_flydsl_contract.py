@@ -459,6 +459,25 @@ def test_kernel_block_sizes_declared_to_vllm(flydsl, fake, monkeypatch):
     assert select_common_block_size(16, [comp]) == 16
 
 
+def test_forced_block_size_is_remembered_past_vllms_current_config(flydsl, fake, monkeypatch):
+    import vllm.config as vc
+
+    rev = fk.load_flydsl_kernel().revision
+    monkeypatch.setattr(flydsl, "_FORCED", {})
+    cfg = SimpleNamespace(cache_config=SimpleNamespace(user_specified_block_size=True, block_size=16))
+    monkeypatch.setattr(vc, "get_current_vllm_config_or_none", lambda: cfg)
+    assert "--block-size 64" in flydsl.forced_block_size_problem(rev)  # while the model is built
+    monkeypatch.setattr(vc, "get_current_vllm_config_or_none", lambda: None)
+    assert "--block-size 64" in flydsl.forced_block_size_problem(rev)  # later, at KV cache set-up
+    sizes = flydsl.FlyDSLDualwaveBackend.get_supported_kernel_block_sizes()
+    assert [getattr(s, "base", s) for s in sizes] == [16]  # AITER's: vLLM accepts 16, FlyDSL stays off
+    cfg.cache_config.user_specified_block_size = False  # no --block-size: vLLM picks FlyDSL's size
+    monkeypatch.setattr(vc, "get_current_vllm_config_or_none", lambda: cfg)
+    assert flydsl.forced_block_size_problem(rev) is None
+    monkeypatch.setattr(vc, "get_current_vllm_config_or_none", lambda: None)
+    assert flydsl.FlyDSLDualwaveBackend.get_supported_kernel_block_sizes()[0] == 64
+
+
 def test_forced_block_size_problem_names_the_flag(flydsl, fake):
     rev = fk.load_flydsl_kernel().revision
     assert flydsl.forced_block_size_problem(rev, 64) is None
