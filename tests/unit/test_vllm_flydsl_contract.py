@@ -560,3 +560,18 @@ def test_composite_pairs_aiter_unified_with_flydsl(flydsl):
     )
     # a head size FlyDSL lacks must not refuse the composite: the routing reports it 'unsupported'
     assert cls.supports_head_size(96) and cls.supports_head_size(128)
+
+
+def test_a_kernel_missing_at_start_is_one_log_line_not_one_per_group(flydsl, runtime, caplog):
+    from flyserve.vllm.backends import PrefillStatus, _bind_group
+
+    status = PrefillStatus("flydsl-dualwave", None, "FlyDSL not importable: ... VLLM_FLYDSL_KERNELS_PATH ...")
+    cfg = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context={}))
+    with caplog.at_level(logging.INFO, logger="flyserve.vllm"):
+        for g in range(3):
+            routing = SimpleNamespace(layer_names=[f"g{g}"], problems=[], unsupported=False, rt=runtime)
+            builder = SimpleNamespace(routing=routing, general_builder=object(), causal_builder=object())
+            _bind_group(builder, cfg, status)
+            assert routing.unsupported and routing.problems == [status.off_reason]
+    assert caplog.records == []  # rocm_prefill_status logged it once already
+    assert runtime.control.report_dict()["prefill_kernel"]["off_reason"] == status.off_reason
