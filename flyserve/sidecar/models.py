@@ -111,7 +111,7 @@ class EngineStats(_Frozen):
         "(all TP ranks record the same decisions; a dead rank's counters stop growing)."
     )
     ranks: list[int]
-    ranks_agree: bool
+    ranks_agree: bool | None = Field(description="Null when no rank of this engine is live.")
     totals: Totals
     windows: dict[str, Window]
     kernels: dict[str, KernelStats]
@@ -125,7 +125,9 @@ class DispatchStats(_Frozen):
     totals: Totals
     windows: dict[str, Window] = Field(description='Keys "60s", "300s", "900s".')
     ranks: list[RankView]
-    ranks_agree: bool = Field(description="All live ranks applied the same thresholds version.")
+    ranks_agree: bool | None = Field(
+        description="All live ranks applied the same thresholds version; null when no rank is live."
+    )
     live_ranks: int
     kernels: dict[str, KernelStats]
     engines: list[EngineStats]

@@ -157,8 +157,11 @@ def rank_views(
     return out
 
 
-def _agree(views: list[RankView]) -> bool:
-    return len({v.applied_version for v in views if not v.stale}) <= 1
+def _agree(views: list[RankView]) -> bool | None:
+    """True/False when live ranks run one/several versions; None with no live rank (nothing agrees:
+    "true" there read as "all is well" while no rank was running)."""
+    versions = {v.applied_version for v in views if not v.stale}
+    return len(versions) <= 1 if versions else None
 
 
 class StatsService:
