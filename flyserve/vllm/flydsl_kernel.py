@@ -173,6 +173,8 @@ def call_paged(
     ``lpt`` is passed as ``causal_lpt`` only where the installed revision has it.
     """
     # Two spelled-out calls rather than a kwargs dict: this runs once per layer per prefill step.
+    # Measured (benchmarks/test_bench_flydsl_call.py, 2-core VM, median): direct call 0.48 us, this
+    # call site 0.75 us, the same call through a kwargs dict 1.36 us.
     if kernel.revision.has_causal_lpt:
         kernel.fn(
             query, key_cache, value_cache,
