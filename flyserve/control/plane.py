@@ -27,7 +27,7 @@ from flyserve.policy.errors import describe_value
 from flyserve.policy.profiles import load_profile
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES
 from flyserve.policy.safe_yaml import parse_mapping as parse_yaml_mapping
-from flyserve.policy.thresholds import FIELDS, ThresholdsError
+from flyserve.policy.thresholds import FIELDS, ThresholdsError, unknown_key_error
 
 log = logging.getLogger("flyserve.control")
 
@@ -112,9 +112,23 @@ def _diff(old: ConfigSnapshot, new: ConfigSnapshot) -> dict[str, tuple[Any, Any]
 
 
 def _as_request(body: Any) -> dict[str, Any]:
-    if isinstance(body, Mapping):
-        return {str(k)[:64]: v for k, v in list(body.items())[:64]}
-    return {"body": describe_value(body)}
+    """The request as the audit line records it: known keys with their values (huge ones described,
+    not copied); unknown keys only counted - they may be content of a file that is not a config."""
+    if not isinstance(body, Mapping):
+        return {"body": describe_value(body)}
+    out: dict[str, Any] = {}
+    unknown = 0
+    for k, v in body.items():
+        if k not in FIELDS:
+            unknown += 1
+            if isinstance(k, str) and k.isidentifier() and k.islower() and len(k) <= 32:
+                out[k] = describe_value(v)
+            continue
+        big = isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64
+        out[k] = describe_value(v) if big or (isinstance(v, str) and len(v) > 256) else v
+    if unknown:
+        out["<unknown keys>"] = unknown
+    return out
 
 
 def _check_mapping(m: Any) -> None:
@@ -128,9 +142,7 @@ def _check_mapping(m: Any) -> None:
 def _check_keys(keys: Iterable[str], *, source: str) -> None:
     bad = [k for k in keys if k not in FIELDS]
     if bad:
-        raise ThresholdsError(
-            [(k, f"unknown key (known keys: {', '.join(FIELDS)})") for k in bad], source=source
-        )
+        raise ThresholdsError([unknown_key_error(k) for k in bad], source=source)
 
 
 class ControlPlane:

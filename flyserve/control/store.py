@@ -235,6 +235,9 @@ class Store:
                 snaps.append(s)
         return snaps
 
+    def history_file_exists(self, version: int) -> bool:
+        return self.dir.history_file(version).exists()
+
     def version_floor(self) -> int:
         """The highest version number any history file name carries, readable or not (``.bad``
         included): a new version must be above it, so no history file is ever overwritten."""
@@ -265,21 +268,12 @@ class Store:
     def publish(self, snap: ConfigSnapshot) -> None:
         """Make ``snap`` current. Call under lock(). Order matters: history first, then the YAML view,
         then current.json last - the one rename that commits the version for every rank."""
-        import yaml
-
         body = snap.to_json()
+        history_written = False
         try:
             atomic_write(self.dir.history_file(snap.version), body, overwrite=False)
-            header = (
-                f"# flyserve effective thresholds: version {snap.version}, sha256 {snap.sha256}\n"
-                f"# effective from engine step {snap.effective_step}; source {snap.source}, actor {snap.actor}, "
-                f"{snap.time_iso}\n# written by the control plane - change thresholds with the config file, "
-                "`flyserve thresholds set` or PATCH /thresholds, not here\n"
-            )
-            atomic_write(
-                self.dir.thresholds_yaml,
-                header + yaml.safe_dump(snap.thresholds.model_dump(), sort_keys=False),
-            )
+            history_written = True
+            self._write_views(snap)
             atomic_write(self.dir.current_json, body)
         except FileExistsError as exc:
             raise ControlIOError(
@@ -288,11 +282,37 @@ class Store:
                 path=str(self.dir.history_file(snap.version)),
             ) from exc
         except OSError as exc:
+            if history_written:  # never made current: no orphan left behind
+                with contextlib.suppress(OSError):
+                    os.unlink(self.dir.history_file(snap.version))
             raise ControlIOError(
                 f"cannot publish version {snap.version}: {exc.strerror or exc}",
                 path=getattr(exc, "filename", None) or str(self.dir.control_dir),
             ) from exc
         self._prune()
+
+    def restore_current(self, snap: ConfigSnapshot) -> None:
+        """Rewrite current.json (and the YAML view) from a snapshot already in history (repair)."""
+        try:
+            self._write_views(snap)
+            atomic_write(self.dir.current_json, snap.to_json())
+        except OSError as exc:
+            raise ControlIOError(
+                f"cannot restore current.json: {exc.strerror or exc}", path=str(self.dir.current_json)
+            ) from exc
+
+    def _write_views(self, snap: ConfigSnapshot) -> None:
+        import yaml
+
+        header = (
+            f"# flyserve effective thresholds: version {snap.version}, sha256 {snap.sha256}\n"
+            f"# effective from engine step {snap.effective_step}; source {snap.source}, actor {snap.actor}, "
+            f"{snap.time_iso}\n# written by the control plane - change thresholds with the config file, "
+            "`flyserve thresholds set` or PATCH /thresholds, not here\n"
+        )
+        atomic_write(
+            self.dir.thresholds_yaml, header + yaml.safe_dump(snap.thresholds.model_dump(), sort_keys=False)
+        )
 
     def _prune(self) -> None:
         versions = self.history_versions()
@@ -389,7 +409,10 @@ class Store:
 def bounded_audit_line(entry: Mapping[str, Any]) -> str:
     """One JSON line of at most MAX_AUDIT_LINE bytes: first the request's values are replaced by
     short descriptions, then anything else long is dropped and the entry says so."""
-    line = json.dumps(dict(entry), sort_keys=True, default=str)
+    try:
+        line = json.dumps(dict(entry), sort_keys=True, default=str)
+    except ValueError:  # e.g. an integer too long for str()
+        line = "x" * MAX_AUDIT_LINE
     if len(line) < MAX_AUDIT_LINE:
         return line + "\n"
     e = dict(entry)
@@ -397,7 +420,10 @@ def bounded_audit_line(entry: Mapping[str, Any]) -> str:
     if isinstance(req, Mapping):
         e["request"] = {str(k)[:64]: describe_value(v) for k, v in list(req.items())[:32]}
     e["truncated"] = True
-    line = json.dumps(e, sort_keys=True, default=str)
+    try:
+        line = json.dumps(e, sort_keys=True, default=str)
+    except ValueError:
+        line = "x" * MAX_AUDIT_LINE
     if len(line) < MAX_AUDIT_LINE:
         return line + "\n"
     keep = ("id", "time", "time_iso", "actor", "source", "action", "result", "version", "version_before")

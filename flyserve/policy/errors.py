@@ -19,7 +19,9 @@ def redact_field(name: object) -> str:
     """A field name as an error may show it: names that look like names are shown; anything else
     (a line of a secrets file parsed as a key) only by its length."""
     s = str(name)
-    return s if _NAME.match(s) else f"<key of {len(s)} chars>"
+    if _NAME.match(s) or (s.startswith("<") and s.endswith(">") and len(s) <= 48):
+        return s
+    return f"<key of {len(s)} chars>"
 
 
 def describe_value(value: Any) -> str:

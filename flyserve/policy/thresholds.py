@@ -7,6 +7,7 @@ serving (flyserve.control) and fit them to their own GPU (flyserve.lab.calibrate
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +18,7 @@ from flyserve.policy.errors import ThresholdsError, describe_value
 from flyserve.policy.profile_paths import is_path_like, profile_path
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES, parse_mapping
 
-__all__ = ["FIELDS", "Thresholds", "ThresholdsError", "read_yaml_file"]
+__all__ = ["FIELDS", "Thresholds", "ThresholdsError", "read_yaml_file", "unknown_key_error"]
 
 # Upper bounds: a threshold past these is a typo or an attack (2**70 was accepted for block_m).
 MAX_TOKENS = 1 << 24  # 16M tokens of context: far beyond any model served today
@@ -191,7 +192,7 @@ def _pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
         msg = str(err.get("msg", "invalid"))
         kind = err.get("type", "")
         if kind == "extra_forbidden":
-            out.append((loc, f"unknown key (known keys: {', '.join(FIELDS)})"))
+            out.append(unknown_key_error(loc))
         elif kind == "value_error" and "\x1f" in msg:
             body = msg.removeprefix("Value error, ")
             for part in body.split("|"):
@@ -214,3 +215,20 @@ def read_yaml_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ThresholdsError([("<file>", f"cannot read: {exc.strerror or exc}")], source=str(path)) from None
     return parse_mapping(raw, source=str(path))
+
+
+_PLAIN_KEY = re.compile(r"^[a-z_][a-z0-9_]{0,31}$")
+
+
+def unknown_key_error(key: str) -> tuple[str, str]:
+    """(field, reason) for a key that is not a threshold. The key is shown only when it is a likely
+    typo of a known one; otherwise only its length: an unknown key may be a line of whatever file the
+    config path points at (a symlink to a secrets file), and errors land in logs and the audit log."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key)[:64], FIELDS, n=1, cutoff=0.75)
+    if close:
+        return (str(key), f"unknown key (did you mean {close[0]!r}?)")
+    if _PLAIN_KEY.match(str(key)):
+        return (str(key), f"unknown key (known keys: {', '.join(FIELDS)})")
+    return (f"<unknown key of {len(str(key))} chars>", f"unknown key (known keys: {', '.join(FIELDS)})")
