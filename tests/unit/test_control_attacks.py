@@ -17,7 +17,7 @@ from flyserve.policy import Thresholds, ThresholdsError
 MAX_AUDIT_LINE = 8192  # flyserve.control.store.MAX_AUDIT_LINE (checked in the test that uses it)
 
 
-def repair(plane: ControlPlane):  # noqa: ANN201 - imported late so each test fails on its own before the fix
+def repair(plane: ControlPlane):  # imported late: each test fails on its own before the fix
     from flyserve.control.repair import repair as run
 
     return run(plane)
