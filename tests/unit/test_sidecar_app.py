@@ -45,7 +45,8 @@ def write_rank(state: Path, rank: int, *, step: int, version: int, age_s: float 
     (d / f"{rank}.json").write_text(
         json.dumps(
             {"pid": 1000 + rank, "rank": rank, "engine": 0, "step": step, "applied_version": version,
-             "applied_step": 5, "circuit_open": False, "time": time.time() - age_s}
+             "applied_step": 5, "circuit_open": False, "time": time.time() - age_s,
+             "started": time.time() - age_s - 600}
         )
     )  # fmt: skip
 
