@@ -546,8 +546,9 @@ class ControlPlane:
         if snap.conflicts:
             entry["conflicts"] = {k: dict(v) for k, v in snap.conflicts.items()}
         if not self.store.audit({**entry, "result": "publishing"}):
+            reason = getattr(self.store, "last_audit_error", None) or "not writable"
             raise ControlIOError(
-                "audit log not writable: change not published", path=str(self.store.dir.audit_log)
+                f"audit log: {reason}; change not published", path=str(self.store.dir.audit_log)
             )
         self.store.publish(snap)
         entry["result"] = "success"

@@ -327,6 +327,7 @@ class Store:
         bytes). Returns False (and logs) if it cannot: an unwritable state directory must not turn a
         rejection into a crash."""
         line = bounded_audit_line(entry)
+        self.last_audit_error: str | None = None
         try:
             self.dir.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.dir.audit_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
@@ -337,6 +338,7 @@ class Store:
                 os.close(fd)
             return True
         except OSError as exc:
+            self.last_audit_error = exc.strerror or str(exc)
             # The entry still reaches the process log, so no change goes unrecorded.
             log.error(
                 "audit log not writable (%s): %s; audit entry: %s",
