@@ -68,6 +68,9 @@ class RankControl:
         self._recent_rates: deque[float] = deque(maxlen=RATE_PEAK_REPORTS)
         self.late_applies = 0  # versions this rank learned of after their effective step
         self.applied: list[tuple[int, int, int]] = []  # (version, effective_step, applied_step), bounded
+        # The prefill kernel as found at start (kernel, revision, off_reason), set by the vLLM
+        # composite once; reported so /dispatch-stats shows which FlyDSL runs, or why none does.
+        self.prefill_kernel: dict[str, Any] | None = None
         snap = self._read_current_quiet()
         if snap is None:
             snap = ConfigSnapshot.build(
@@ -236,6 +239,7 @@ class RankControl:
             "effective_step": self._effective,
             "pending_version": self._pending[-1].version if self._pending else None,
             "circuit_open": s.circuit_open,
+            "prefill_kernel": self.prefill_kernel,
             "steps_per_s": None if rate is None else round(rate, 3),
             "late_applies": self.late_applies,
             "time": now,

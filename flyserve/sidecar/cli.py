@@ -1,4 +1,4 @@
-"""`flyserve sidecar` and `flyserve simulate`."""
+"""`flyserve sidecar`."""
 
 from __future__ import annotations
 
@@ -108,26 +108,38 @@ def sidecar(
 
     import uvicorn
 
-    from flyserve.control import default_state_dir
+    from flyserve.control.initialise import StateDirError, implicit_note, initialise, resolve
     from flyserve.sidecar.app import create_app
+    from flyserve.sidecar.listen import BindError, bind
     from flyserve.sidecar.server import server_config
     from flyserve.sidecar.settings import SidecarSettings, TokenError, read_token
+    from flyserve.startup_checks import StartupError, check_profile
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     err = typer.echo
+    try:  # first: a bad profile is the first (and only) line, before anything starts
+        check_profile(profile, setting="--profile")
+    except StartupError:
+        raise typer.Exit(2) from None
     try:
         token = read_token(token_file)
     except TokenError as exc:
         err(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    sd = state_dir if state_dir is not None else default_state_dir()
-    if sd.exists() and not sd.is_dir():
-        err(f"error: --state-dir {sd} is not a directory", err=True)
-        raise typer.Exit(2)
+    try:  # before saying where it listens: a port in use is the message, naming --port
+        sock = bind(host, port)
+    except BindError as exc:
+        err(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    sd, implicit = resolve(state_dir)
+    if implicit:
+        err(implicit_note(sd), err=True)
     try:
-        sd.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        err(f"error: --state-dir {sd}: cannot create ({exc.strerror or exc})", err=True)
+        if initialise(sd):
+            err(f"initialised state directory {sd}", err=True)
+    except StateDirError as exc:
+        sock.close()
+        err(f"error: --state-dir: {exc}", err=True)
         raise typer.Exit(2) from None
     settings = SidecarSettings(
         state_dir=sd,
@@ -167,58 +179,8 @@ def sidecar(
             super().handle_exit(sig, frame)
 
     typer.echo(f"flyserve sidecar on http://{host}:{port} (state {sd})", err=True)
-    _Server(config).run()
-
-
-def simulate(
-    state_dir: Annotated[
-        Path | None, typer.Option("--state-dir", help="State directory (default as for `sidecar`).")
-    ] = None,
-    ranks: Annotated[
-        int, typer.Option("--ranks", min=1, max=64, help="Rank processes (engine 0, ranks 0..N-1).")
-    ] = 2,
-    workload: Annotated[
-        str,
-        typer.Option(
-            "--workload", help="Named workload: seed-{8k,32k,60k}-c{8,32} (flyserve.lab.workloads)."
-        ),
-    ] = "seed-8k-c8",
-    steps: Annotated[
-        int, typer.Option("--steps", min=1, help="Engine steps per rank (the trace repeats).")
-    ] = 1000,
-    step_interval: Annotated[
-        float,
-        typer.Option(
-            "--step-interval", min=0.0, max=60.0, help="Seconds per engine step (0: as fast as possible)."
-        ),
-    ] = 0.05,
-    profile: Annotated[str, typer.Option("--profile", help="Threshold profile of the ranks.")] = "gfx950",
-    num_heads: Annotated[
-        int, typer.Option("--num-heads", min=1, help="Query heads per rank (the seed: 16).")
-    ] = 16,
-) -> None:
-    """Play N vLLM ranks: feed a workload's batch shapes through the real policy, recorder and control."""
-    from flyserve.control import default_state_dir
-    from flyserve.sidecar.simulate import SimulateArgs
-    from flyserve.sidecar.simulate import simulate as run
-
-    args = SimulateArgs(
-        state_dir=state_dir if state_dir is not None else default_state_dir(),
-        ranks=ranks,
-        workload=workload,
-        steps=steps,
-        step_interval_s=step_interval,
-        profile=profile,
-        num_heads=num_heads,
-    )
-    try:
-        code = run(args, echo=lambda s: typer.echo(s, err=False))
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    raise typer.Exit(code)
+    _Server(config).run(sockets=[sock])
 
 
 def register(app: typer.Typer) -> None:
     app.command("sidecar")(sidecar)
-    app.command("simulate")(simulate)
