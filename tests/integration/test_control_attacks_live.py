@@ -143,7 +143,9 @@ def test_9_thresholds_set_on_a_full_disk_is_a_clean_error_then_works_when_space_
     mounted = _mount_small_tmpfs(mnt)
     try:
         sd = mnt / "state"
-        assert cli("set", "min_seq_len=2048", "--state-dir", str(sd), "--actor", "a").returncode == 0
+        assert (
+            cli("set", "min_seq_len=2048", "--state-dir", str(sd), "--actor", "a", "--create").returncode == 0
+        )
         filler = mnt / "filler"
         if mounted:
             with open(filler, "wb") as f, contextlib.suppress(OSError):

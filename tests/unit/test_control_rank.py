@@ -75,6 +75,11 @@ def test_a_rank_that_learns_late_switches_at_once_and_says_so(plane: ControlPlan
     late.write_report()
     rep = json.loads(late.state_dir.rank_file(1).read_text())
     assert (rep["applied_version"], rep["applied_step"], rep["step"]) == (3, 40, 40)
+    # ... and says so: in its report (-> /dispatch-stats) and in flyserve_control_late_applies_total
+    from flyserve.telemetry.metrics import LATE_APPLIES
+
+    assert rep["late_applies"] == 1 and late.late_applies == 1
+    assert LATE_APPLIES.labels("1")._value.get() >= 1
 
 
 def test_versions_published_between_two_polls_are_each_applied_in_order(plane: ControlPlane) -> None:
