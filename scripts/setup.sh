@@ -41,5 +41,11 @@ if ! command -v promtool >/dev/null 2>&1; then
     $SUDO systemctl stop prometheus.service 2>/dev/null || true
   fi
 fi
+if ! command -v curl >/dev/null 2>&1; then  # the README tour (examples/tour.sh) and .ci/wheel-smoke use it
+  say "installing curl from Debian's packages"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q curl >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q curl >/dev/null; }
+fi
 .venv/bin/python -c 'import flyserve, vllm, torch; print("flyserve", flyserve.__version__, "| vllm", vllm.__version__, "| torch", torch.__version__)' 2>&1 | tail -1
 say "done"
