@@ -49,6 +49,7 @@ _COMMAND_MODULES = (
     "flyserve.lab.cli",  # calibrate, replay
     "flyserve.arms.cli",  # arms compare
     "flyserve.demo",  # demo
+    "flyserve.doctor.cli",  # doctor
 )
 
 for _name in _COMMAND_MODULES:

@@ -74,6 +74,16 @@ class KernelStats(_Frozen):
     p99_s: float | None
 
 
+class PrefillKernelView(_Frozen):
+    """The rank's prefill kernel as found at start: which one, its revision, or why it is off."""
+
+    kernel: str = Field(max_length=64)
+    revision: str | None = Field(None, max_length=200, description="e.g. FlyDSL's: has causal_lpt, page sizes.")
+    off_reason: str | None = Field(
+        None, max_length=400, description="Why the prefill path cannot run on this rank at all (null: it can)."
+    )
+
+
 class RankView(_Frozen):
     """One rank's last report (ranks/<rank>.json) and its own counters."""
 
@@ -84,6 +94,7 @@ class RankView(_Frozen):
     applied_version: int | None
     applied_step: int | None
     circuit_open: bool | None = None
+    prefill_kernel: PrefillKernelView | None = None
     age_s: float | None = Field(
         description="Seconds since the rank's last report; null if it never reported."
     )
