@@ -27,11 +27,13 @@ def _files() -> list[Path]:
 
 def test_nothing_reads_a_shared_directory_beside_the_checkout():
     pattern = re.compile(r"""(\.\./shared|["']shared["']\s*[,)/]|/\s*["']shared["'])""")
-    bad = [
-        str(p.relative_to(REPO))
-        for p in _files()
-        if p.suffix in (".py", ".sh") and p.name != "test_fresh_clone.py" and pattern.search(p.read_text())
-    ]
+    bad = []
+    for p in _files():
+        if p.suffix not in (".py", ".sh") or p.name == "test_fresh_clone.py":
+            continue
+        code = "\n".join(ln.split("#", 1)[0] for ln in p.read_text().splitlines())  # a comment reads nothing
+        if pattern.search(code):
+            bad.append(str(p.relative_to(REPO)))
     assert bad == []
 
 
