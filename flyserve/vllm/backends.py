@@ -138,6 +138,10 @@ def _with_timed_impl(base: type, name: str) -> type:
         unified kernel; one that cannot - FLASH_ATTN's metadata is not TRITON_ATTN's - lands here.)
         """
 
+        # This process's KernelTimer, found on the first forward after the rank runtime exists;
+        # until then a stand-in that is always "armed", so the lookup happens off the common path.
+        _flyserve_timer: Any = _UNRESOLVED
+
         def forward(
             self,
             layer,
@@ -151,11 +155,8 @@ def _with_timed_impl(base: type, name: str) -> type:
             output_block_scale=None,
         ):
             variant = getattr(attn_metadata, "_attention_backend_variant", 0)
-            timers = _path_timers()
-            tok = None
-            if timers is not None and attn_metadata is not None:
-                t = timers[variant]
-                tok = t.start()  # None unless this call is sampled (never while a graph is captured)
+            # One truth test per forward: the routing armed the timer (once per step) or not.
+            tok = self._flyserve_start(attn_metadata, variant) if self._flyserve_timer.armed else None
             try:
                 out = super().forward(
                     layer,
@@ -173,8 +174,22 @@ def _with_timed_impl(base: type, name: str) -> type:
                     _prefill_failed(exc)
                 raise
             if tok is not None:
-                t.stop(tok)
+                self._flyserve_timer.forward_stop(tok)
             return out
+
+        def _flyserve_start(self, attn_metadata: Any, variant: int) -> Any:
+            """An armed step (or the first forwards, before this layer knows its timer)."""
+            timer = self._flyserve_timer
+            if timer is _UNRESOLVED:
+                timer = _process_timer()
+                if timer is None:
+                    return None  # no rank runtime yet (profile runs): ask again next forward
+                self._flyserve_timer = timer
+                if not timer.armed:
+                    return None
+            if attn_metadata is None:
+                return None
+            return timer.forward_start(variant)
 
     def get_impl_cls() -> type:
         return TimedCompositeImpl
@@ -184,12 +199,28 @@ def _with_timed_impl(base: type, name: str) -> type:
     return cls
 
 
-def _path_timers() -> Any:
-    """(unified, prefill) pre-bound kernel timers of this process, or None."""
+class _TimerStandIn:
+    """What a forward wrapper holds instead of a KernelTimer: ``armed`` is the only field read."""
+
+    __slots__ = ("armed",)
+
+    def __init__(self, armed: int) -> None:
+        self.armed = armed
+
+
+_UNRESOLVED = _TimerStandIn(1)  # not looked up yet: look on the next forward
+_NO_TIMER = _TimerStandIn(0)  # timing is off in this process
+
+
+def _process_timer() -> Any:
+    """This process's KernelTimer (per-step mode), _NO_TIMER when timing is off, or None before
+    the rank runtime exists."""
     from flyserve.vllm.runtime import RankRuntime
 
     inst = RankRuntime._instance
-    return inst.path_timers if inst is not None else None
+    if inst is None:
+        return None
+    return inst.kernel_timer if inst.kernel_timer is not None else _NO_TIMER
 
 
 def _prefill_failed(exc: BaseException) -> None:
