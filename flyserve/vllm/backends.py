@@ -23,6 +23,7 @@ import os
 from typing import Any
 
 from flyserve.vllm.eligibility import PrefillKernelSpec
+from flyserve.vllm.forward_switch import SWITCH
 from flyserve.vllm.routing import routing_class
 
 log = logging.getLogger("flyserve.vllm")
@@ -128,21 +129,20 @@ def build_composite(kind: str) -> type:
 
 
 def _with_timed_impl(base: type, name: str) -> type:
-    """The composite with its impl's forward wrapped by the sampled kernel timer."""
+    """The composite whose impl can run flyserve's checked forward (forward_switch.py)."""
     base_impl = base.get_impl_cls()
+    plain = base_impl.forward
 
     class TimedCompositeImpl(base_impl):  # type: ignore[misc, valid-type]
-        """Times 1 in N forwards per path; a prefill kernel that raises trips the circuit breaker.
+        """vLLM's composite impl, plus a checked forward that the routing installs for the steps
+        that need it: it times the armed forward (KernelTimer per-step mode) and trips the circuit
+        breaker when the prefill kernel raises. On other steps ``forward`` is vLLM's own.
 
         (The CPU and ROCm prefill impls catch their own failures and re-run the batch on the
         unified kernel; one that cannot - FLASH_ATTN's metadata is not TRITON_ATTN's - lands here.)
         """
 
-        # This process's KernelTimer, found on the first forward after the rank runtime exists;
-        # until then a stand-in that is always "armed", so the lookup happens off the common path.
-        _flyserve_timer: Any = _UNRESOLVED
-
-        def forward(
+        def checked_forward(
             self,
             layer,
             query,
@@ -155,10 +155,13 @@ def _with_timed_impl(base: type, name: str) -> type:
             output_block_scale=None,
         ):
             variant = getattr(attn_metadata, "_attention_backend_variant", 0)
-            # One truth test per forward: the routing armed the timer (once per step) or not.
-            tok = self._flyserve_start(attn_metadata, variant) if self._flyserve_timer.armed else None
+            timer = SWITCH.timer
+            tok = None
+            if timer is not None and timer.armed and attn_metadata is not None:
+                tok = timer.forward_start(variant)  # None unless this is the armed forward
             try:
-                out = super().forward(
+                out = plain(
+                    self,
                     layer,
                     query,
                     key,
@@ -174,22 +177,10 @@ def _with_timed_impl(base: type, name: str) -> type:
                     _prefill_failed(exc)
                 raise
             if tok is not None:
-                self._flyserve_timer.forward_stop(tok)
+                timer.forward_stop(tok)
             return out
 
-        def _flyserve_start(self, attn_metadata: Any, variant: int) -> Any:
-            """An armed step (or the first forwards, before this layer knows its timer)."""
-            timer = self._flyserve_timer
-            if timer is _UNRESOLVED:
-                timer = _process_timer()
-                if timer is None:
-                    return None  # no rank runtime yet (profile runs): ask again next forward
-                self._flyserve_timer = timer
-                if not timer.armed:
-                    return None
-            if attn_metadata is None:
-                return None
-            return timer.forward_start(variant)
+    SWITCH.register(TimedCompositeImpl, plain, TimedCompositeImpl.checked_forward)
 
     def get_impl_cls() -> type:
         return TimedCompositeImpl
@@ -197,30 +188,6 @@ def _with_timed_impl(base: type, name: str) -> type:
     cls = type(name, (base,), {"get_impl_cls": staticmethod(get_impl_cls), "__module__": __name__})
     cls.__qualname__ = name
     return cls
-
-
-class _TimerStandIn:
-    """What a forward wrapper holds instead of a KernelTimer: ``armed`` is the only field read."""
-
-    __slots__ = ("armed",)
-
-    def __init__(self, armed: int) -> None:
-        self.armed = armed
-
-
-_UNRESOLVED = _TimerStandIn(1)  # not looked up yet: look on the next forward
-_NO_TIMER = _TimerStandIn(0)  # timing is off in this process
-
-
-def _process_timer() -> Any:
-    """This process's KernelTimer (per-step mode), _NO_TIMER when timing is off, or None before
-    the rank runtime exists."""
-    from flyserve.vllm.runtime import RankRuntime
-
-    inst = RankRuntime._instance
-    if inst is None:
-        return None
-    return inst.kernel_timer if inst.kernel_timer is not None else _NO_TIMER
 
 
 def _prefill_failed(exc: BaseException) -> None:

@@ -35,6 +35,7 @@ from flyserve.policy import (
 from flyserve.policy.rules import ShortRowsNotCounted, lpt_rule
 from flyserve.policy.vocabulary import VARIANT
 from flyserve.vllm.eligibility import PrefillKernelSpec, group_problems
+from flyserve.vllm.forward_switch import SWITCH
 from flyserve.vllm.runtime import RankRuntime
 
 log = logging.getLogger("flyserve.vllm")
@@ -89,9 +90,11 @@ class FlyserveRouting:
             self.rt.leader = self
         self.is_leader = self.rt.leader is self
         layers = _layers(vllm_config, layer_names)
-        if self.is_leader and self.rt.kernel_timer is not None:
-            # The timed forward rotates over the leader group's layers (KernelTimer.arm).
-            self.rt.kernel_timer.forwards_per_step = max(1, len(layers))
+        if self.is_leader:
+            SWITCH.timer = self.rt.kernel_timer  # the checked forward times with it
+            if self.rt.kernel_timer is not None:
+                # The timed forward rotates over the leader group's layers (KernelTimer.arm).
+                self.rt.kernel_timer.forwards_per_step = max(1, len(layers))
         self.num_heads = _num_heads(vllm_config, layers)
         self.problems = group_problems(layers, vllm_config.model_config.dtype, self.prefill_spec)
         self.unsupported = bool(self.problems)
@@ -168,7 +171,15 @@ class FlyserveRouting:
                 self._log_shape(metadata, step, d, snap.version)
             timer = rt.kernel_timer
             if timer is not None and step >= timer.next_step:
-                timer.arm(step)  # this step's forward number timer.skip is timed
+                timer.arm(step)  # one forward of this step is timed (KernelTimer.arm)
+            # flyserve's checked forward only where a step needs it (forward_switch.py).
+            if d.variant or (timer is not None and timer.armed):
+                if not SWITCH.checked:
+                    SWITCH.set(True)
+            elif SWITCH.checked:
+                SWITCH.set(False)
+        elif d.variant and not SWITCH.checked:  # another attention group's prefill step
+            SWITCH.set(True)
         return d.variant
 
     def _adjust(self, d: Any, shape: BatchShape, t: Any, snap: Any) -> Any:
