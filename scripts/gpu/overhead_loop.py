@@ -164,7 +164,7 @@ def main(out_path: str, pairs: int = 30, host_only: bool = False) -> dict:
     from flyserve.lab import bench
     from flyserve.lab.kernels import get_kernel
     from flyserve.policy import BatchShape, Thresholds, decide
-    from flyserve.vllm.backends import _with_timed_impl
+    from flyserve.vllm.backends import PrefillStatus, _with_flyserve_parts
 
     cuda = torch.cuda.is_available()
     # --dry on a machine without CUDA: the same loops with a no-op kernel (checks the script runs).
@@ -172,7 +172,8 @@ def main(out_path: str, pairs: int = 30, host_only: bool = False) -> dict:
     t = Thresholds.load("gfx950")
     timer = rt.kernel_timer
     report["device"] = bench.device_info() if cuda else {"device": "none (dry run)"}
-    report["timer_every_steps"] = timer.every_steps
+    report["timer_every_steps"] = getattr(timer, "every_steps", None)  # None: code before per-step mode
+    report["timer_every_calls"] = timer.every
     report["timer_clock"] = timer.clock
 
     class PlainImpl:
@@ -198,7 +199,11 @@ def main(out_path: str, pairs: int = 30, host_only: bool = False) -> dict:
         def get_impl_cls():
             return PlainImpl
 
-    timed_impl = _with_timed_impl(_Base, "LoopComposite").get_impl_cls()()
+        @staticmethod
+        def get_builder_cls():
+            return object
+
+    timed_impl = _with_flyserve_parts(_Base, "LoopComposite", PrefillStatus("FLASH_ATTN")).get_impl_cls()()
     plain_impl = PlainImpl()
     per_variant_md = (
         SimpleNamespace(_attention_backend_variant=0),

@@ -15,7 +15,7 @@ import pytest
 
 from flyserve.policy import PREFILL, UNIFIED
 from flyserve.telemetry.gpu_timer import KernelTimer
-from flyserve.vllm.backends import _with_timed_impl
+from flyserve.vllm.backends import PrefillStatus, _with_flyserve_parts
 from flyserve.vllm.eligibility import PrefillKernelSpec
 from flyserve.vllm.forward_switch import SWITCH
 from flyserve.vllm.routing import routing_class
@@ -50,6 +50,10 @@ class _Base:
     def get_impl_cls():
         return PlainImpl
 
+    @staticmethod
+    def get_builder_cls():
+        return object
+
 
 def _layer():
     impl = SimpleNamespace(
@@ -83,7 +87,7 @@ def rank(tmp_path, monkeypatch):
         parallel_config=SimpleNamespace(),
     )
     r = routing_class(PrefillKernelSpec("test-prefill"), "unified")(list(layers), vcfg, runtime=rt)
-    impl = _with_timed_impl(_Base, "SwitchTestComposite").get_impl_cls()()
+    impl = _with_flyserve_parts(_Base, "SwitchTestComposite", PrefillStatus("test-prefill")).get_impl_cls()()
     yield rt, r, impl
     SWITCH.set(False)
     RankRuntime.reset_for_tests()
