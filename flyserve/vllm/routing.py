@@ -110,6 +110,7 @@ class FlyserveRouting:
         self._decode_below = 0  # max_query_len below this: the decode fast path (set per snapshot)
         self._decode_decision = decision_for(UNIFIED, "no_prefill_rows")
         self._next_sample = self.rt.shape_sample_every  # the step of the next dry-run shape sample
+        self._qsl_cache: tuple[Any, ...] = (None, -1, None, None, None)  # see _qsl_view
         self.last_decision = decision_for(UNIFIED, "no_prefill_rows")
         self._warned_no_seq_lens = False
 
@@ -131,8 +132,11 @@ class FlyserveRouting:
         else:
             t = snap.thresholds
             causal = metadata.causal
+            qsl = metadata.query_start_loc_cpu
+            if qsl.__class__ is not np.ndarray:
+                qsl = self._qsl_view(qsl, metadata.num_reqs + 1)
             shape = BatchShape.from_step(
-                metadata.query_start_loc_cpu,
+                qsl,
                 metadata.num_reqs,
                 metadata.num_actual_tokens,
                 metadata.max_query_len,
@@ -147,7 +151,7 @@ class FlyserveRouting:
                 if d.lpt is not None or rt.forced is not None or shape.max_query_len < t.min_query_len:
                     d = self._adjust(d, shape, t, snap)  # a prefill decision, forced, or no prefill row
             except ShortRowsNotCounted:  # the LPT rule runs on this step: count the short rows
-                shape = shape.with_short_rows(metadata.query_start_loc_cpu, t.block_m)
+                shape = shape.with_short_rows(qsl, t.block_m)
                 d = self._adjust(decide(shape, t), shape, t, snap)
         self.last_decision = rt.last_decision = d  # the causal builder reads .lpt next
         if self.is_leader:
@@ -201,6 +205,23 @@ class FlyserveRouting:
                 d = decision_for(UNIFIED, CIRCUIT_OPEN)
         return d
 
+    def _qsl_view(self, qsl: Any, n: int) -> np.ndarray:
+        """``query_start_loc_cpu[:n]`` as numpy, without a ``.numpy()`` call per step.
+
+        vLLM passes a prefix slice of one persistent contiguous CPU buffer
+        (``self.query_start_loc.cpu[: num_reqs_padded + 1]``): same address, same dtype, every
+        step. The numpy view of the longest slice seen is kept (with the tensor, so its memory
+        stays) and sliced; a new address or dtype, or a longer batch, takes ``.numpy()`` once.
+        ``.numpy()`` cost 1.7 us here against 0.8 us for the cached slice (2-core CI VM, timeit).
+        """
+        v = self._qsl_cache
+        if qsl.data_ptr() == v[0] and n <= v[1] and qsl.dtype is v[2]:
+            return v[3][:n]
+        a = qsl.numpy()
+        if a.ndim == 1 and a.strides[0] == a.itemsize:  # contiguous: a later prefix is a prefix
+            self._qsl_cache = (qsl.data_ptr(), a.size, qsl.dtype, a, qsl)
+        return a[:n]
+
     # ------------------------------------------------------------------ rare paths
 
     def _on_new_snapshot(self, snap: Any) -> None:
@@ -221,7 +242,9 @@ class FlyserveRouting:
 
     def _add_shape_sample(self, metadata: Any, step: int) -> None:
         qsl = metadata.query_start_loc_cpu
-        lens = np.diff(qsl.numpy() if hasattr(qsl, "numpy") else np.asarray(qsl))  # a copy
+        if qsl.__class__ is not np.ndarray:
+            qsl = self._qsl_view(qsl, metadata.num_reqs + 1)
+        lens = qsl[1:] - qsl[:-1]  # a new array (np.diff's result, without its 1.5 us of set-up)
         causal = metadata.causal
         self.rt.shape_sample.add(step, lens, int(metadata.max_seq_len), self.num_heads, causal is True)
 

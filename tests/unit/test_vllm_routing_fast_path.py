@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -167,13 +168,22 @@ def routings(tmp_path_factory):
         mp.undo()
 
 
-def _check_select(routings, lens, max_seq_len, causal, t, capture_variant, pad_tokens=0):
+# vLLM's query_start_loc_cpu: a prefix slice of one persistent CPU buffer, rewritten every step.
+_QSL_BUFFER = torch.zeros(64, dtype=torch.int32)
+
+
+def _check_select(routings, lens, max_seq_len, causal, t, capture_variant, pad_tokens=0, torch_buffer=False):
     rt, by_capture = routings
     r = by_capture[capture_variant]
     rt.leader = r  # this object counts and records the step
     r.is_leader = True
     rt.control.set(t)
     md = step_metadata(lens, max_seq_len, causal, pad_tokens)
+    if torch_buffer:
+        n = len(lens) + 1
+        _QSL_BUFFER[:n] = torch.from_numpy(md.query_start_loc_cpu)
+        _QSL_BUFFER[n:] = -7  # stale rows past the batch must never be read
+        md.query_start_loc_cpu = _QSL_BUFFER[:n]
     variant = r.select(md)
     want, full = reference(lens, max_seq_len, causal, t, capture_variant)
     assert r.last_decision is want  # interned: the same object
@@ -197,17 +207,25 @@ def _check_select(routings, lens, max_seq_len, causal, t, capture_variant, pad_t
     causal=st.booleans(),
     t=thresholds_st(),
     capture_variant=st.sampled_from([0, 1]),
+    torch_buffer=st.booleans(),
 )
-@example(lens=[1] * 8, max_seq_len=8192, causal=True, t=SEED, capture_variant=0)  # plain decode step
-@example(lens=[1, 1, 2], max_seq_len=8192, causal=True, t=SEED, capture_variant=0)  # max_query_len == min
-@example(lens=[], max_seq_len=1, causal=True, t=SEED, capture_variant=0)  # no rows
-@example(lens=[0, 0, 1], max_seq_len=4096, causal=True, t=SEED, capture_variant=1)  # padding rows
+@example(
+    lens=[1] * 8, max_seq_len=8192, causal=True, t=SEED, capture_variant=0, torch_buffer=True
+)  # plain decode step
+@example(
+    lens=[1, 1, 2], max_seq_len=8192, causal=True, t=SEED, capture_variant=0, torch_buffer=True
+)  # max_query_len == min
+@example(lens=[], max_seq_len=1, causal=True, t=SEED, capture_variant=0, torch_buffer=True)  # no rows
+@example(
+    lens=[0, 0, 1], max_seq_len=4096, causal=True, t=SEED, capture_variant=1, torch_buffer=True
+)  # padding rows
 @example(  # max_query_len == decode_query_len_max: the fast path's last batch
     lens=[3, 1, 3],
     max_seq_len=4096,
     causal=True,
     t=SEED.merged({"decode_query_len_max": 3, "min_query_len": 6}),
     capture_variant=0,
+    torch_buffer=True,
 )
 @example(  # dq < max_query_len < min_query_len: no prefill row, yet rows to count
     lens=[4, 1, 5],
@@ -215,9 +233,15 @@ def _check_select(routings, lens, max_seq_len, causal, t, capture_variant, pad_t
     causal=True,
     t=SEED.merged({"decode_query_len_max": 3, "min_query_len": 6}),
     capture_variant=0,
+    torch_buffer=True,
 )
 @example(  # prefill capture variant, LPT left to the rule: the decode step is counted in full
-    lens=[1, 1], max_seq_len=4096, causal=True, t=SEED.merged({"decode_path": "prefill"}), capture_variant=1
+    lens=[1, 1],
+    max_seq_len=4096,
+    causal=True,
+    t=SEED.merged({"decode_path": "prefill"}),
+    capture_variant=1,
+    torch_buffer=True,
 )
 @example(  # admitted, long rows: the short rows are counted for the LPT rule
     lens=[1] * 9 + [300] * 20,
@@ -225,9 +249,14 @@ def _check_select(routings, lens, max_seq_len, causal, t, capture_variant, pad_t
     causal=True,
     t=SEED.merged({"min_qblock_rows": 0}),
     capture_variant=0,
+    torch_buffer=True,
 )
-def test_select_equals_decide_on_the_full_shape(routings, lens, max_seq_len, causal, t, capture_variant):
-    _check_select(routings, lens, max_seq_len, causal, t, capture_variant)
+def test_select_equals_decide_on_the_full_shape(
+    routings, lens, max_seq_len, causal, t, capture_variant, torch_buffer
+):
+    """torch_buffer: query_start_loc_cpu is a slice of one reused torch buffer, as vLLM passes it
+    (select() keeps a numpy view of it across steps: _qsl_view)."""
+    _check_select(routings, lens, max_seq_len, causal, t, capture_variant, torch_buffer=torch_buffer)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -284,6 +313,26 @@ def test_from_step_equals_the_full_shape(lens, dq, bm_log, max_seq_len):
         assert mql >= bm  # left uncounted only where max_query_len does not give it
         s = s.with_short_rows(qsl, bm)
     assert s == full
+
+
+def test_qsl_view_follows_the_buffer_and_never_reads_a_stale_one(routings):
+    """The cached numpy view: same buffer rewritten, a longer prefix, another buffer, another
+    dtype over the same memory, a strided tensor: each read gives the tensor's own values."""
+    _rt, by_capture = routings
+    r = by_capture[0]
+    buf = torch.arange(40, dtype=torch.int32)
+    assert r._qsl_view(buf[:5], 5).tolist() == [0, 1, 2, 3, 4]
+    buf[:5] = torch.tensor([0, 3, 4, 9, 10], dtype=torch.int32)  # rewritten in place (next step)
+    assert r._qsl_view(buf[:5], 5).tolist() == [0, 3, 4, 9, 10]
+    assert r._qsl_view(buf[:3], 3).tolist() == [0, 3, 4]
+    assert r._qsl_view(buf[:12], 12).tolist() == [0, 3, 4, 9, 10, *range(5, 12)]  # longer: new view
+    other = torch.arange(100, 140, dtype=torch.int32)
+    assert r._qsl_view(other[:4], 4).tolist() == [100, 101, 102, 103]
+    as64 = other.view(torch.int64)  # the same address, another dtype
+    assert r._qsl_view(as64[:2], 2).tolist() == as64[:2].tolist()
+    strided = torch.arange(20, dtype=torch.int32)[::2]
+    assert r._qsl_view(strided[:4], 4).tolist() == [0, 2, 4, 6]
+    assert r._qsl_view(torch.arange(20, dtype=torch.int32)[::2][:4], 4).tolist() == [0, 2, 4, 6]
 
 
 def test_lpt_rule_refuses_an_uncounted_short_row_count():
