@@ -138,3 +138,66 @@ def test_2_rows_np_diff(benchmark) -> None:
 
 def test_2_rows_select(benchmark, routing) -> None:
     _bench_select(benchmark, routing, "2-rows", ("prefill", "admitted"))
+
+
+# ----------------------------------------------------------------- per attention forward
+
+
+class _PlainImpl:
+    """Stands for vLLM's composite impl (an empty forward: what is measured is the call)."""
+
+    def forward(
+        self,
+        layer,
+        query,
+        key,
+        value,
+        kv_cache,
+        attn_metadata,
+        output,
+        output_scale=None,
+        output_block_scale=None,
+    ):
+        return output
+
+
+class _Base:
+    @staticmethod
+    def get_impl_cls():
+        return _PlainImpl
+
+    @staticmethod
+    def get_builder_cls():
+        return object
+
+
+@pytest.fixture(scope="module")
+def flyserve_impl():
+    from flyserve.vllm.backends import PrefillStatus, _with_flyserve_parts
+
+    return _with_flyserve_parts(_Base, "BenchComposite", PrefillStatus("bench")).get_impl_cls()()
+
+
+_AMD = SimpleNamespace(_attention_backend_variant=0)
+
+
+def test_forward_vllm_impl(benchmark) -> None:
+    """The yardstick: vLLM's impl forward, called as vLLM's attention op calls it."""
+    benchmark.group = "forward-per-call"
+    impl = _PlainImpl()
+    benchmark(lambda: impl.forward(None, None, None, None, None, _AMD, None))
+
+
+@pytest.mark.parametrize("checked", [False, True], ids=["plain-step", "checked-step"])
+def test_forward_flyserve_impl(benchmark, flyserve_impl, checked: bool) -> None:
+    """flyserve's impl on a plain step (vLLM's forward installed: no flyserve frame) and on a step
+    that installs the checked forward (a prefill or timed step; the timer not armed here)."""
+    from flyserve.vllm.forward_switch import SWITCH
+
+    benchmark.group = "forward-per-call"
+    SWITCH.set(checked)
+    try:
+        assert (type(flyserve_impl).forward is _PlainImpl.forward) is not checked
+        benchmark(lambda: flyserve_impl.forward(None, None, None, None, None, _AMD, None))
+    finally:
+        SWITCH.set(False)

@@ -41,8 +41,10 @@ wrapper reads one attribute per call::
     if tok is not None:
         timer.forward_stop(tok)
 
-so one forward in ``every_steps`` steps is timed and every other forward costs one truth test of
-an int (measured: benchmarks/test_bench_telemetry.py, group kernel-timer-per-forward).
+so one forward in ``every_steps`` steps is timed and any other forward that reads ``armed`` pays one
+truth test. In vLLM the forward that reads it is installed only on timed or prefill steps
+(flyserve/vllm/forward_switch.py), so the other forwards pay nothing (benchmarks/test_bench_routing.py,
+group forward-per-call).
 
 Notes for an overhead loop: an unsampled call costs one int decrement and a None check (about
 0.2 us on the 2-core CI VM); a sampled one records two events (reused from a pool, so steady

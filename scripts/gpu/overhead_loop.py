@@ -122,6 +122,30 @@ def build_rank(state: Path):
     return rt, cls(list(layers), vcfg, runtime=rt)
 
 
+def _select_parts(routing, md, reps: int, number: int) -> dict[str, float]:
+    """Where a mixed step's time goes: each piece of select() alone (min of repeats, microseconds)."""
+    from flyserve.policy import BatchShape, decide
+
+    t = routing.rt.control.snapshot.thresholds
+    n = md.num_reqs + 1
+    a = md.query_start_loc_cpu.numpy()
+    shape = BatchShape.from_step(
+        a, md.num_reqs, md.num_actual_tokens, md.max_query_len, md.max_seq_len, HEADS, True, 1, 256
+    )
+    d = decide(shape, t)
+    rec = routing.rt.recorder
+    parts = {
+        "tensor.numpy()": lambda: md.query_start_loc_cpu.numpy(),
+        "cached view": lambda: routing._qsl_view(md.query_start_loc_cpu, n),
+        "from_step": lambda: BatchShape.from_step(
+            a, md.num_reqs, md.num_actual_tokens, md.max_query_len, md.max_seq_len, HEADS, True, 1, 256
+        ),
+        "decide": lambda: decide(shape, t),
+        "record": lambda: rec.record(d, shape, 1, 0),
+    }
+    return {k: min(timeit.repeat(f, number=number, repeat=reps)) / number * 1e6 for k, f in parts.items()}
+
+
 def select_table(routing, torch_mod, reps: int = 9, number: int = 5000) -> dict:
     """select() beside np.diff of the same array, min over interleaved repeats (microseconds)."""
     out = {}
@@ -138,6 +162,7 @@ def select_table(routing, torch_mod, reps: int = 9, number: int = 5000) -> dict:
             "np_diff_us": min(diff),
             "ratio": min(sel) / min(diff),
             "decision": f"{d.path}/{d.reason}",
+            "parts_us": _select_parts(routing, md, reps, number),
         }
         print(
             json.dumps(
