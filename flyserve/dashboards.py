@@ -52,6 +52,7 @@ KERNEL_TIMER_DROPPED = tm.exposed_name(tm.KERNEL_TIMER_DROPPED)
 ENGINE_STEP = tm.exposed_name(tm.ENGINE_STEP)
 THRESHOLDS_VERSION = tm.exposed_name(tm.THRESHOLDS_VERSION)
 CIRCUIT_OPEN = tm.exposed_name(tm.CIRCUIT_OPEN)
+LATE_APPLIES = tm.exposed_name(tm.LATE_APPLIES)
 CONFIG_RELOADS = tm.exposed_name(tm.CONFIG_RELOADS)
 CONFIG_LAST_SUCCESS = tm.exposed_name(tm.CONFIG_LAST_SUCCESS)
 SIDECAR_REQUESTS = tm.exposed_name(tm.SIDECAR_REQUESTS)
@@ -544,7 +545,8 @@ def dispatch_overview() -> dash.Dashboard:
             "Ranks in agreement",
             "Distinct thresholds versions among the selected ranks (should be 1) and the sidecar's own "
             "verdict over live ranks (1 = agree). Two or more versions for longer than one change "
-            "takes is the RanksDisagreeOnThresholds alert.",
+            "takes is the RanksDisagreeOnThresholds alert. Late applies: versions a rank learned of "
+            "after their effective step and applied at a step of its own.",
             [
                 _target(
                     f'count(count_values("version", max by (rank) ({THRESHOLDS_VERSION}{{{RANK_SEL}}})))',
@@ -552,6 +554,11 @@ def dispatch_overview() -> dash.Dashboard:
                     "A",
                 ),
                 _target(f"min({RANKS_AGREE}{{{INSTANCE_SEL}}})", "sidecar: ranks agree", "B"),
+                _target(
+                    f"sum(increase({LATE_APPLIES}{{{RANK_SEL}}}[$__rate_interval]))",
+                    "late applies (should stay 0)",
+                    "C",
+                ),
             ],
             unit="none",
             min_val=0,

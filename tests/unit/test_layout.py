@@ -13,11 +13,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "flyserve"
 
-# The only circle left, through lazy imports; issue 13 (the YAML helpers in a module of their own)
-# removes it. Nothing may join it.
-KNOWN_CIRCLES = {frozenset({"flyserve.policy.profiles", "flyserve.policy.thresholds"})}
-
-
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -119,8 +114,8 @@ def test_no_import_circle_at_module_level():
     assert _circles(_graph(top_level_only=True)) == []
 
 
-def test_no_import_circle_counting_lazy_imports_but_the_known_one():
-    assert set(_circles(_graph(top_level_only=False))) <= KNOWN_CIRCLES
+def test_no_import_circle_counting_lazy_imports():
+    assert _circles(_graph(top_level_only=False)) == []
 
 
 def test_the_sidecar_reaches_nothing_of_lab_arms_sim_or_vllm():
