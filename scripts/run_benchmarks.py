@@ -5,7 +5,7 @@ CI collects benchmarks/ in quick mode (``--benchmark-disable``: each benchmark r
 its result against a plain call). This script runs the same files with rounds
 (``--benchmark-enable``), one group per table, side by side in one run, and replaces the block
 between the markers in docs/performance.md with the tables, the command and the machine. Ratios are
-to the group's yardstick (the benchmark whose name starts with ``test_bare``), medians of the
+to the group's yardstick (the benchmark whose name starts with ``test_bare``), minimums of the
 rounds; absolute times on a shared VM move with the other tenants' load, ratios much less.
 
     .venv/bin/python scripts/run_benchmarks.py              # run, then rewrite the doc
@@ -49,25 +49,36 @@ def _us(seconds: float) -> str:
     return f"{us:.2f} us" if us < 10 else f"{us:.1f} us"
 
 
+def _yardstick(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The group's yardstick: a ``test_bare_*`` benchmark, else one of a bare ``np_diff``, else the fastest."""
+    for pick in (lambda n: n.startswith("test_bare"), lambda n: "np_diff" in n):
+        found = [b for b in rows if pick(b["name"])]
+        if found:
+            return found[0]
+    return min(rows, key=lambda b: b["stats"]["min"])
+
+
 def tables(data: Mapping[str, Any]) -> str:
-    """Markdown: one table per benchmark group (name, min, median, median / the group's yardstick)."""
+    """Markdown: one table per benchmark group (name, min, median, min / the yardstick's min).
+
+    Ratios of minimums: on a shared VM the other tenants' load lands in the medians (measured here: a
+    median 1.6x its minimum in one group of one run), much less in the minimums."""
     try:
-        benches = data["benchmarks"]
         groups: dict[str, list[dict[str, Any]]] = {}
-        for b in benches:
+        for b in data["benchmarks"]:
             groups.setdefault(b.get("group") or "(no group)", []).append(b)
         out: list[str] = []
         for group in sorted(groups):
             rows = groups[group]
-            bare = [b for b in rows if b["name"].startswith("test_bare")]
-            base = (bare[0] if bare else min(rows, key=lambda b: b["stats"]["median"]))["stats"]["median"]
-            out += [f"**{group}** (ratio: median / `{(bare[0] if bare else {'name': 'the fastest'})['name']}`)", "",
+            yard = _yardstick(rows)
+            base = yard["stats"]["min"]
+            out += [f"**{group}** (ratio: min / min of `{yard['name']}`)", "",
                     "| benchmark | min | median | ratio |", "|---|---:|---:|---:|"]  # fmt: skip
-            for b in sorted(rows, key=lambda b: b["stats"]["median"]):
+            for b in sorted(rows, key=lambda b: b["stats"]["min"]):
                 st = b["stats"]
-                out.append(f"| `{b['name']}` | {_us(st['min'])} | {_us(st['median'])} | {st['median'] / base:.2f}x |")
+                out.append(f"| `{b['name']}` | {_us(st['min'])} | {_us(st['median'])} | {st['min'] / base:.2f}x |")
             out.append("")
-    except (KeyError, TypeError, ZeroDivisionError) as exc:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         raise BenchmarkDocError(f"benchmark JSON: missing or bad field ({type(exc).__name__}: {exc})") from None
     return "\n".join(out).rstrip() + "\n"
 
