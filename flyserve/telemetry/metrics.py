@@ -318,6 +318,7 @@ def precreate_rank_series(rank: int | str) -> None:
     ENGINE_STEP.labels(r)
     THRESHOLDS_VERSION.labels(r)
     CIRCUIT_OPEN.labels(r)
+    LATE_APPLIES.labels(r)  # a zero series from the first scrape: the "should stay 0" panel has data
 
 
 def precreate_control_series() -> None:
