@@ -26,6 +26,12 @@ log = logging.getLogger("flyserve.control")
 
 _NEVER = sys.maxsize
 
+FILE_POLLING = "file polling"
+ENGINE_CHANNEL = "engine channel"
+CONTROL_MODES: tuple[str, ...] = (FILE_POLLING, ENGINE_CHANNEL)
+"""How a rank learns of new versions: its own poll of control/current.json (the fallback), or a push
+from vLLM's API server between two engine steps (flyserve.vllm.engine_channel)."""
+
 
 class RankControl:
     """One per rank process (vLLM creates one routing object per attention group: share this one)."""
@@ -57,6 +63,7 @@ class RankControl:
         self._last_rate_sample: tuple[float, int] | None = (time.time(), 0)
         self._steps_per_s: float | None = None
         self.applied: list[tuple[int, int, int]] = []  # (version, effective_step, applied_step), bounded
+        self.mode = FILE_POLLING  # becomes ENGINE_CHANNEL at the first apply_pushed(); never goes back
         snap = self._read_current_quiet()
         if snap is None:
             snap = ConfigSnapshot.build(
@@ -107,6 +114,39 @@ class RankControl:
     def step(self) -> int:
         return self._step
 
+    # ------------------------------------------------------------------ engine channel
+
+    def apply_pushed(self, snap: ConfigSnapshot | None) -> tuple[bool, str]:
+        """Apply ``snap`` from the next engine step on; refuse a version lower than the applied one.
+
+        Called between two engine steps on the thread that calls current() (vLLM runs a collective
+        RPC there, in the same order relative to execute_model on every worker), so every worker
+        applies it at the same step without a margin. The first call switches this rank to the
+        engine channel for good: versions the file poll had queued are dropped and it stops queueing
+        (two sources of one version would apply it at two steps). ``snap=None`` only switches.
+        Returns (applied, why): why is "applied", "switched", "already applied", "lower version" or
+        "same version, other content".
+        """
+        with self._lock:
+            self.mode = ENGINE_CHANNEL
+            self._pending.clear()
+            self._pending_step = _NEVER
+            if snap is None:
+                return False, "switched"
+            cur = self._snapshot.version
+            if snap.version < cur:
+                return False, "lower version"
+            if snap.version == cur:
+                same = snap.sha256 == self._snapshot.sha256
+                return False, "already applied" if same else "same version, other content"
+            step = self._step + 1
+            self._snapshot = snap.replace(effective_step=step)
+            self._known_version = max(self._known_version, snap.version)
+            self.applied.append((snap.version, step, step))
+            del self.applied[:-256]
+            self.applied_step = step
+            return True, "applied"
+
     # ------------------------------------------------------------------ background thread
 
     def start(self) -> RankControl:
@@ -153,6 +193,8 @@ class RankControl:
             return None
 
     def _refresh(self) -> None:
+        if self.mode == ENGINE_CHANNEL:
+            return  # versions come from the engine channel only (see apply_pushed)
         path: Path = self.state_dir.current_json
         try:
             st = os.stat(path)
@@ -179,6 +221,8 @@ class RankControl:
             new.insert(0, old)
         self._known_version = snap.version
         with self._lock:
+            if self.mode == ENGINE_CHANNEL:  # switched while this poll read the files
+                return
             self._pending.extend(new)
             self._pending.sort(key=lambda s: s.version)
             self._pending_step = self._pending[0].effective_step
@@ -215,6 +259,7 @@ class RankControl:
             "effective_step": s.effective_step,
             "pending_version": self._pending[-1].version if self._pending else None,
             "circuit_open": s.circuit_open,
+            "control_mode": self.mode,
             "steps_per_s": round(self._rate(now), 3),
             "time": now,
         }

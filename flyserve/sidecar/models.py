@@ -84,6 +84,9 @@ class RankView(_Frozen):
     applied_version: int | None
     applied_step: int | None
     circuit_open: bool | None = None
+    control_mode: str | None = Field(
+        None, description='How the rank learns of versions: "engine channel" or "file polling".'
+    )
     age_s: float | None = Field(
         description="Seconds since the rank's last report; null if it never reported."
     )
@@ -116,6 +119,11 @@ class DispatchStats(_Frozen):
     ranks: list[RankView]
     ranks_agree: bool = Field(description="All live ranks applied the same thresholds version.")
     live_ranks: int
+    control_mode: str | None = Field(
+        None,
+        description='The live ranks\' mode: "engine channel" (vLLM pushes each version between two '
+        'steps), "file polling" (the fallback), "mixed", or null when no rank is live.',
+    )
     kernels: dict[str, KernelStats]
     engines: list[EngineStats]
     errors: list[str] = Field(default_factory=list, description="Problems reading the state directory.")

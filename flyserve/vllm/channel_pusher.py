@@ -1,0 +1,244 @@
+"""The API-server side of the engine channel: watch the store, push each new version to every worker.
+
+Runs as one asyncio task in vLLM's API server (flyserve.vllm.endpoint_plugin starts it). It stats
+control/current.json every ``poll_s``; on a new version it pushes every version it has not pushed
+yet, oldest first (intermediate ones from history, so no worker skips one), each by one collective
+RPC. vLLM runs the RPC between two engine steps on every worker; each worker answers with its step,
+so the pusher records the exact boundary and whether all workers agreed on it.
+
+What it leaves in the state directory (the sidecar and the tests read these; nothing else does):
+  channel/status.json   mode, pid, time, last pushed version, the workers' last answers, counts
+  channel/pushes.jsonl  one line per pushed version: version, sha256, time, every worker's answer
+
+No vLLM import here: ``rpc`` is any ``async (method, json_doc | None) -> list[answer]``, so the unit
+tests drive the pusher with an in-process fake and the e2e tests with the real engine client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flyserve.control.errors import ControlIOError
+from flyserve.control.paths import StateDir
+from flyserve.control.rank import ENGINE_CHANNEL
+from flyserve.control.snapshot import ConfigSnapshot
+from flyserve.control.store import Store, atomic_write
+from flyserve.vllm.engine_channel import METHOD
+
+log = logging.getLogger("flyserve.vllm")
+
+Rpc = Callable[[str, str | None], Awaitable[list[Any]]]
+
+DEFAULT_POLL_S = 0.05
+"""A stat of current.json every 50 ms: a few microseconds of the API server's loop each time, and
+a change reaches the workers within one poll plus one engine step."""
+STATUS_EVERY_S = 5.0
+RETRY_MAX_S = 5.0
+_ANSWER_FIELDS = ("rank", "engine", "step", "version", "applied", "why")
+
+
+def channel_dir(state_dir: StateDir) -> Path:
+    return state_dir.path / "channel"
+
+
+def status_path(state_dir: StateDir) -> Path:
+    return channel_dir(state_dir) / "status.json"
+
+
+def pushes_path(state_dir: StateDir) -> Path:
+    return channel_dir(state_dir) / "pushes.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """One version pushed to every worker, and what each answered."""
+
+    version: int
+    sha256: str
+    answers: tuple[dict[str, Any], ...]
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        return tuple(int(a.get("step", -1)) for a in self.answers)
+
+    @property
+    def same_step(self) -> bool:
+        """Every worker answered from the same step (so all apply from the same next step)."""
+        return len(set(self.steps)) == 1
+
+
+def _small(answer: Any) -> dict[str, Any]:
+    """A worker's answer, reduced to known fields of bounded size (it is input like any other)."""
+    if not isinstance(answer, dict):
+        return {"why": "not an answer", "error": repr(answer)[:200]}
+    out = {k: answer[k] for k in _ANSWER_FIELDS if k in answer}
+    if "error" in answer:
+        out["error"] = str(answer["error"])[:300]
+    return out
+
+
+class ChannelPusher:
+    """Watches one state directory and pushes versions through ``rpc``. One per API server."""
+
+    def __init__(self, state_dir: StateDir | str | os.PathLike[str], rpc: Rpc, *, poll_s: float = DEFAULT_POLL_S):
+        if not poll_s > 0:
+            raise ValueError(f"poll_s must be > 0, got {poll_s!r}")
+        self.state_dir = StateDir(state_dir)
+        self.store = Store(self.state_dir)
+        self.rpc = rpc
+        self.poll_s = float(poll_s)
+        self.pushed_version = -1  # -1: not attached yet (the first round switches every worker)
+        self.last: Push | None = None
+        self.pushes = 0
+        self.split_steps = 0  # pushes whose workers answered from different steps (must stay 0)
+        self.errors = 0
+        self.last_error = ""
+        self._seen: tuple[int, int, int] | None = None
+        self._status_at = 0.0
+
+    # ------------------------------------------------------------------ one round
+
+    def _current_key(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.state_dir.current_json)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _to_push(self) -> list[ConfigSnapshot] | None:
+        """Versions above the last pushed one, oldest first; None if the store cannot be read now."""
+        try:
+            cur = self.store.read_current()
+        except ControlIOError as exc:
+            log.error("flyserve engine channel: %s; pushing nothing this round", exc)
+            return None
+        if cur is None or cur.version <= self.pushed_version:
+            return []
+        out = [cur]
+        if self.pushed_version >= 0:  # attached: fill the gap from history so no worker skips a version
+            for v in range(cur.version - 1, self.pushed_version, -1):
+                try:
+                    old = self.store.read_version(v)
+                except ControlIOError:
+                    old = None
+                if old is None:
+                    break
+                out.insert(0, old)
+        return out
+
+    async def sync_once(self) -> int:
+        """Push what is new (the first call attaches every worker); the number of versions pushed.
+
+        Raises what ``rpc`` raises (the caller retries); a version is marked pushed only once every
+        worker answered, so a failed push is retried, and workers drop a repeat ("already applied").
+        """
+        key = self._current_key()
+        if self.pushed_version >= 0 and key == self._seen:
+            return 0
+        snaps = self._to_push()
+        if snaps is None:
+            return 0
+        if self.pushed_version < 0 and not snaps:
+            await self._push(None)  # nothing published yet: switch the workers, no version
+            self.pushed_version = 0
+            self.write_status()
+        for snap in snaps:
+            await self._push(snap)
+            self.pushed_version = snap.version
+        self._seen = key
+        if snaps:
+            self.write_status()
+        return len(snaps)
+
+    async def _push(self, snap: ConfigSnapshot | None) -> None:
+        doc = None if snap is None else snap.to_json()
+        raw = await self.rpc(METHOD, doc)
+        answers = tuple(_small(a) for a in (raw if isinstance(raw, list) else [raw]))
+        bad = [a for a in answers if a.get("why") == "invalid" or "error" in a]
+        if bad:
+            raise RuntimeError(f"a worker refused the push: {bad[0]}")
+        if snap is None:
+            log.info("flyserve engine channel: attached to %d worker(s), nothing published yet", len(answers))
+            return
+        push = Push(snap.version, snap.sha256, answers)
+        self.last = push
+        self.pushes += 1
+        if not push.same_step:
+            self.split_steps += 1
+            log.error(
+                "flyserve engine channel: version %d reached the workers at different steps %s",
+                snap.version,
+                push.steps,
+            )
+        else:
+            log.info(
+                "flyserve engine channel: version %d applied by %d worker(s) from step %d",
+                snap.version,
+                len(answers),
+                push.steps[0] + 1 if push.steps else -1,
+            )
+        line = {"version": snap.version, "sha256": snap.sha256, "time": time.time(), "answers": list(answers),
+                "same_step": push.same_step}  # fmt: skip
+        try:
+            path = pushes_path(self.state_dir)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(line, separators=(",", ":")) + "\n")
+        except OSError as exc:
+            log.error("flyserve engine channel: cannot record push of version %d: %s", snap.version, exc)
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        last = self.last
+        return {
+            "mode": ENGINE_CHANNEL,
+            "pid": os.getpid(),
+            "time": time.time(),
+            "pushed_version": self.pushed_version,
+            "pushes": self.pushes,
+            "split_steps": self.split_steps,
+            "errors": self.errors,
+            "last_error": self.last_error,
+            "workers": [] if last is None else list(last.answers),
+        }
+
+    def write_status(self) -> None:
+        self._status_at = time.monotonic()
+        try:
+            atomic_write(status_path(self.state_dir), json.dumps(self.status(), sort_keys=True))
+        except OSError as exc:
+            log.error("flyserve engine channel: cannot write its status: %s", exc)
+
+    # ------------------------------------------------------------------ the task
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Poll and push until ``stop`` is set (or the task is cancelled with the server's loop)."""
+        stop = stop or asyncio.Event()
+        backoff = self.poll_s
+        while not stop.is_set():
+            try:
+                await self.sync_once()
+                backoff = self.poll_s
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep serving; retry with a growing pause
+                self.errors += 1
+                self.last_error = str(exc)[:300]
+                log.error("flyserve engine channel: push failed (%s); retrying in %.2f s", self.last_error, backoff)
+                self.write_status()
+                backoff = min(RETRY_MAX_S, backoff * 2)
+            if time.monotonic() - self._status_at >= STATUS_EVERY_S:
+                self.write_status()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=backoff)
+            except TimeoutError:
+                pass

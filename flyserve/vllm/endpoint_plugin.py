@@ -1,0 +1,96 @@
+"""The ``vllm.endpoint_plugins`` entry point ``flyserve-endpoint``: the engine channel's API-server side.
+
+vLLM (0.32+) loads it in the OpenAI API server only when ``VLLM_PLUGINS`` names it, and
+``VLLM_PLUGINS`` is also the allowlist of general plugins, so name both:
+``VLLM_PLUGINS=flyserve,flyserve-endpoint``. The workers need ``FLYSERVE_ATTENTION=1`` as usual
+(the general plugin then installs the worker method, flyserve.vllm.engine_channel).
+
+``init_state`` starts a ChannelPusher on the server's event loop: it watches the state directory
+($FLYSERVE_STATE_DIR, on the API server's node) and pushes each new version to every worker by
+collective RPC. Without this plugin, ranks keep polling the state directory (the fallback).
+
+Environment: FLYSERVE_CHANNEL_POLL_S  seconds between two looks at control/current.json (0.05).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from flyserve.control.paths import StateDir, default_state_dir
+from flyserve.vllm.channel_pusher import DEFAULT_POLL_S, ChannelPusher
+
+log = logging.getLogger("flyserve.vllm")
+
+NAME = "flyserve-endpoint"
+POLL_ENV = "FLYSERVE_CHANNEL_POLL_S"
+RPC_TIMEOUT_S = 30.0
+
+
+def poll_interval() -> float:
+    raw = os.environ.get(POLL_ENV)
+    if not raw:
+        return DEFAULT_POLL_S
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"{POLL_ENV} must be a number of seconds, got {raw[:40]!r}") from None
+    if not 0 < v <= 60:
+        raise ValueError(f"{POLL_ENV} must be in (0, 60] seconds, got {v}")
+    return v
+
+
+class FlyserveEndpointPlugin:
+    """Satisfies vLLM's EndpointPlugin protocol (structurally; vLLM is imported only by vLLM)."""
+
+    name = NAME
+    required_tasks = None  # any server with an engine; the render-only server passes engine_client=None
+
+    def __init__(self) -> None:
+        self.pusher: ChannelPusher | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.stop = asyncio.Event()
+
+    def attach_router(self, app: Any) -> None:
+        """No routes of its own yet: the sidecar serves flyserve's HTTP API (docs/operations.md)."""
+
+    async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
+        if engine_client is None:
+            log.warning("flyserve engine channel: no engine in this server; ranks keep file polling")
+            return
+        backend = getattr(args, "distributed_executor_backend", None)
+        if backend == "ray":
+            # Ray runs execute_model on a compiled graph's thread and a collective RPC on the actor's
+            # own thread: the two are not ordered, so "the same step" is checked, not guaranteed.
+            log.warning(
+                "flyserve engine channel: the Ray executor does not order RPCs with engine steps; "
+                "every push's answers are checked and a split is logged and counted (split_steps)"
+            )
+        state_dir = StateDir(default_state_dir())
+
+        async def rpc(method: str, doc: str | None) -> list[Any]:
+            return list(await engine_client.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=(doc,)))
+
+        self.pusher = ChannelPusher(state_dir, rpc, poll_s=poll_interval())
+        state.flyserve_channel = self.pusher
+        log.info(
+            "flyserve thresholds: mode engine channel (pushing versions from %s to every worker)",
+            state_dir.path,
+        )
+        try:
+            # Attach before the server takes its first request: from here on every worker takes
+            # versions from this channel only, so none can apply one early from its own file poll.
+            await self.pusher.sync_once()
+        except Exception as exc:  # noqa: BLE001 - serve anyway; the task retries
+            log.error("flyserve engine channel: first push failed (%s); the channel task retries", exc)
+        self.task = asyncio.get_running_loop().create_task(self.pusher.run(self.stop), name="flyserve-channel")
+
+
+def plugin() -> FlyserveEndpointPlugin:
+    """The entry point's factory (pyproject.toml: [project.entry-points."vllm.endpoint_plugins"])."""
+    from flyserve.vllm.plugin import show_logs
+
+    show_logs()
+    return FlyserveEndpointPlugin()
