@@ -88,7 +88,9 @@ def _small(answer: Any) -> dict[str, Any]:
 class ChannelPusher:
     """Watches one state directory and pushes versions through ``rpc``. One per API server."""
 
-    def __init__(self, state_dir: StateDir | str | os.PathLike[str], rpc: Rpc, *, poll_s: float = DEFAULT_POLL_S):
+    def __init__(
+        self, state_dir: StateDir | str | os.PathLike[str], rpc: Rpc, *, poll_s: float = DEFAULT_POLL_S
+    ):
         if not poll_s > 0:
             raise ValueError(f"poll_s must be > 0, got {poll_s!r}")
         self.state_dir = StateDir(state_dir)
@@ -143,7 +145,7 @@ class ChannelPusher:
         key = self._current_key()
         if self.pushed_version >= 0 and key == self._seen:
             return 0
-        snaps = self._to_push()
+        snaps = await asyncio.to_thread(self._to_push)  # file reads stay off the server's loop
         if snaps is None:
             return 0
         if self.pushed_version < 0 and not snaps:
@@ -187,13 +189,16 @@ class ChannelPusher:
             )
         line = {"version": snap.version, "sha256": snap.sha256, "time": time.time(), "answers": list(answers),
                 "same_step": push.same_step}  # fmt: skip
+        await asyncio.to_thread(self._record, line)
+
+    def _record(self, line: dict[str, Any]) -> None:
         try:
             path = pushes_path(self.state_dir)
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line, separators=(",", ":")) + "\n")
         except OSError as exc:
-            log.error("flyserve engine channel: cannot record push of version %d: %s", snap.version, exc)
+            log.error("flyserve engine channel: cannot record push of version %s: %s", line["version"], exc)
 
     # ------------------------------------------------------------------ status
 
@@ -233,7 +238,9 @@ class ChannelPusher:
             except Exception as exc:  # noqa: BLE001 - keep serving; retry with a growing pause
                 self.errors += 1
                 self.last_error = str(exc)[:300]
-                log.error("flyserve engine channel: push failed (%s); retrying in %.2f s", self.last_error, backoff)
+                log.error(
+                    "flyserve engine channel: push failed (%s); retrying in %.2f s", self.last_error, backoff
+                )
                 self.write_status()
                 backoff = min(RETRY_MAX_S, backoff * 2)
             if time.monotonic() - self._status_at >= STATUS_EVERY_S:

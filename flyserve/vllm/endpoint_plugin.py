@@ -85,7 +85,9 @@ class FlyserveEndpointPlugin:
             await self.pusher.sync_once()
         except Exception as exc:  # noqa: BLE001 - serve anyway; the task retries
             log.error("flyserve engine channel: first push failed (%s); the channel task retries", exc)
-        self.task = asyncio.get_running_loop().create_task(self.pusher.run(self.stop), name="flyserve-channel")
+        self.task = asyncio.get_running_loop().create_task(
+            self.pusher.run(self.stop), name="flyserve-channel"
+        )
 
 
 def plugin() -> FlyserveEndpointPlugin:

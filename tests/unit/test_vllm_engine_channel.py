@@ -264,6 +264,8 @@ def test_endpoint_entry_point_is_declared() -> None:
     import importlib.metadata
 
     eps = importlib.metadata.entry_points(group="vllm.endpoint_plugins")
-    assert any(ep.name == "flyserve-endpoint" and ep.value == "flyserve.vllm.endpoint_plugin:plugin" for ep in eps)
+    assert any(
+        ep.name == "flyserve-endpoint" and ep.value == "flyserve.vllm.endpoint_plugin:plugin" for ep in eps
+    )
     p = endpoint_plugin.plugin()
     assert p.name == "flyserve-endpoint" and p.required_tasks is None
