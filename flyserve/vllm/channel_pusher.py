@@ -2,7 +2,7 @@
 
 Runs as one asyncio task in vLLM's API server (flyserve.vllm.endpoint_plugin starts it). It stats
 control/current.json every ``poll_s``; on a new version it pushes every version it has not pushed
-yet, oldest first (intermediate ones from history, so no worker skips one), each by one collective
+yet, oldest first (intermediate ones from history, so no worker skips one), all in one collective
 RPC. vLLM runs the RPC between two engine steps on every worker; each worker answers with its step,
 so the pusher records the exact boundary and whether all workers agreed on it.
 
@@ -10,7 +10,7 @@ What it leaves in the state directory (the sidecar and the tests read these; not
   channel/status.json   mode, pid, time, last pushed version, the workers' last answers, counts
   channel/pushes.jsonl  one line per pushed version: version, sha256, time, every worker's answer
 
-No vLLM import here: ``rpc`` is any ``async (method, json_doc | None) -> list[answer]``, so the unit
+No vLLM import here: ``rpc`` is any ``async (method, [json_doc, ...]) -> list[answer]``, so the unit
 tests drive the pusher with an in-process fake and the e2e tests with the real engine client.
 """
 
@@ -31,18 +31,17 @@ from flyserve.control.paths import StateDir
 from flyserve.control.rank import ENGINE_CHANNEL
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store, atomic_write
-from flyserve.vllm.engine_channel import METHOD
+from flyserve.vllm.engine_channel import MAX_DOCS, METHOD
 
 log = logging.getLogger("flyserve.vllm")
 
-Rpc = Callable[[str, str | None], Awaitable[list[Any]]]
+Rpc = Callable[[str, list[str]], Awaitable[list[Any]]]
 
 DEFAULT_POLL_S = 0.05
 """A stat of current.json every 50 ms: a few microseconds of the API server's loop each time, and
 a change reaches the workers within one poll plus one engine step."""
 STATUS_EVERY_S = 5.0
 RETRY_MAX_S = 5.0
-_ANSWER_FIELDS = ("rank", "engine", "step", "version", "applied", "why")
 
 
 def channel_dir(state_dir: StateDir) -> Path:
@@ -79,7 +78,15 @@ def _small(answer: Any) -> dict[str, Any]:
     """A worker's answer, reduced to known fields of bounded size (it is input like any other)."""
     if not isinstance(answer, dict):
         return {"why": "not an answer", "error": repr(answer)[:200]}
-    out = {k: answer[k] for k in _ANSWER_FIELDS if k in answer}
+    out = {k: answer[k] for k in ("rank", "engine", "step", "version") if k in answer}
+    results = answer.get("results")
+    out["results"] = [
+        {"version": r.get("version"), "applied": bool(r.get("applied")), "why": str(r.get("why"))[:40]}
+        for r in (results if isinstance(results, list) else [])[:MAX_DOCS]
+        if isinstance(r, dict)
+    ]
+    if "why" in answer:
+        out["why"] = str(answer["why"])[:40]
     if "error" in answer:
         out["error"] = str(answer["error"])[:300]
     return out
@@ -139,8 +146,11 @@ class ChannelPusher:
     async def sync_once(self) -> int:
         """Push what is new (the first call attaches every worker); the number of versions pushed.
 
-        Raises what ``rpc`` raises (the caller retries); a version is marked pushed only once every
-        worker answered, so a failed push is retried, and workers drop a repeat ("already applied").
+        Everything published since the last push goes in one RPC (at most MAX_DOCS versions each),
+        applied in order between the same two steps: under a burst of changes the pusher catches up
+        in one step instead of one step per version. Raises what ``rpc`` raises (the caller
+        retries); versions count as pushed only once every worker answered, and a worker answers a
+        repeat with "already applied".
         """
         key = self._current_key()
         if self.pushed_version >= 0 and key == self._seen:
@@ -149,56 +159,70 @@ class ChannelPusher:
         if snaps is None:
             return 0
         if self.pushed_version < 0 and not snaps:
-            await self._push(None)  # nothing published yet: switch the workers, no version
+            await self._push([])  # nothing published yet: switch the workers, no version
             self.pushed_version = 0
             self.write_status()
-        for snap in snaps:
-            await self._push(snap)
-            self.pushed_version = snap.version
+        for i in range(0, len(snaps), MAX_DOCS):
+            batch = snaps[i : i + MAX_DOCS]
+            await self._push(batch)
+            self.pushed_version = batch[-1].version
         self._seen = key
         if snaps:
             self.write_status()
         return len(snaps)
 
-    async def _push(self, snap: ConfigSnapshot | None) -> None:
-        doc = None if snap is None else snap.to_json()
-        raw = await self.rpc(METHOD, doc)
-        answers = tuple(_small(a) for a in (raw if isinstance(raw, list) else [raw]))
-        bad = [a for a in answers if a.get("why") == "invalid" or "error" in a]
-        if bad:
-            raise RuntimeError(f"a worker refused the push: {bad[0]}")
-        if snap is None:
+    async def _push(self, batch: list[ConfigSnapshot]) -> None:
+        raw = await self.rpc(METHOD, [s.to_json() for s in batch])
+        answers = [_small(a) for a in (raw if isinstance(raw, list) else [raw])]
+        bad = [a for a in answers if "error" in a or "why" in a]
+        if bad or not answers:
+            raise RuntimeError(f"a worker refused the push: {bad[0] if bad else 'no answer'}")
+        if not batch:
             log.info("flyserve engine channel: attached to %d worker(s), nothing published yet", len(answers))
             return
-        push = Push(snap.version, snap.sha256, answers)
-        self.last = push
-        self.pushes += 1
-        if not push.same_step:
-            self.split_steps += 1
-            log.error(
-                "flyserve engine channel: version %d reached the workers at different steps %s",
-                snap.version,
-                push.steps,
-            )
-        else:
-            log.info(
-                "flyserve engine channel: version %d applied by %d worker(s) from step %d",
-                snap.version,
-                len(answers),
-                push.steps[0] + 1 if push.steps else -1,
-            )
-        line = {"version": snap.version, "sha256": snap.sha256, "time": time.time(), "answers": list(answers),
-                "same_step": push.same_step}  # fmt: skip
-        await asyncio.to_thread(self._record, line)
+        lines = []
+        for snap in batch:
+            per_worker = []
+            for a in answers:
+                r = next((r for r in a["results"] if r.get("version") == snap.version), None)
+                if r is None:
+                    raise RuntimeError(
+                        f"worker rank {a.get('rank')} did not answer for version {snap.version}"
+                    )
+                per_worker.append({"rank": a.get("rank"), "engine": a.get("engine"), "step": a.get("step"),
+                                   "applied": r.get("applied"), "why": r.get("why")})  # fmt: skip
+            push = Push(snap.version, snap.sha256, tuple(per_worker))
+            self.last = push
+            self.pushes += 1
+            if not push.same_step:
+                self.split_steps += 1
+                log.error(
+                    "flyserve engine channel: version %d reached the workers at different steps %s",
+                    snap.version,
+                    push.steps,
+                )
+            lines.append({"version": snap.version, "sha256": snap.sha256, "time": time.time(),
+                          "answers": per_worker, "same_step": push.same_step})  # fmt: skip
+        applied = sum(1 for a in answers for r in a["results"] if r.get("applied"))
+        log.info(
+            "flyserve engine channel: version(s) %d..%d pushed to %d worker(s) (%d applications), "
+            "in force from step(s) %s",
+            batch[0].version,
+            batch[-1].version,
+            len(answers),
+            applied,
+            sorted({int(a.get("step", -1)) + 1 for a in answers}),
+        )
+        await asyncio.to_thread(self._record, lines)
 
-    def _record(self, line: dict[str, Any]) -> None:
+    def _record(self, lines: list[dict[str, Any]]) -> None:
         try:
             path = pushes_path(self.state_dir)
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(line, separators=(",", ":")) + "\n")
+                f.write("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
         except OSError as exc:
-            log.error("flyserve engine channel: cannot record push of version %s: %s", line["version"], exc)
+            log.error("flyserve engine channel: cannot record a push: %s", exc)
 
     # ------------------------------------------------------------------ status
 

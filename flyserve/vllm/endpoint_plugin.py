@@ -70,8 +70,8 @@ class FlyserveEndpointPlugin:
             )
         state_dir = StateDir(default_state_dir())
 
-        async def rpc(method: str, doc: str | None) -> list[Any]:
-            return list(await engine_client.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=(doc,)))
+        async def rpc(method: str, docs: list[str]) -> list[Any]:
+            return list(await engine_client.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=(docs,)))
 
         self.pusher = ChannelPusher(state_dir, rpc, poll_s=poll_interval())
         state.flyserve_channel = self.pusher

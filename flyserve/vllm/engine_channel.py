@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flyserve.control.rank import ENGINE_CHANNEL
@@ -30,10 +30,6 @@ log = logging.getLogger("flyserve.vllm")
 
 METHOD = "flyserve_apply_thresholds"
 """The collective RPC's method name (vLLM looks it up with getattr on each worker)."""
-
-ANSWER_KEYS: tuple[str, ...] = ("rank", "engine", "pid", "step", "version", "applied", "why")
-"""Every answer carries these keys (``error`` too, when the snapshot was refused as bad input)."""
-
 
 MAX_DOC_BYTES = 64 << 10
 """A snapshot document is about 2 KB; anything far larger is not one."""
@@ -54,42 +50,66 @@ def parse_doc(doc: str | None) -> ConfigSnapshot | None:
     return ConfigSnapshot.from_dict(data, source="engine channel")
 
 
-def apply_pushed(doc: str | None) -> dict[str, Any]:
-    """Apply one pushed snapshot in this process; never raises (an exception in a worker RPC is
-    logged by vLLM as a worker failure). ``doc`` is ConfigSnapshot.to_json() (a string travels
-    through any executor's serialiser unchanged) or None: switch to the engine channel only."""
+MAX_DOCS = 64
+"""Versions in one push at most (the pusher sends what piled up since its last push, oldest first)."""
+
+
+def parse_docs(docs: Sequence[str] | None) -> list[ConfigSnapshot]:
+    """Every pushed snapshot, verified, before any is applied (a bad one means none is)."""
+    if docs is None:
+        return []
+    if not isinstance(docs, list | tuple) or len(docs) > MAX_DOCS:
+        raise ThresholdsError([("<snapshots>", f"not a list of at most {MAX_DOCS} snapshot documents")])
+    return [s for s in (parse_doc(d) for d in docs) if s is not None]
+
+
+def apply_pushed(docs: Sequence[str] | None) -> dict[str, Any]:
+    """Apply pushed snapshots in this process, in order, all from the next step; never raises (an
+    exception in a worker RPC is logged by vLLM as a worker failure). ``docs`` are
+    ConfigSnapshot.to_json() strings (a string travels through any executor's serialiser unchanged);
+    None or [] only switches this rank to the engine channel.
+
+    The answer: rank, engine, pid, step (the last step this worker ran: the versions apply from the
+    next one), version (the one in force from then), results [{version, applied, why}] per document.
+    """
     from flyserve.vllm.runtime import RankRuntime
 
     rt = RankRuntime.get()
     rc = rt.control
     answer: dict[str, Any] = {"rank": rt.rank, "engine": rt.engine, "pid": os.getpid()}
     try:
-        snap = parse_doc(doc)
+        snaps = parse_docs(docs)
     except ThresholdsError as exc:
         # Bad input changes nothing; the answer names the field, in bounded size.
-        answer.update(step=rc.step, version=rc.snapshot.version, applied=False, why="invalid",
+        answer.update(step=rc.step, version=rc.snapshot.version, results=[], why="invalid",
                       error=str(exc)[:300])  # fmt: skip
         return answer
     first = rc.mode != ENGINE_CHANNEL
-    applied, why = rc.apply_pushed(snap)
+    results = []
+    if not snaps:
+        rc.apply_pushed(None)
+    for snap in snaps:
+        applied, why = rc.apply_pushed(snap)
+        results.append({"version": snap.version, "applied": applied, "why": why})
     if first:
         log.info(
             "flyserve rank %d: thresholds now come through the engine channel (was file polling)", rt.rank
         )
-    if applied:
+    if any(r["applied"] for r in results):
         log.info(
-            "flyserve rank %d: version %d from the engine channel, effective from step %d",
+            "flyserve rank %d: version(s) %s from the engine channel, in force from step %d: version %d",
             rt.rank,
+            [r["version"] for r in results if r["applied"]],
+            rc.step + 1,
             rc.snapshot.version,
-            rc.snapshot.effective_step,
         )
-    answer.update(step=rc.step, version=rc.snapshot.version, applied=applied, why=why)
+    answer.update(step=rc.step, version=rc.snapshot.version, results=results)
     return answer
 
 
-def _worker_method(self: Any, doc: str | None = None) -> dict[str, Any]:
+def _worker_method(self: Any, docs: Sequence[str] | None = None) -> dict[str, Any]:
     """Bound onto WorkerWrapperBase: the per-process state lives in RankRuntime, not the worker."""
-    return apply_pushed(doc)
+    return apply_pushed(docs)
 
 
 def install() -> bool:

@@ -17,7 +17,7 @@ from flyserve.control.rank import ENGINE_CHANNEL, FILE_POLLING
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.vllm import channel_pusher, endpoint_plugin
 from flyserve.vllm.channel_pusher import ChannelPusher, pushes_path, status_path
-from flyserve.vllm.engine_channel import METHOD, parse_doc
+from flyserve.vllm.engine_channel import MAX_DOCS, METHOD, parse_doc, parse_docs
 
 
 @pytest.fixture
@@ -86,6 +86,18 @@ def test_parse_doc_verifies_the_pushed_snapshot(plane: ControlPlane) -> None:
         assert e.value.field == "<snapshot>" and len(str(e.value)) < 400
 
 
+def test_parse_docs_takes_all_or_nothing(plane: ControlPlane) -> None:
+    good = plane.snapshot().to_json()
+    assert parse_docs(None) == [] and parse_docs([]) == []
+    assert [s.version for s in parse_docs([good, good])] == [1, 1]
+    with pytest.raises(ThresholdsError):
+        parse_docs([good, "{torn"])  # one bad document: none is returned, so none is applied
+    for bad in (good, [good] * (MAX_DOCS + 1), {"a": good}):
+        with pytest.raises(ThresholdsError) as e:
+            parse_docs(bad)  # type: ignore[arg-type]
+        assert e.value.field == "<snapshots>"
+
+
 def test_install_adds_the_method_vllm_resolves_on_every_worker() -> None:
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
@@ -115,18 +127,23 @@ class Workers:
             for rc in self.ranks:
                 rc.current(self.step)
 
-    async def rpc(self, method: str, doc: str | None) -> list[dict[str, Any]]:
+    async def rpc(self, method: str, docs: list[str]) -> list[dict[str, Any]]:
         assert method == METHOD
         if self.fail_next:
             self.fail_next -= 1
             raise RuntimeError("engine busy")
-        self.calls.append(doc)
-        snap = parse_doc(doc)
+        self.calls.append(list(docs))
+        snaps = parse_docs(docs)
         out = []
         for rc in self.ranks:
-            applied, why = rc.apply_pushed(snap)
+            results = []
+            if not snaps:
+                rc.apply_pushed(None)
+            for snap in snaps:
+                applied, why = rc.apply_pushed(snap)
+                results.append({"version": snap.version, "applied": applied, "why": why})
             out.append({"rank": rc.rank, "engine": 0, "pid": 1, "step": rc.step,
-                        "version": rc.snapshot.version, "applied": applied, "why": why})  # fmt: skip
+                        "version": rc.snapshot.version, "results": results})  # fmt: skip
         return out
 
 
@@ -141,7 +158,8 @@ def test_pusher_attaches_then_pushes_every_version_in_order(plane: ControlPlane)
         plane.apply_overrides({"min_seq_len": v}, actor="a")
     w.advance(3)
     assert asyncio.run(pusher.sync_once()) == 3
-    assert [json.loads(d)["version"] for d in w.calls[1:]] == [2, 3, 4]
+    assert len(w.calls) == 2, "what piled up goes in one RPC"
+    assert [json.loads(d)["version"] for d in w.calls[1]] == [2, 3, 4]
     assert [rc.applied[-3:] for rc in w.ranks] == [[(2, 9, 9), (3, 9, 9), (4, 9, 9)]] * 2
     w.advance(1)
     assert {rc.snapshot.thresholds.min_seq_len for rc in w.ranks} == {400}
@@ -157,7 +175,7 @@ def test_pusher_with_nothing_published_switches_the_workers_only(tmp_path: Path)
     w = Workers(plane)
     pusher = ChannelPusher(plane.state_dir, w.rpc)
     assert asyncio.run(pusher.sync_once()) == 0
-    assert w.calls == [None] and all(rc.mode == ENGINE_CHANNEL for rc in w.ranks)
+    assert w.calls == [[]] and all(rc.mode == ENGINE_CHANNEL for rc in w.ranks)
     plane.reload(actor="startup", startup=True)
     assert asyncio.run(pusher.sync_once()) == 1 and {rc.snapshot.version for rc in w.ranks} == {1}
 
@@ -194,7 +212,7 @@ def test_a_failed_push_is_retried_and_a_refusing_worker_is_an_error(plane: Contr
     assert pusher.pushed_version == 2 and pusher.errors == 2 and "engine busy" in pusher.last_error
     assert {rc.snapshot.version for rc in w.ranks} == {2}
 
-    async def refusing(method: str, doc: str | None) -> list[dict[str, Any]]:
+    async def refusing(method: str, docs: list[str]) -> list[dict[str, Any]]:
         return [{"rank": 0, "step": 3, "why": "invalid", "error": "field 'sha256': mismatch" + "x" * 5000}]
 
     plane.apply_overrides({"min_seq_len": 3000}, actor="a")
