@@ -10,6 +10,7 @@ vLLM (0.32+) loads it in the OpenAI API server only when ``VLLM_PLUGINS`` names 
 collective RPC. Without this plugin, ranks keep polling the state directory (the fallback).
 
 Environment: FLYSERVE_CHANNEL_POLL_S  seconds between two looks at control/current.json (0.05).
+             FLYSERVE_ROUTES=1        also serve the sidecar's routes under /flyserve (see attach_router).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ log = logging.getLogger("flyserve.vllm")
 NAME = "flyserve-endpoint"
 POLL_ENV = "FLYSERVE_CHANNEL_POLL_S"
 RPC_TIMEOUT_S = 30.0
+ROUTES_ENV = "FLYSERVE_ROUTES"
+ROUTES_PREFIX = "/flyserve"
+TOKEN_FILE_ENV = "FLYSERVE_SIDECAR_TOKEN_FILE"
 
 
 def poll_interval() -> float:
@@ -50,13 +54,42 @@ class FlyserveEndpointPlugin:
 
     def __init__(self) -> None:
         self.pusher: ChannelPusher | None = None
+        self.routes_app: Any = None
         self.task: asyncio.Task[None] | None = None
         self.stop = asyncio.Event()
 
     def attach_router(self, app: Any) -> None:
-        """No routes of its own yet: the sidecar serves flyserve's HTTP API (docs/operations.md)."""
+        """With FLYSERVE_ROUTES=1, mount the sidecar's app under /flyserve in vLLM's own server (same
+        routes, same bearer-token auth: $FLYSERVE_SIDECAR_TOKEN_FILE or $FLYSERVE_SIDECAR_TOKEN), so a
+        deployment without a sidecar process still has /flyserve/dispatch-stats, /flyserve/thresholds.
+        Off by default: routes on vLLM's port are network surface the operator must choose."""
+        if os.environ.get(ROUTES_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+            return
+        from pathlib import Path
+
+        from flyserve.sidecar.app import create_app
+        from flyserve.sidecar.settings import SidecarSettings, read_token
+        from flyserve.vllm.runtime import profile_name
+
+        token_file = os.environ.get(TOKEN_FILE_ENV)
+        settings = SidecarSettings(
+            state_dir=default_state_dir(),
+            profile=profile_name(),
+            token=read_token(Path(token_file) if token_file else None),
+            watch_config=False,  # the sidecar or `flyserve thresholds watch` watches the file
+            share_control_metrics=False,  # vLLM owns this process's Prometheus multiprocess setting
+        )
+        self.routes_app = create_app(settings)
+        app.mount(ROUTES_PREFIX, self.routes_app)
+        log.info(
+            "flyserve routes under %s in vLLM's server (mutations %s)",
+            ROUTES_PREFIX,
+            "need the bearer token" if settings.token is not None else "disabled: no token",
+        )
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
+        if self.routes_app is not None:
+            self.routes_app.state.stats.start()  # a mounted app gets no lifespan of its own
         if engine_client is None:
             log.warning("flyserve engine channel: no engine in this server; ranks keep file polling")
             return

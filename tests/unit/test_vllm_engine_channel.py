@@ -287,3 +287,47 @@ def test_endpoint_entry_point_is_declared() -> None:
     )
     p = endpoint_plugin.plugin()
     assert p.name == "flyserve-endpoint" and p.required_tasks is None
+
+
+def test_flyserve_routes_in_vllms_server_are_opt_in_and_keep_the_auth(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setenv("FLYSERVE_STATE_DIR", str(plane.state_dir.path))
+    monkeypatch.setenv("FLYSERVE_PROFILE", "cpu-tiny")
+    monkeypatch.delenv(endpoint_plugin.ROUTES_ENV, raising=False)
+    off = FastAPI()
+    endpoint_plugin.plugin().attach_router(off)
+    assert TestClient(off).get("/flyserve/dispatch-stats").status_code == 404
+
+    token = "t0ken-for-tests-0123456789"
+    monkeypatch.setenv(endpoint_plugin.ROUTES_ENV, "1")
+    monkeypatch.setenv("FLYSERVE_SIDECAR_TOKEN", token)
+    app = FastAPI()
+    p = endpoint_plugin.plugin()
+    p.attach_router(app)
+    asyncio.run(p.init_state(None, SimpleNamespace(), SimpleNamespace()))  # no engine: routes only
+    try:
+        c = TestClient(app)
+        r = c.get("/flyserve/dispatch-stats")
+        assert r.status_code == 200 and r.json()["thresholds"]["version"] == 1
+        assert c.patch("/flyserve/thresholds", json={"min_seq_len": 200}).status_code == 401
+        bad = c.patch(
+            "/flyserve/thresholds", json={"min_seq_len": 200}, headers={"Authorization": "Bearer x"}
+        )
+        assert bad.status_code == 403 and token not in bad.text
+        ok = c.patch(
+            "/flyserve/thresholds", json={"min_seq_len": 200}, headers={"Authorization": f"Bearer {token}"}
+        )
+        assert ok.status_code == 200, ok.text
+        assert plane.snapshot().version == 2 and plane.snapshot().thresholds.min_seq_len == 200
+        assert (
+            c.patch(
+                "/flyserve/thresholds", json={"min_seq_len": -1}, headers={"Authorization": f"Bearer {token}"}
+            ).json()["field"]
+            == "min_seq_len"
+        )
+    finally:
+        p.routes_app.state.stats.stop()
