@@ -33,6 +33,8 @@ CHANGES = 50
 TP = 2
 HEADS_PER_RANK = 4 // TP  # the tiny model's 4 query heads, split over 2 ranks
 SEED = 18
+TOKEN = "e2e-token-0123456789abcdef"
+FIRST_SECOND = 4  # changes made in the first second of serving, before anything else is waited for
 
 
 def serve_args() -> list[str]:
@@ -102,18 +104,43 @@ def wait_for(pred, what: str, timeout_s: float) -> None:
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-def make_changes(plane: ControlPlane, t_serving: float) -> list[tuple[int, float, Thresholds]]:
+def last_step(path: Path) -> int:
+    rows = read_rows(path)
+    return rows[-1]["step"] if rows else 0
+
+
+def make_changes(
+    plane: ControlPlane, t_serving: float, shape_log: Path, via_http: tuple[str, str] | None = None
+) -> list[tuple[int, float, Thresholds]]:
     """CHANGES versions at random moments; the first ones inside the first second of serving.
-    Each flips something the routing looks at (min_seq_len, prefill_enabled). Returns (version,
-    seconds since serving began, thresholds)."""
+
+    Each flips something the routing looks at (min_seq_len, prefill_enabled). After the first
+    FIRST_SECOND changes, each waits for the engine to have run a step since the previous one (the
+    first step after start-up takes 7-18 s on this loaded 2-core machine: without this, all 50 could
+    land before it and the test would exercise one step boundary, not 50), then a random pause.
+    With ``via_http`` (vLLM's URL, token), 1 change in 10 goes through PATCH /flyserve/thresholds.
+    Returns (version, seconds since serving began, thresholds)."""
     rng = random.Random(SEED)
     out: list[tuple[int, float, Thresholds]] = []
     cur = plane.snapshot().thresholds
+    seen = 0
     for i in range(CHANGES):
-        time.sleep(rng.uniform(0.02, 0.25) if i < 4 else rng.uniform(0.02, 0.45))
+        if i >= FIRST_SECOND:
+            wait_for(lambda seen=seen: last_step(shape_log) > seen, "the engine to run another step", 180)
+            seen = last_step(shape_log)
+        time.sleep(rng.uniform(0.02, 0.2) if i < FIRST_SECOND else rng.uniform(0.0, 0.4))
         msl = rng.choice([v for v in (64, 96, 128, 200, 300, 500) if v != cur.min_seq_len])
         change = {"min_seq_len": msl, "prefill_enabled": rng.random() < 0.75}
-        snap = plane.apply_overrides(change, actor="e2e-18").snapshot
+        if via_http is not None and i % 10 == 9:  # 1 change in 10 through vLLM's own server
+            import httpx
+
+            url, token = via_http
+            r = httpx.patch(f"{url}/flyserve/thresholds", json=change, timeout=60,
+                            headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+            assert r.status_code == 200, r.text
+        else:
+            plane.apply_overrides(change, actor="e2e-18")
+        snap = plane.snapshot()
         cur = snap.thresholds
         out.append((snap.version, time.monotonic() - t_serving, snap.thresholds))
     return out
@@ -131,6 +158,8 @@ def run(tiny_model: Path, tmp: Path, *, channel: bool) -> dict[str, Any]:
         FLYSERVE_LOG_LEVEL="INFO",
         VLLM_CPU_OMP_THREADS_BIND="0|1",
         VLLM_PLUGINS="flyserve,flyserve-endpoint" if channel else "flyserve",
+        FLYSERVE_ROUTES="1",  # only the endpoint plugin reads it: no routes in the fallback run
+        FLYSERVE_SIDECAR_TOKEN=TOKEN,
     )
     server = VllmServer(tiny_model, serve_args(), env=env, log_path=tmp / "vllm.log")
     server.start(timeout=480)
@@ -138,9 +167,9 @@ def run(tiny_model: Path, tmp: Path, *, channel: bool) -> dict[str, Any]:
         plane = ControlPlane(state, profile="cpu-tiny")
         with Load(server.url) as load:
             t_serving = time.monotonic()
-            changes = make_changes(plane, t_serving)
-            last = changes[-1][0]
             logs = [tmp / f"shapes-{r}.jsonl" for r in range(TP)]
+            changes = make_changes(plane, t_serving, logs[0], (server.url, TOKEN) if channel else None)
+            last = changes[-1][0]
             wait_for(
                 lambda: all(any(x["version"] == last for x in read_rows(p)) for p in logs),
                 f"both ranks to log a step of version {last}",
@@ -154,13 +183,16 @@ def run(tiny_model: Path, tmp: Path, *, channel: bool) -> dict[str, Any]:
         settings = SidecarSettings(
             state_dir=state,
             profile="cpu-tiny",
-            token=SecretStr("e2e-token-0123456789abcdef"),
+            token=SecretStr(TOKEN),
             share_control_metrics=False,
             stats_ttl_s=0.0,
             metrics_ttl_s=0.0,
         )
         with TestClient(create_app(settings)) as c:
             stats = c.get("/dispatch-stats").json()
+        import httpx
+
+        in_vllm = httpx.get(f"{server.url}/flyserve/dispatch-stats", timeout=60)
     finally:
         server.stop()
     # The store keeps the last 50 versions; the test keeps all 51 itself.
@@ -172,6 +204,7 @@ def run(tiny_model: Path, tmp: Path, *, channel: bool) -> dict[str, Any]:
         "rows": {r: read_rows(tmp / f"shapes-{r}.jsonl") for r in range(TP)},
         "history": history,
         "stats": stats,
+        "in_vllm": in_vllm,
         "log": (tmp / "vllm.log").read_text(errors="replace"),
     }
 
@@ -202,7 +235,7 @@ def test_engine_channel_tp2_every_worker_applies_all_50_changes_at_the_same_step
     changes, rows = got["changes"], got["rows"]
     versions = [v for v, _, _ in changes]
     assert versions == list(range(2, 2 + CHANGES))
-    assert sum(1 for _, t, _ in changes if t < 1.0) >= 3, "changes in the first second of serving"
+    assert sum(1 for _, t, _ in changes if t < 1.0) >= FIRST_SECOND, "changes in the first second of serving"
     assert got["codes"] and all(code == 200 for code in got["codes"])
 
     # The RPC answers: both workers, each version, one step.
@@ -216,8 +249,13 @@ def test_engine_channel_tp2_every_worker_applies_all_50_changes_at_the_same_step
         assert sorted(a["rank"] for a in answers) == list(range(TP)), pushes[v]
         assert all(a["applied"] and a["why"] == "applied" for a in answers), pushes[v]
         same += len({a["step"] for a in answers}) == 1
-    print(f"\nengine channel: {same}/{CHANGES} versions applied by all {TP} workers at the same step")
+    boundaries = len({pushes[v]["answers"][0]["step"] for v in versions})
+    print(
+        f"\nengine channel: {same}/{CHANGES} versions applied by all {TP} workers at the same step; "
+        f"{boundaries} distinct step boundaries; {len(rows[0])} steps logged by rank 0"
+    )
     assert same == CHANGES
+    assert boundaries >= 10, "the changes did not spread over the serving steps"
 
     # Each worker's batches: the version in force at each step is the last one pushed before it.
     boundary = sorted((pushes[v]["answers"][0]["step"], v) for v in versions)
@@ -251,6 +289,7 @@ def test_engine_channel_tp2_every_worker_applies_all_50_changes_at_the_same_step
     status = json.loads((got["state"] / "channel" / "status.json").read_text())
     assert status["mode"] == "engine channel" and status["split_steps"] == 0
     assert status["pushed_version"] == versions[-1]
+    assert got["in_vllm"].status_code == 200 and got["in_vllm"].json()["control_mode"] == "engine channel"
     assert "mode engine channel" in got["log"]
     assert got["log"].count("thresholds now come through the engine channel") == TP
 
@@ -261,6 +300,7 @@ def test_file_polling_fallback_tp2_still_reaches_every_worker(tiny_model, tmp_pa
     versions = [v for v, _, _ in changes]
     assert got["codes"] and all(code == 200 for code in got["codes"])
     assert not (got["state"] / "channel").exists()
+    assert got["in_vllm"].status_code == 404  # no endpoint plugin, no /flyserve routes
     assert got["stats"]["control_mode"] == "file polling"
     assert {v["control_mode"] for v in got["stats"]["ranks"]} == {"file polling"}
     assert "mode file polling" in got["log"] and "engine channel" not in got["log"].replace(
