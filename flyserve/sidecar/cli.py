@@ -1,4 +1,4 @@
-"""`flyserve sidecar` and `flyserve simulate`."""
+"""`flyserve sidecar`."""
 
 from __future__ import annotations
 
@@ -145,55 +145,5 @@ def sidecar(
     _Server(config).run()
 
 
-def simulate(
-    state_dir: Annotated[
-        Path | None, typer.Option("--state-dir", help="State directory (default as for `sidecar`).")
-    ] = None,
-    ranks: Annotated[
-        int, typer.Option("--ranks", min=1, max=64, help="Rank processes (engine 0, ranks 0..N-1).")
-    ] = 2,
-    workload: Annotated[
-        str,
-        typer.Option(
-            "--workload", help="Named workload: seed-{8k,32k,60k}-c{8,32} (flyserve.lab.workloads)."
-        ),
-    ] = "seed-8k-c8",
-    steps: Annotated[
-        int, typer.Option("--steps", min=1, help="Engine steps per rank (the trace repeats).")
-    ] = 1000,
-    step_interval: Annotated[
-        float,
-        typer.Option(
-            "--step-interval", min=0.0, max=60.0, help="Seconds per engine step (0: as fast as possible)."
-        ),
-    ] = 0.05,
-    profile: Annotated[str, typer.Option("--profile", help="Threshold profile of the ranks.")] = "gfx950",
-    num_heads: Annotated[
-        int, typer.Option("--num-heads", min=1, help="Query heads per rank (the seed: 16).")
-    ] = 16,
-) -> None:
-    """Play N vLLM ranks: feed a workload's batch shapes through the real policy, recorder and control."""
-    from flyserve.control import default_state_dir
-    from flyserve.sidecar.simulate import SimulateArgs
-    from flyserve.sidecar.simulate import simulate as run
-
-    args = SimulateArgs(
-        state_dir=state_dir if state_dir is not None else default_state_dir(),
-        ranks=ranks,
-        workload=workload,
-        steps=steps,
-        step_interval_s=step_interval,
-        profile=profile,
-        num_heads=num_heads,
-    )
-    try:
-        code = run(args, echo=lambda s: typer.echo(s, err=False))
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    raise typer.Exit(code)
-
-
 def register(app: typer.Typer) -> None:
     app.command("sidecar")(sidecar)
-    app.command("simulate")(simulate)

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-RANK_MODULE = "flyserve.sidecar.simulate"
+RANK_MODULE = "flyserve.sim.simulate"
 
 
 @dataclass(frozen=True)
