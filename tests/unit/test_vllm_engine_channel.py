@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from _support import require_module
 
 from flyserve.control import ControlPlane, RankControl
 from flyserve.control.rank import ENGINE_CHANNEL, FILE_POLLING
@@ -99,6 +100,7 @@ def test_parse_docs_takes_all_or_nothing(plane: ControlPlane) -> None:
 
 
 def test_install_adds_the_method_vllm_resolves_on_every_worker() -> None:
+    require_module("vllm")
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
     from flyserve.vllm import engine_channel
