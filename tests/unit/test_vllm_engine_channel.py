@@ -99,6 +99,34 @@ def test_parse_docs_takes_all_or_nothing(plane: ControlPlane) -> None:
         assert e.value.field == "<snapshots>"
 
 
+def test_the_worker_method_applies_in_order_and_a_bad_push_changes_nothing(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flyserve.vllm import engine_channel
+    from flyserve.vllm.runtime import RankRuntime
+
+    monkeypatch.setenv("FLYSERVE_PROFILE", "cpu-tiny")
+    rt = RankRuntime(state_dir=plane.state_dir.path, rank=1, start=False, setup_metrics=False)
+    monkeypatch.setattr(RankRuntime, "_instance", rt)
+    for step in range(1, 6):
+        rt.control.current(step)
+    v2 = plane.apply_overrides({"min_seq_len": 200}, actor="a").snapshot
+    v3 = plane.apply_overrides({"min_seq_len": 300}, actor="a").snapshot
+    bad = engine_channel._worker_method(object(), [v2.to_json(), "{torn"])
+    assert bad["why"] == "invalid" and bad["results"] == [] and len(bad["error"]) <= 300
+    assert rt.control.snapshot.version == 1 and rt.control.mode == FILE_POLLING  # nothing changed
+    ok = engine_channel._worker_method(object(), [v2.to_json(), v3.to_json()])
+    assert (ok["rank"], ok["step"], ok["version"]) == (1, 5, 3)
+    assert ok["results"] == [
+        {"version": 2, "applied": True, "why": "applied"},
+        {"version": 3, "applied": True, "why": "applied"},
+    ]
+    assert rt.control.mode == ENGINE_CHANNEL and rt.control.current(6).thresholds.min_seq_len == 300
+    again = engine_channel._worker_method(object(), [v2.to_json()])
+    assert again["results"] == [{"version": 2, "applied": False, "why": "lower version"}]
+    assert rt.control.current(7).version == 3
+
+
 def test_install_adds_the_method_vllm_resolves_on_every_worker() -> None:
     require_module("vllm")
     from vllm.v1.worker.worker_base import WorkerWrapperBase
