@@ -34,14 +34,28 @@ def simulate(
     num_heads: Annotated[
         int, typer.Option("--num-heads", min=1, help="Query heads per rank (the seed: 16).")
     ] = 16,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="No progress line every 2 s (for `simulate ... &` in a terminal)."
+        ),
+    ] = False,
 ) -> None:
     """Play N vLLM ranks: feed a workload's batch shapes through the real policy, recorder and control."""
-    from flyserve.control import default_state_dir
+    from flyserve.control.initialise import implicit_note, resolve
     from flyserve.sim.simulate import SimulateArgs
     from flyserve.sim.simulate import simulate as run
+    from flyserve.startup_checks import StartupError, check_profile
 
+    try:  # first: a bad profile is the first (and only) line, before any rank starts
+        check_profile(profile, setting="--profile")
+    except StartupError:
+        raise typer.Exit(2) from None
+    sd, implicit = resolve(state_dir)
+    if implicit:
+        typer.echo(implicit_note(sd), err=True)
     args = SimulateArgs(
-        state_dir=state_dir if state_dir is not None else default_state_dir(),
+        state_dir=sd,
         ranks=ranks,
         workload=workload,
         steps=steps,
@@ -50,7 +64,11 @@ def simulate(
         num_heads=num_heads,
     )
     try:
-        code = run(args, echo=lambda s: typer.echo(s, err=False))
+        code = run(
+            args,
+            echo=lambda s: typer.echo(s, err=False),
+            progress_every_s=float("inf") if quiet else 2.0,
+        )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

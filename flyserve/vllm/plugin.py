@@ -40,9 +40,24 @@ def register() -> None:
     worker method (flyserve.vllm.engine_channel), when enabled."""
     if not enabled():
         return
+    _check_profile_or_exit()
     from flyserve.vllm.backends import register_for_current_platform
     from flyserve.vllm.engine_channel import install
 
     show_logs()
     register_for_current_platform()
     install()
+
+
+def _check_profile_or_exit() -> None:
+    """A bad FLYSERVE_PROFILE ends the process here, with one ERROR line naming it and the profiles
+    available. vLLM calls register() while it builds its argument parser, so this is the first
+    thing that fails; found later, it was line 56 of a 275-line log ending in "Engine core
+    initialization failed"."""
+    from flyserve.startup_checks import StartupError, check_profile
+    from flyserve.vllm.runtime import PROFILE_ENV, profile_name
+
+    try:
+        check_profile(profile_name(), setting=PROFILE_ENV)
+    except StartupError:
+        raise SystemExit(2) from None
