@@ -27,7 +27,10 @@ log = logging.getLogger("flyserve.vllm")
 
 NAME = "flyserve-endpoint"
 POLL_ENV = "FLYSERVE_CHANNEL_POLL_S"
-RPC_TIMEOUT_S = 30.0
+RPC_TIMEOUT_S: float | None = None
+"""No timeout: the multiprocessing executor's RPC timeout abandons a response that still arrives
+later on the same queue (vLLM 0.32, multiproc_executor.collective_rpc), and the next RPC would read
+it. The worker side takes microseconds; a push waits only for the step in flight to end."""
 ROUTES_ENV = "FLYSERVE_ROUTES"
 ROUTES_PREFIX = "/flyserve"
 TOKEN_FILE_ENV = "FLYSERVE_SIDECAR_TOKEN_FILE"

@@ -279,7 +279,7 @@ def test_endpoint_plugin_attaches_before_init_state_returns(
 
     class EngineClient:
         async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-            assert timeout and timeout > 0
+            assert timeout is None  # a timed-out RPC leaves its late answer on vLLM's queue
             return await w.rpc(method, *args)
 
     async def scenario() -> None:
