@@ -161,14 +161,14 @@ class ChannelPusher:
         if self.pushed_version < 0 and not snaps:
             await self._push([])  # nothing published yet: switch the workers, no version
             self.pushed_version = 0
-            self.write_status()
+            await asyncio.to_thread(self.write_status)
         for i in range(0, len(snaps), MAX_DOCS):
             batch = snaps[i : i + MAX_DOCS]
             await self._push(batch)
             self.pushed_version = batch[-1].version
         self._seen = key
         if snaps:
-            self.write_status()
+            await asyncio.to_thread(self.write_status)
         return len(snaps)
 
     async def _push(self, batch: list[ConfigSnapshot]) -> None:
@@ -265,10 +265,10 @@ class ChannelPusher:
                 log.error(
                     "flyserve engine channel: push failed (%s); retrying in %.2f s", self.last_error, backoff
                 )
-                self.write_status()
+                await asyncio.to_thread(self.write_status)
                 backoff = min(RETRY_MAX_S, backoff * 2)
             if time.monotonic() - self._status_at >= STATUS_EVERY_S:
-                self.write_status()
+                await asyncio.to_thread(self.write_status)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=backoff)
             except TimeoutError:
