@@ -103,6 +103,11 @@ class RankView(_Frozen):
     )
     stale: bool = Field(description="No report for stale_after_s seconds (or never): not an error.")
     totals: Totals | None = Field(None, description="This rank's own counters (equal across TP ranks).")
+    late_applies: int | None = Field(
+        None,
+        description="Versions this rank learned of after their effective step and applied at once (at a "
+        "step other ranks may not share). Should stay 0.",
+    )
 
 
 class EngineStats(_Frozen):
@@ -136,6 +141,9 @@ class DispatchStats(_Frozen):
         None,
         description='The live ranks\' mode: "engine channel" (vLLM pushes each version between two '
         'steps), "file polling" (the fallback), "mixed", or null when no rank is live.',
+    )
+    late_applies: int = Field(
+        0, description="Sum of the ranks' late_applies: versions some rank applied at a step of its own."
     )
     kernels: dict[str, KernelStats]
     engines: list[EngineStats]
@@ -181,8 +189,9 @@ class History(_Frozen):
 
 
 class RollbackRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    version: int = Field(ge=0, description="The version to return to (from /thresholds/history).")
+    # strict: {"version": true} used to be read as version 1, {"version": "2"} as 2
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    version: int = Field(ge=0, le=1 << 62, description="The version to return to (from /thresholds/history).")
 
 
 class Health(_Frozen):

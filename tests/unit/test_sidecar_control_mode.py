@@ -17,7 +17,8 @@ def write_rank(state: Path, rank: int, mode: object, *, age_s: float = 0.0) -> N
     d = state / "ranks"
     d.mkdir(parents=True, exist_ok=True)
     doc = {"pid": 1000 + rank, "rank": rank, "engine": 0, "step": 10, "applied_version": 1,
-           "applied_step": 5, "circuit_open": False, "control_mode": mode, "time": time.time() - age_s}  # fmt: skip
+           "applied_step": 5, "circuit_open": False, "control_mode": mode, "time": time.time() - age_s,
+           "started": time.time() - age_s - 600}  # fmt: skip
     (d / f"{rank}.json").write_text(json.dumps(doc))
 
 

@@ -41,6 +41,7 @@ def test_a_pushed_version_applies_from_the_next_step_and_a_lower_one_is_refused(
     assert rc.apply_pushed(v3) == (True, "applied")
     assert rc.mode == ENGINE_CHANNEL
     assert rc.snapshot.version == 3 and rc.snapshot.effective_step == 11 and rc.applied_step == 11
+    assert rc.snapshot.step_for(rc.engine) == 11 and rc.report_dict()["effective_step"] == 11
     assert rc.applied[-1] == (3, 11, 11)
     assert rc.current(11).thresholds.min_seq_len == 3000
     assert rc.apply_pushed(v2) == (False, "lower version")
