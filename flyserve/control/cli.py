@@ -485,8 +485,10 @@ def circuit_close(
 
 
 def init(state_dir: Path | None = StateDirOpt) -> None:
-    """Create a state directory (before `thresholds set` on a server that has not started yet).
-    A server (sidecar, simulate, vLLM with FLYSERVE_ATTENTION=1) creates its own when it starts."""
+    """Create a state directory, for `thresholds ...` before any server has started one.
+
+    A server (sidecar, simulate, vLLM with FLYSERVE_ATTENTION=1) creates its own when it starts.
+    """
     from flyserve.control.initialise import StateDirError, implicit_note, initialise, resolve
 
     path, implicit = resolve(state_dir)
