@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from flyserve.vllm.flydsl_kernel import (
+    FLYDSL_SPEC,
     FlyDSLRevision,
     call_paged,
     kv_layout_problem,
@@ -154,10 +155,9 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
 
     def ineligible(self, act_dtype: Any) -> list[str]:
         """This layer's static problems for FlyDSL (head size, scale, dtype, ...), [] if none."""
-        from flyserve.vllm.backends import ROCM_PREFILL_SPEC
         from flyserve.vllm.eligibility import group_problems
 
-        return group_problems([self], act_dtype, ROCM_PREFILL_SPEC)
+        return group_problems([self], act_dtype, FLYDSL_SPEC)
 
     def warm_up(self, dtype: Any, page_size: int, device: Any, is_capturing: Callable[[], bool]) -> bool:
         """Compile the dualwave variants now; on failure open the circuit and keep serving.
