@@ -100,6 +100,11 @@ class RankView(_Frozen):
     )
     stale: bool = Field(description="No report for stale_after_s seconds (or never): not an error.")
     totals: Totals | None = Field(None, description="This rank's own counters (equal across TP ranks).")
+    late_applies: int | None = Field(
+        None,
+        description="Versions this rank learned of after their effective step and applied at once (at a "
+        "step other ranks may not share). Should stay 0.",
+    )
 
 
 class EngineStats(_Frozen):
@@ -129,6 +134,9 @@ class DispatchStats(_Frozen):
         description="All live ranks applied the same thresholds version; null when no rank is live."
     )
     live_ranks: int
+    late_applies: int = Field(
+        0, description="Sum of the ranks' late_applies: versions some rank applied at a step of its own."
+    )
     kernels: dict[str, KernelStats]
     engines: list[EngineStats]
     errors: list[str] = Field(default_factory=list, description="Problems reading the state directory.")
@@ -173,8 +181,9 @@ class History(_Frozen):
 
 
 class RollbackRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    version: int = Field(ge=0, description="The version to return to (from /thresholds/history).")
+    # strict: {"version": true} used to be read as version 1, {"version": "2"} as 2
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    version: int = Field(ge=0, le=1 << 62, description="The version to return to (from /thresholds/history).")
 
 
 class Health(_Frozen):

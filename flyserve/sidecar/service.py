@@ -93,7 +93,7 @@ def thresholds_view(snap: ConfigSnapshot) -> ThresholdsView:
 def _int_or_none(x: Any) -> int | None:
     try:
         return None if x is None else int(x)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
@@ -152,6 +152,7 @@ def rank_views(
                 age_s=None if age is None else round(age, 3),
                 stale=age is None or age > stale_after_s,
                 totals=totals_of([c]) if c is not None else None,
+                late_applies=_int_or_none(d.get("late_applies")),
             )
         )
     return out
@@ -326,6 +327,7 @@ class StatsService:
             ranks=ranks,
             ranks_agree=_agree(ranks),
             live_ranks=sum(1 for v in ranks if not v.stale),
+            late_applies=sum(v.late_applies or 0 for v in ranks),
             kernels=kernels_of(counters.values()),
             engines=engine_stats,
             errors=errors,
