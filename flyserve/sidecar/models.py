@@ -78,9 +78,13 @@ class PrefillKernelView(_Frozen):
     """The rank's prefill kernel as found at start: which one, its revision, or why it is off."""
 
     kernel: str = Field(max_length=64)
-    revision: str | None = Field(None, max_length=200, description="e.g. FlyDSL's: has causal_lpt, page sizes.")
+    revision: str | None = Field(
+        None, max_length=200, description="e.g. FlyDSL's: has causal_lpt, page sizes."
+    )
     off_reason: str | None = Field(
-        None, max_length=400, description="Why the prefill path cannot run on this rank at all (null: it can)."
+        None,
+        max_length=400,
+        description="Why the prefill path cannot run on this rank at all (null: it can).",
     )
 
 

@@ -110,7 +110,9 @@ def _prefill_kernel_or_none(v: Any) -> PrefillKernelView | None:
     kernel = text("kernel", 64)
     if kernel is None:
         return None
-    return PrefillKernelView(kernel=kernel, revision=text("revision", 200), off_reason=text("off_reason", 400))
+    return PrefillKernelView(
+        kernel=kernel, revision=text("revision", 200), off_reason=text("off_reason", 400)
+    )
 
 
 def rank_views(

@@ -193,7 +193,7 @@ def test_4_an_edit_made_while_the_state_dir_cannot_be_written_is_published_once_
     real_publish = plane.store.publish
     failures: list[int] = []
 
-    def full_disk(snap):  # noqa: ANN001, ANN202
+    def full_disk(snap):
         if len(failures) < 3:
             failures.append(snap.version)
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -207,7 +207,7 @@ def test_4_an_edit_made_while_the_state_dir_cannot_be_written_is_published_once_
     assert len(failures) == 3
 
 
-def _io(fn, snap):  # noqa: ANN001, ANN202
+def _io(fn, snap):
     from flyserve.control import ControlIOError
 
     try:
