@@ -85,9 +85,9 @@ def _engine_steps(state: Path) -> int:
     raise RuntimeError("flyserve_engine_step not found: is flyserve's backend running?")
 
 
-def _q(xs: list[float]) -> dict[str, float]:
+def _q(xs: list[float]) -> dict:
     q = statistics.quantiles(xs, n=4) if len(xs) >= 4 else [min(xs), statistics.median(xs), max(xs)]
-    return {"median": statistics.median(xs), "q1": q[0], "q3": q[2], "n": len(xs)}
+    return {"median": statistics.median(xs), "q1": q[0], "q3": q[2], "min": min(xs), "n": len(xs), "raw": xs}
 
 
 def measure(model: Path, rounds: int, state: Path) -> dict:

@@ -454,9 +454,7 @@ def watch(
 def _circuit(open_: bool, state_dir: Path | None, actor: str | None, reason: str, as_json: bool) -> None:
     sd = _state(state_dir, write=True)
     _run_change(
-        lambda: _writer(sd).set_circuit(
-            open_, actor=actor or _default_actor(), reason=reason, source="cli"
-        ),
+        lambda: _writer(sd).set_circuit(open_, actor=actor or _default_actor(), reason=reason, source="cli"),
         as_json,
     )
 

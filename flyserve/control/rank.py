@@ -34,6 +34,12 @@ MIN_RATE_STEPS = 16
 """... and once the engine has taken this many steps (before: null, the publisher assumes a high rate)."""
 RATE_PEAK_REPORTS = 30
 
+FILE_POLLING = "file polling"
+ENGINE_CHANNEL = "engine channel"
+CONTROL_MODES: tuple[str, ...] = (FILE_POLLING, ENGINE_CHANNEL)
+"""How a rank learns of new versions: its own poll of control/current.json (the fallback), or a push
+from vLLM's API server between two engine steps (flyserve.vllm.engine_channel)."""
+
 
 class RankControl:
     """One per rank process (vLLM creates one routing object per attention group: share this one)."""
@@ -68,6 +74,7 @@ class RankControl:
         self._recent_rates: deque[float] = deque(maxlen=RATE_PEAK_REPORTS)
         self.late_applies = 0  # versions this rank learned of after their effective step
         self.applied: list[tuple[int, int, int]] = []  # (version, effective_step, applied_step), bounded
+        self.mode = FILE_POLLING  # becomes ENGINE_CHANNEL at the first apply_pushed(); never goes back
         # The prefill kernel as found at start (kernel, revision, off_reason), set by the vLLM
         # composite once; reported so /dispatch-stats shows which FlyDSL runs, or why none does.
         self.prefill_kernel: dict[str, Any] | None = None
@@ -123,6 +130,42 @@ class RankControl:
     def step(self) -> int:
         return self._step
 
+    # ------------------------------------------------------------------ engine channel
+
+    def apply_pushed(self, snap: ConfigSnapshot | None) -> tuple[bool, str]:
+        """Apply ``snap`` from the next engine step on; refuse a version lower than the applied one.
+
+        Called between two engine steps on the thread that calls current() (vLLM runs a collective
+        RPC there, in the same order relative to execute_model on every worker), so every worker
+        applies it at the same step without a margin. The first call switches this rank to the
+        engine channel for good: versions the file poll had queued are dropped and it stops queueing
+        (two sources of one version would apply it at two steps). ``snap=None`` only switches.
+        Returns (applied, why): why is "applied", "switched", "already applied", "lower version" or
+        "same version, other content".
+        """
+        with self._lock:
+            self.mode = ENGINE_CHANNEL
+            self._pending.clear()
+            self._pending_step = _NEVER
+            if snap is None:
+                return False, "switched"
+            cur = self._snapshot.version
+            if snap.version < cur:
+                return False, "lower version"
+            if snap.version == cur:
+                same = snap.sha256 == self._snapshot.sha256
+                return False, "already applied" if same else "same version, other content"
+            step = self._step + 1
+            # The step it really applies from, for this rank's engine: the publisher's effective
+            # steps (computed for file polling) do not hold here.
+            self._snapshot = snap.replace(effective_step=step, engine_steps={})
+            self._effective = step
+            self._known_version = max(self._known_version, snap.version)
+            self.applied.append((snap.version, step, step))
+            del self.applied[:-256]
+            self.applied_step = step
+            return True, "applied"
+
     # ------------------------------------------------------------------ background thread
 
     def start(self) -> RankControl:
@@ -169,6 +212,8 @@ class RankControl:
             return None
 
     def _refresh(self) -> None:
+        if self.mode == ENGINE_CHANNEL:
+            return  # versions come from the engine channel only (see apply_pushed)
         path: Path = self.state_dir.current_json
         try:
             st = os.stat(path)
@@ -195,6 +240,8 @@ class RankControl:
             new.insert(0, old)
         self._known_version = snap.version
         with self._lock:
+            if self.mode == ENGINE_CHANNEL:  # switched while this poll read the files
+                return
             self._pending.extend(new)
             self._pending.sort(key=lambda s: s.version)
             self._pending_step = self._pending[0].step_for(self.engine)
@@ -239,6 +286,7 @@ class RankControl:
             "effective_step": self._effective,
             "pending_version": self._pending[-1].version if self._pending else None,
             "circuit_open": s.circuit_open,
+            "control_mode": self.mode,
             "prefill_kernel": self.prefill_kernel,
             "steps_per_s": None if rate is None else round(rate, 3),
             "late_applies": self.late_applies,

@@ -78,9 +78,13 @@ class PrefillKernelView(_Frozen):
     """The rank's prefill kernel as found at start: which one, its revision, or why it is off."""
 
     kernel: str = Field(max_length=64)
-    revision: str | None = Field(None, max_length=200, description="e.g. FlyDSL's: has causal_lpt, page sizes.")
+    revision: str | None = Field(
+        None, max_length=200, description="e.g. FlyDSL's: has causal_lpt, page sizes."
+    )
     off_reason: str | None = Field(
-        None, max_length=400, description="Why the prefill path cannot run on this rank at all (null: it can)."
+        None,
+        max_length=400,
+        description="Why the prefill path cannot run on this rank at all (null: it can).",
     )
 
 
@@ -94,6 +98,9 @@ class RankView(_Frozen):
     applied_version: int | None
     applied_step: int | None
     circuit_open: bool | None = None
+    control_mode: str | None = Field(
+        None, description='How the rank learns of versions: "engine channel" or "file polling".'
+    )
     prefill_kernel: PrefillKernelView | None = None
     age_s: float | None = Field(
         description="Seconds since the rank's last report; null if it never reported."
@@ -134,6 +141,11 @@ class DispatchStats(_Frozen):
         description="All live ranks applied the same thresholds version; null when no rank is live."
     )
     live_ranks: int
+    control_mode: str | None = Field(
+        None,
+        description='The live ranks\' mode: "engine channel" (vLLM pushes each version between two '
+        'steps), "file polling" (the fallback), "mixed", or null when no rank is live.',
+    )
     late_applies: int = Field(
         0, description="Sum of the ranks' late_applies: versions some rank applied at a step of its own."
     )

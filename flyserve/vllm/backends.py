@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flyserve.vllm.eligibility import PrefillKernelSpec
+from flyserve.vllm.flydsl_kernel import FLYDSL_SPEC
 from flyserve.vllm.forward_switch import SWITCH
 from flyserve.vllm.routing import routing_class
 
@@ -40,7 +41,7 @@ CLASS_NAMES = {
 
 CPU_PREFILL_SPEC = PrefillKernelSpec("cpu-sdpa-prefill")
 CUDA_PREFILL_SPEC = PrefillKernelSpec("FLASH_ATTN")
-ROCM_PREFILL_SPEC = PrefillKernelSpec("flydsl-dualwave", head_sizes=(64, 128))
+ROCM_PREFILL_SPEC = FLYDSL_SPEC
 
 _BUILT: dict[str, type] = {}
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from flyserve.vllm.flydsl_kernel import (
+    FLYDSL_SPEC,
     FlyDSLRevision,
     call_paged,
     kv_layout_problem,
@@ -145,10 +146,18 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
         cfg = get_current_vllm_config_or_none()
         block_size = int(cfg.cache_config.block_size) if cfg is not None else 64
         page = page_size_for(block_size, self.kernel.revision)
-        if page is None:
-            return  # the routing already reports the block size (backends.static_problems)
+        if page is None or self.ineligible(act_dtype):
+            # The routing reports these (PrefillStatus.config_problems, static eligibility): a layer
+            # FlyDSL cannot run must not open the circuit for every other layer by failing here.
+            return
         self.warm_up(act_dtype, page, torch.device("cuda", torch.cuda.current_device()),
                      torch.cuda.is_current_stream_capturing)  # fmt: skip
+
+    def ineligible(self, act_dtype: Any) -> list[str]:
+        """This layer's static problems for FlyDSL (head size, scale, dtype, ...), [] if none."""
+        from flyserve.vllm.eligibility import group_problems
+
+        return group_problems([self], act_dtype, FLYDSL_SPEC)
 
     def warm_up(self, dtype: Any, page_size: int, device: Any, is_capturing: Callable[[], bool]) -> bool:
         """Compile the dualwave variants now; on failure open the circuit and keep serving.

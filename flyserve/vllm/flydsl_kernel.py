@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from flyserve.vllm.eligibility import PrefillKernelSpec
+
 log = logging.getLogger("flyserve.vllm")
 
 KERNELS_PATH_ENV = "VLLM_FLYDSL_KERNELS_PATH"
@@ -41,6 +43,8 @@ DEFAULT_MODULE = "kernels.attention.flash_attn_interface"
 FUNCTION_NAME = "flydsl_flash_attn_func"
 LPT_PARAM = "causal_lpt"
 HEAD_SIZES = (64, 128)
+# What static eligibility checks for the FlyDSL path (dtypes: bf16/f16; the scale check is generic).
+FLYDSL_SPEC = PrefillKernelSpec("flydsl-dualwave", head_sizes=HEAD_SIZES)
 # The paged path walks KV in 64-token tiles (flash_attn_interface._PAGED_TILE).
 PAGED_TILE = 64
 # flash_attn_interface._VARLEN_LIGHT_MAX_SEQ: at page 64, a paged batch whose max_seqlen_q is at

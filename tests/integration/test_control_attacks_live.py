@@ -58,31 +58,12 @@ def one_trial(tmp_path: Path, ranks: int = 2) -> list[tuple[int, int, int]]:
     state = tmp_path / "state"
     ControlPlane(state).reload(actor="startup", startup=True)
     stop = tmp_path / "stop"
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                "--state-dir",
-                str(state),
-                "--rank",
-                str(r),
-                "--out",
-                str(tmp_path / f"rank{r}.json"),
-                "--stop-file",
-                str(stop),
-                "--interval",
-                "1.0",
-                "--step-sleep",
-                "0.002",
-                "--max-steps",
-                "200000",
-                "--max-seconds",
-                "150",
-            ]
-        )  # fmt: skip
-        for r in range(ranks)
-    ]
+    procs = []
+    for r in range(ranks):
+        args = ["--state-dir", str(state), "--rank", str(r), "--out", str(tmp_path / f"rank{r}.json")]
+        args += ["--stop-file", str(stop), "--interval", "1.0", "--step-sleep", "0.002"]
+        args += ["--max-steps", "200000", "--max-seconds", "150"]
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), *args]))
     store = Store(state)
     try:
         wait_for(lambda: len(store.rank_reports()) == ranks, "every rank's first report", 60)
@@ -172,6 +153,14 @@ def test_9_thresholds_set_on_a_full_disk_is_a_clean_error_then_works_when_space_
         assert ok.returncode == 0, ok.stderr[-2000:]
         snap = ControlPlane(sd).snapshot()
         assert snap.thresholds.min_seq_len == 4096 and snap.version == 2
+        if mounted:  # the same for a read-only state directory
+            subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+            ro = cli("set", "min_seq_len=5000", "--state-dir", str(sd), "--actor", "a")
+            assert ro.returncode == 2 and "Read-only file system" in ro.stderr, ro.stderr[-2000:]
+            assert "Traceback" not in ro.stderr
+            subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
+            assert cli("set", "min_seq_len=5000", "--state-dir", str(sd)).returncode == 0
+            assert ControlPlane(sd).snapshot().version == 3
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(mnt)], check=False)

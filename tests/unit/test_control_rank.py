@@ -198,3 +198,21 @@ def test_a_rank_measures_its_rate_after_a_second_of_steps(plane: ControlPlane) -
         rc.current(step)
     rate = rc.report_dict()["steps_per_s"]
     assert rate is not None and 150 < rate < 250
+
+
+def test_each_engine_switches_at_its_own_step(plane: ControlPlane) -> None:
+    """Data-parallel engines count steps independently: a version carries one step per engine
+    (issue 13), each planned from that engine's live ranks only."""
+    now = time.time()
+    for engine, step in ((0, 1000), (1, 50)):
+        report = {"rank": 0, "engine": engine, "pid": os.getpid(), "started": now - 60, "step": step,
+                  "steps_per_s": 0.0, "time": now}  # fmt: skip
+        plane.store.write_rank_report(report, rank=0, engine=engine)
+    e0 = RankControl(plane.state_dir, 0, engine=0, report=False)
+    e1 = RankControl(plane.state_dir, 0, engine=1, report=False)
+    s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    assert (s.step_for(0), s.step_for(1)) == (1008, 58)
+    e0.poll()
+    e1.poll()
+    assert e1.current(57).version == 1 and e1.current(58).version == 2
+    assert e0.current(58).version == 1 and e0.current(1008).version == 2

@@ -575,3 +575,23 @@ def test_a_kernel_missing_at_start_is_one_log_line_not_one_per_group(flydsl, run
             assert routing.unsupported and routing.problems == [status.off_reason]
     assert caplog.records == []  # rocm_prefill_status logged it once already
     assert runtime.control.report_dict()["prefill_kernel"]["off_reason"] == status.off_reason
+
+
+def test_a_layer_flydsl_cannot_run_is_not_warmed_up(flydsl, fake, runtime, monkeypatch):
+    """Head size 96 (or another scale, fp32...) is reported 'unsupported' by the routing; warming it up
+    would raise and open the circuit for every other layer."""
+    monkeypatch.setattr(flydsl, "_WARMED", {})
+    impl = _impl(flydsl, fk.load_flydsl_kernel(), head=96)
+    impl.alibi_slopes = impl.sinks = None
+    impl.logits_soft_cap, impl.sliding_window, impl.kv_cache_dtype = 0, (-1, -1), "auto"
+    assert any("head size 96" in p for p in impl.ineligible(torch.bfloat16))
+    monkeypatch.setattr(
+        "vllm.v1.attention.backends.rocm_aiter_unified_attn.RocmAiterUnifiedAttentionImpl.process_weights_after_loading",
+        lambda self, dtype: None,
+    )
+    impl.process_weights_after_loading(torch.bfloat16)
+    assert not fake.calls and not runtime.local_circuit_open
+    ok = _impl(flydsl, impl.kernel)
+    ok.alibi_slopes = ok.sinks = None
+    ok.logits_soft_cap, ok.sliding_window, ok.kv_cache_dtype = 0, (-1, -1), "auto"
+    assert ok.ineligible(torch.bfloat16) == [] and ok.ineligible(torch.float32) != []
