@@ -78,6 +78,15 @@ def sidecar(
             "--metrics-ttl", min=0.0, max=60.0, help="Seconds a /metrics exposition is reused (0: never)."
         ),
     ] = 1.0,
+    costs: Annotated[
+        str | None,
+        typer.Option(
+            "--costs",
+            help="Cost table (name under config/costs, e.g. h200, or a JSON path) measured for the "
+            "serving layer (heads, head size, block size): prices the sampled shapes live for the "
+            "regret section of /dispatch-stats, GET /thresholds/advice and the drift gauge.",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn/flyserve log level.")] = "info",
 ) -> None:
     """Serve /dispatch-stats, /thresholds and /metrics next to vLLM (uvicorn, one worker)."""
@@ -96,6 +105,14 @@ def sidecar(
     except TokenError as exc:
         err(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if costs is not None:
+        from flyserve.pricing.costs import CostModel, CostTableError, load_costs
+
+        try:
+            CostModel(load_costs(costs))  # a table that cannot build a model is refused now, not per request
+        except CostTableError as exc:
+            err(f"error: --costs: {exc}", err=True)
+            raise typer.Exit(2) from None
     sd = state_dir if state_dir is not None else default_state_dir()
     if sd.exists() and not sd.is_dir():
         err(f"error: --state-dir {sd} is not a directory", err=True)
@@ -116,6 +133,7 @@ def sidecar(
         step_margin=step_margin,
         stats_ttl_s=stats_ttl,
         metrics_ttl_s=metrics_ttl,
+        costs=costs,
     )
     if token is None:
         err("warning: no token (--token-file or $FLYSERVE_SIDECAR_TOKEN): mutations are disabled", err=True)

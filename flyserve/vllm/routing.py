@@ -18,6 +18,7 @@ attention groups the model has.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,6 +45,17 @@ def _num_heads(vllm_config: Any, layers: list[Any]) -> int:
     if len(heads) == 1:
         return int(heads.pop())
     return int(vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config))
+
+
+def _host_seq_lens(metadata: Any) -> np.ndarray | None:
+    """Per-row context lengths from host memory (never a device read), or None if this vLLM keeps
+    none: ``seq_lens_cpu_upper_bound`` where it exists, else ``seq_lens`` when it is on the CPU."""
+    seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)
+    if seq is None:
+        seq = metadata.seq_lens
+        if getattr(getattr(seq, "device", None), "type", "cpu") != "cpu":
+            return None
+    return seq.numpy() if hasattr(seq, "numpy") else np.asarray(seq)
 
 
 class FlyserveRouting:
@@ -75,6 +87,13 @@ class FlyserveRouting:
                 self.layer_names[:2] + (["..."] if len(self.layer_names) > 2 else []),
                 self.prefill_spec.name,
                 "; ".join(self.problems),
+            )
+        if self.is_leader:  # what a cost table must match (the sidecar checks it before pricing)
+            head_sizes = {getattr(getattr(x, "impl", x), "head_size", None) for x in layers} - {None}
+            cache = getattr(vllm_config, "cache_config", None)
+            self.rt.shape_sample.set_layer(
+                head_size=head_sizes.pop() if len(head_sizes) == 1 else None,
+                block_size=getattr(cache, "block_size", None),
             )
         self._last_snapshot: Any = None
         self.last_decision = decision_for(UNIFIED, "no_prefill_rows")
@@ -116,12 +135,23 @@ class FlyserveRouting:
         if self.is_leader:
             rt.recorder.record(d, shape, step, snap.version)
             if step % rt.shape_sample_every == 0:
-                qsl = metadata.query_start_loc_cpu
-                lens = np.diff(qsl.numpy() if hasattr(qsl, "numpy") else np.asarray(qsl))  # a copy
-                rt.shape_sample.add(step, lens, shape.max_seq_len, self.num_heads, shape.causal)
+                self._sample_shape(metadata, step, shape, d.path)
             if rt.shape_log is not None:
                 self._log_shape(metadata, step, shape, d, snap.version)
         return d.variant
+
+    # ------------------------------------------------------------------ 1 step in N
+
+    def _sample_shape(self, metadata: Any, step: int, shape: BatchShape, path: str) -> None:
+        """The sampled step's rows (query and context lengths: what the sidecar's cost model
+        prices), the path it ran and when. Host copies only; unsampled steps never get here."""
+        qsl = metadata.query_start_loc_cpu
+        lens = np.diff(qsl.numpy() if hasattr(qsl, "numpy") else np.asarray(qsl))  # a copy
+        seq = _host_seq_lens(metadata)
+        seq_lens = None if seq is None else seq[: lens.size].copy()
+        self.rt.shape_sample.add(
+            step, lens, shape.max_seq_len, self.num_heads, shape.causal, seq_lens, path, time.time()
+        )
 
     # ------------------------------------------------------------------ rare paths
 
@@ -140,17 +170,15 @@ class FlyserveRouting:
         rt.recorder.set_circuit_open(snap.circuit_open or rt.local_circuit_open)
 
     def _log_shape(self, metadata: Any, step: int, shape: BatchShape, d: Any, version: int) -> None:
-        seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)
+        seq = _host_seq_lens(metadata)
         if seq is None:
-            seq = metadata.seq_lens
-            if getattr(getattr(seq, "device", None), "type", "cpu") != "cpu":
-                if not self._warned_no_seq_lens:
-                    self._warned_no_seq_lens = True
-                    log.warning("flyserve shape log: no host copy of seq_lens in this vLLM; not logging")
-                return
+            if not self._warned_no_seq_lens:
+                self._warned_no_seq_lens = True
+                log.warning("flyserve shape log: no host copy of seq_lens in this vLLM; not logging")
+            return
         qsl = metadata.query_start_loc_cpu
         q = np.diff(qsl.numpy() if hasattr(qsl, "numpy") else np.asarray(qsl))
-        s = (seq.numpy() if hasattr(seq, "numpy") else np.asarray(seq))[: q.size].copy()
+        s = seq[: q.size].copy()
         self.rt.shape_log.append(step, q, s, int(shape.max_seq_len), d.path, d.reason, version)
 
     # ------------------------------------------------------------------ protocol statics
