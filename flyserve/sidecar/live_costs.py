@@ -41,6 +41,8 @@ from flyserve.telemetry.shape_sample import ShapeSample
 REGRET_WINDOWS: dict[str, float] = {"60s": 60.0, "900s": 900.0}
 HORIZON_S = max(REGRET_WINDOWS.values())
 POLICIES = ("routed", "oracle", "always_unified", "always_prefill")
+PREFILL_ROW_MIN_QUERY = 2
+"""Thresholds.min_query_len's default: a batch with a row this long has a prefill row."""
 ADVICE_KNOBS = PREFILL_KNOBS
 """What advice may change: the knobs the fitter informs, all changeable while serving
 (decode_path is fixed at start: the engine captured its CUDA graphs with it)."""
@@ -60,6 +62,12 @@ class PricedSample:
     @property
     def oracle_s(self) -> float:
         return min(self.unified_s, self.prefill_s)
+
+    @property
+    def has_prefill_row(self) -> bool:
+        """A row of 2+ query tokens: the batches run-time thresholds route. The others (decode only)
+        always take decode_path, fixed at start; their share of regret needs a restart to change."""
+        return max(self.sample.query_lens, default=0) >= PREFILL_ROW_MIN_QUERY
 
     def predicted(self, path: str) -> float:
         return self.prefill_s if path == PREFILL else self.unified_s
@@ -98,6 +106,7 @@ class RegretSummary:
     always_prefill_s: float
     wrong_samples: int
     drift: dict[str, dict[str, Any]]
+    prefill_batches: dict[str, Any]
 
     def ratio(self, num: float) -> float | None:
         return num / self.oracle_s if self.oracle_s > 0 else None
@@ -116,6 +125,7 @@ class RegretSummary:
             "always_unified_over_oracle": self.ratio(self.always_unified_s),
             "always_prefill_over_oracle": self.ratio(self.always_prefill_s),
             "wrong_samples": self.wrong_samples,
+            "prefill_batches": self.prefill_batches,
             "drift": self.drift,
         }
 
@@ -128,6 +138,8 @@ def summarize(priced: Sequence[PricedSample], span_s: float) -> RegretSummary:
     pf = np.fromiter((p.prefill_s for p in priced), dtype=np.float64, count=n)
     routed = np.fromiter((p.routed_s for p in priced), dtype=np.float64, count=n)
     oracle = np.minimum(u, pf)
+    has_prefill = np.fromiter((p.has_prefill_row for p in priced), dtype=bool, count=n)
+    pr, po = float(routed[has_prefill].sum()), float(oracle[has_prefill].sum())
     return RegretSummary(
         samples=n,
         span_s=span_s,
@@ -137,6 +149,12 @@ def summarize(priced: Sequence[PricedSample], span_s: float) -> RegretSummary:
         always_prefill_s=float(pf.sum()),
         wrong_samples=int(np.count_nonzero(routed > oracle)),
         drift=drift_of(priced),
+        prefill_batches={
+            "samples": int(has_prefill.sum()),
+            "routed_s": pr,
+            "oracle_s": po,
+            "routed_over_oracle": pr / po if po > 0 else None,
+        },
     )
 
 

@@ -127,6 +127,10 @@ class RegretWindow(_Frozen):
     always_unified_over_oracle: float | None
     always_prefill_over_oracle: float | None
     wrong_samples: int = Field(description="Sampled steps that ran the slower path.")
+    prefill_batches: dict[str, Any] = Field(
+        description="The same over the batches with a prefill row (what run-time thresholds route; "
+        "the rest take decode_path, fixed at start): samples, routed_s, oracle_s, routed_over_oracle."
+    )
     drift: dict[str, PathDrift]
 
 
