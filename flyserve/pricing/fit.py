@@ -16,6 +16,8 @@ batch the routing picks a path under the candidate thresholds and is charged tha
   plus "check off" (0). Each knob in turn takes the value with the least total; ties go to the
   most permissive value (the check off, the widest range), so a knob the entries cannot
   tell anything about stays out of the way. Rounds repeat until nothing changes.
+* ``max_candidates`` thins each knob's candidate list (live advice: a window of real traffic
+  has a boundary between every two distinct context lengths).
 * Knobs the entries do not inform (block_m, the LPT rule) come from the base.
 """
 
@@ -65,7 +67,12 @@ class FitReport:
 
 
 def fit_thresholds(
-    entries: Sequence[CostEntry], *, num_heads: int, base: Thresholds, fit_decode_path: bool = True
+    entries: Sequence[CostEntry],
+    *,
+    num_heads: int,
+    base: Thresholds,
+    fit_decode_path: bool = True,
+    max_candidates: int | None = None,
 ) -> FitReport:
     """Fit the knobs to minimise total routed time over ``entries`` (see the module docstring)."""
     if not entries:
@@ -97,6 +104,8 @@ def fit_thresholds(
         "decode_rows_base": [4096, 1024, 256, 128, 64, 32, 16, 8, 4, 2, 1, 0],
         "decode_ctx_unit": [1024, 2048, 4096, 8192, 16384, 32768, 65536],
     }
+    if max_candidates is not None:
+        candidates = {k: _thin(v, max_candidates) for k, v in candidates.items()}
     best = total(t)
     for _ in range(6):
         changed = False
@@ -123,6 +132,18 @@ def fit_thresholds(
         chosen = b if decide(shape, t).path == PREFILL else a
         wrong += int(chosen > min(a, b))
     return FitReport(t, best, oracle, float(tu.sum()), float(tp.sum()), dec_u, dec_p, len(entries), wrong)
+
+
+def _thin(values: list[Any], k: int) -> list[Any]:
+    """At most ``k`` of ``values``: the first ("check off", the most permissive) and evenly spaced
+    others. A live window has a boundary between every two distinct context lengths (thousands);
+    each candidate costs a pass over every entry, so live advice thins them (a 2056-step trace took
+    186 s unthinned on the 2-core CI VM)."""
+    if len(values) <= k:
+        return values
+    rest = values[1:]
+    step = (len(rest) - 1) / max(k - 2, 1)
+    return [values[0], *dict.fromkeys(rest[round(i * step)] for i in range(k - 1))]
 
 
 def _rank(cands: list[Any], v: Any) -> int:

@@ -38,6 +38,8 @@ from flyserve.pricing.costs import CostEntry, CostModel, CostTable, CostTableErr
 from flyserve.pricing.fit import PREFILL_KNOBS, fit_thresholds
 from flyserve.telemetry.shape_sample import ShapeSample
 
+FIT_CANDIDATES = 48
+"""Candidate values per knob in a live fit (see flyserve.pricing.fit._thin)."""
 REGRET_WINDOWS: dict[str, float] = {"60s": 60.0, "900s": 900.0}
 HORIZON_S = max(REGRET_WINDOWS.values())
 POLICIES = ("routed", "oracle", "always_unified", "always_prefill")
@@ -287,9 +289,11 @@ class LivePricing:
         }
 
     def advise(self, current: Thresholds, *, window_s: float = 900.0, max_shapes: int = 2048) -> AdviceResult:
-        """Fit the run-time knobs to the window's priced shapes (newest ``max_shapes``)."""
-        w = self.window(window_s)[-max_shapes:]
-        return advise(w, current)
+        """Fit the run-time knobs to the window's priced shapes: the newest ``max_shapes`` batches
+        with a prefill row (the ones the knobs route) and every decode-only batch of the window."""
+        w = self.window(window_s)
+        keep = {id(p) for p in [p for p in w if p.has_prefill_row][-max_shapes:]}
+        return advise([p for p in w if not p.has_prefill_row or id(p) in keep], current)
 
 
 @dataclass(frozen=True)
@@ -338,6 +342,9 @@ def advise(samples: Sequence[PricedSample], current: Thresholds) -> AdviceResult
     if not samples:
         raise ValueError("no priced shapes in the window")
     heads = {p.sample.num_heads for p in samples}
+    # Batches without a prefill row take decode_path whatever the run-time knobs say: a constant
+    # in every candidate's total, so the fit runs on the others only (the bulk of a window is decode).
+    routable = [p for p in samples if p.has_prefill_row]
     if len(heads) != 1:
         raise ValueError(f"the window mixes ranks with {sorted(heads)} query heads: advice needs one layer")
     entries = [
@@ -347,11 +354,16 @@ def advise(samples: Sequence[PricedSample], current: Thresholds) -> AdviceResult
             p.sample.seq_lens or (),
             {UNIFIED: p.unified_s, PREFILL: p.prefill_s},
         )
-        for p in samples
+        for p in routable
     ]
-    fit = fit_thresholds(entries, num_heads=heads.pop(), base=current, fit_decode_path=False)
-    keep = {k: v for k, v in fit.thresholds.model_dump().items() if k not in ADVICE_KNOBS}
-    proposed = fit.thresholds.merged({k: getattr(current, k) for k in keep})
+    if entries:
+        fit = fit_thresholds(
+            entries, num_heads=heads.pop(), base=current, fit_decode_path=False, max_candidates=FIT_CANDIDATES
+        ).thresholds
+    else:
+        fit = current
+    keep = {k: v for k, v in fit.model_dump().items() if k not in ADVICE_KNOBS}
+    proposed = fit.merged({k: getattr(current, k) for k in keep})
     before_paths, after_paths = route(samples, current), route(samples, proposed)
     return AdviceResult(
         list(samples),

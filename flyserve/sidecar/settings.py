@@ -86,7 +86,10 @@ class SidecarSettings(BaseModel):
         1.0, gt=0, description="How often the ranks' shape samples are read and the new ones priced."
     )
     advice_shape_limit: int = Field(
-        2048, gt=0, description="At most this many of the window's newest priced shapes are fitted for advice."
+        2048,
+        gt=0,
+        description="Advice fits at most this many of the window's newest priced batches that have a "
+        "prefill row (decode-only batches take decode_path whatever the knobs say).",
     )
     dry_run_shape_limit: int = Field(
         2048, gt=0, description="At most this many recent shapes are replayed for a dry run's routing change."
