@@ -254,5 +254,9 @@ def _table_heads(costs: str | None) -> int:
 
 
 def register(app: typer.Typer) -> None:
+    from flyserve.control.cli import thresholds_app
+    from flyserve.sidecar.advise_cli import advise
+
     app.command("sidecar")(sidecar)
     app.command("simulate")(simulate)
+    thresholds_app.command("advise")(advise)  # reads the sidecar's live window, so it lives here

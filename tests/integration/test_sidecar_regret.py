@@ -7,9 +7,16 @@ the priced-seconds counters reach /metrics.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,9 +39,10 @@ STEPS = 1000  # under the simulator's 1024-line sample ring: every step is in th
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def simulated(tmp_path_factory) -> Path:
-    state = tmp_path_factory.mktemp("regret") / "state"
+@pytest.fixture
+def simulated(tmp_path) -> Path:
+    """A fresh state directory per test: one test applies advice, another must still see it unapplied."""
+    state = tmp_path / "state"
     r = runner.invoke(
         cli,
         [
@@ -148,3 +156,49 @@ def test_bad_costs_and_drift_flags_fail_early(tmp_path: Path):
     r = runner.invoke(cli, [*base, "--costs", "h200", "--num-heads", "16"])
     assert r.exit_code == 2 and "--num-heads 16" in r.output and "32 query heads" in r.output
     assert not (tmp_path / "ranks").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_thresholds_advise_cli_against_a_real_sidecar(simulated: Path, tmp_path: Path):
+    """`flyserve sidecar --costs h200` under uvicorn, `flyserve thresholds advise --url` reading it."""
+    port = _free_port()
+    log = tmp_path / "sidecar.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("PROMETHEUS_MULTIPROC_DIR", "FLYSERVE_STATE_DIR")}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flyserve.cli", "sidecar", "--state-dir", str(simulated),
+             "--port", str(port), "--profile", "gfx950", "--costs", "h200", "--log-level", "warning"],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:  # bounded: the sidecar's start-up on a loaded 2-core machine
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+            r = runner.invoke(cli, ["thresholds", "advise", "--url", url, "--shapes", "3"])
+            assert r.exit_code == 0, r.output
+            assert "routed/oracle, batches with prefill:" in r.output
+            knobs = r.output.split("fixed at start):\n")[1].split("apply")[0]
+            assert "min_seq_len" in knobs and "decode_path" not in knobs
+            assert "curl -X PATCH" in r.output and 'If-Match: "' in r.output
+            assert "newest 3 of" in r.output
+            r = runner.invoke(cli, ["thresholds", "advise", "--url", url, "--json"])
+            assert r.exit_code == 0 and json.loads(r.output)["patch"]["body"]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=15)
+    r = runner.invoke(
+        cli, ["thresholds", "advise", "--url", f"http://127.0.0.1:{_free_port()}", "--timeout", "2"]
+    )
+    assert r.exit_code == 1 and "cannot reach the sidecar" in r.output
