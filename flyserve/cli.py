@@ -23,10 +23,11 @@ app = typer.Typer(
 _COMMAND_MODULES = (
     "flyserve.policy.cli",  # check-config, profiles
     "flyserve.control.cli",  # thresholds show|set|unset|rollback|history
-    "flyserve.sidecar.cli",  # sidecar, simulate
+    "flyserve.sidecar.cli",  # sidecar
+    "flyserve.sim.cli",  # simulate
     "flyserve.dashboards_cli",  # dashboards build
-    "flyserve.lab.cli",  # calibrate, replay, arms compare
-    "flyserve.lab.arms_cli",  # arms compare
+    "flyserve.lab.cli",  # calibrate, replay
+    "flyserve.arms.cli",  # arms compare
     "flyserve.demo",  # demo
 )
 

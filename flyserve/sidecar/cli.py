@@ -1,4 +1,4 @@
-"""`flyserve sidecar` and `flyserve simulate`."""
+"""`flyserve sidecar` (and `flyserve thresholds advise`, which reads it)."""
 
 from __future__ import annotations
 
@@ -163,100 +163,9 @@ def sidecar(
     _Server(config).run()
 
 
-def simulate(
-    state_dir: Annotated[
-        Path | None, typer.Option("--state-dir", help="State directory (default as for `sidecar`).")
-    ] = None,
-    ranks: Annotated[
-        int, typer.Option("--ranks", min=1, max=64, help="Rank processes (engine 0, ranks 0..N-1).")
-    ] = 2,
-    workload: Annotated[
-        str,
-        typer.Option(
-            "--workload", help="Named workload: seed-{8k,32k,60k}-c{8,32} (flyserve.lab.workloads)."
-        ),
-    ] = "seed-8k-c8",
-    steps: Annotated[
-        int, typer.Option("--steps", min=1, help="Engine steps per rank (the trace repeats).")
-    ] = 1000,
-    step_interval: Annotated[
-        float,
-        typer.Option(
-            "--step-interval", min=0.0, max=60.0, help="Seconds per engine step (0: as fast as possible)."
-        ),
-    ] = 0.05,
-    profile: Annotated[str, typer.Option("--profile", help="Threshold profile of the ranks.")] = "gfx950",
-    num_heads: Annotated[
-        int | None,
-        typer.Option(
-            "--num-heads",
-            min=1,
-            help="Query heads per rank (default: the --costs table's, else the seed's 16).",
-        ),
-    ] = None,
-    costs: Annotated[
-        str | None,
-        typer.Option(
-            "--costs",
-            help="Cost table (name or JSON path): each rank's shape samples carry a kernel time from its "
-            "model, so `flyserve sidecar --costs` can check drift without a GPU.",
-        ),
-    ] = None,
-    drift: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--drift",
-            help="PATH=FACTOR (repeatable, e.g. prefill=1.5): multiply that path's modelled kernel "
-            "times, a planted drift for the drift alert. Needs --costs.",
-        ),
-    ] = None,
-) -> None:
-    """Play N vLLM ranks: feed a workload's batch shapes through the real policy, recorder and control."""
-    from flyserve.control import default_state_dir
-    from flyserve.sidecar.simulate import SimulateArgs, parse_drift
-    from flyserve.sidecar.simulate import simulate as run
-
-    try:
-        planted = parse_drift(drift or [])
-        heads = num_heads if num_heads is not None else _table_heads(costs)
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    args = SimulateArgs(
-        state_dir=state_dir if state_dir is not None else default_state_dir(),
-        ranks=ranks,
-        workload=workload,
-        steps=steps,
-        step_interval_s=step_interval,
-        profile=profile,
-        num_heads=heads,
-        costs=costs,
-        drift=planted,
-    )
-    try:
-        code = run(args, echo=lambda s: typer.echo(s, err=False))
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    raise typer.Exit(code)
-
-
-def _table_heads(costs: str | None) -> int:
-    """The default --num-heads: the cost table's layer, so its model prices what the ranks run."""
-    if costs is None:
-        return 16
-    from flyserve.pricing.costs import CostTableError, load_costs
-
-    try:
-        return load_costs(costs).num_heads
-    except CostTableError as exc:
-        raise ValueError(f"--costs: {exc}") from None
-
-
 def register(app: typer.Typer) -> None:
     from flyserve.control.cli import thresholds_app
     from flyserve.sidecar.advise_cli import advise
 
     app.command("sidecar")(sidecar)
-    app.command("simulate")(simulate)
     thresholds_app.command("advise")(advise)  # reads the sidecar's live window, so it lives here

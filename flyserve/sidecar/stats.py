@@ -27,8 +27,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client.mmap_dict import MmapedDict
-
 from flyserve.policy.vocabulary import NO_PREFILL_ROWS, PATHS, PREFILL, REASONS
 from flyserve.sidecar.models import KernelStats, Totals, Window
 from flyserve.telemetry import metrics as tm
@@ -148,7 +146,7 @@ def read_counters(metrics_dir: Path) -> dict[int, RankCounters]:
         if not name.endswith(".db") or not name.startswith(("counter_", "histogram_")):
             continue
         try:
-            values = MmapedDict.read_all_values_from_file(os.path.join(metrics_dir, name))
+            values = tm.read_values_file(os.path.join(metrics_dir, name))
         except FileNotFoundError:  # wiped between listdir and open
             continue
         for key, value, _ts, _pos in values:

@@ -51,6 +51,7 @@ from typing import Any, Final, Protocol
 
 from flyserve.policy.vocabulary import PATHS
 from flyserve.telemetry import metrics
+from flyserve.telemetry._prom_backend import value_of
 from flyserve.telemetry.recorder import HistogramBinding
 from flyserve.telemetry.tracing import KERNEL_SPAN, ROOT_CONTEXT, Tracing
 
@@ -93,7 +94,7 @@ class _PathTimer:
 
     def _bind(self) -> None:
         self.hist = HistogramBinding(metrics.KERNEL_SECONDS.labels(self.name, self.rank_label))
-        self.dropped = metrics.KERNEL_TIMER_DROPPED.labels(self.name, self.rank_label)._value.inc
+        self.dropped = value_of(metrics.KERNEL_TIMER_DROPPED.labels(self.name, self.rank_label)).inc
 
     def start(self) -> Any:
         """Before the call: None (not sampled: one int decrement) or a token for stop()."""

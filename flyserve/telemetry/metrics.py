@@ -8,341 +8,67 @@ Three groups, by which process writes them:
   the CLI); also mmap-backed when that process called :func:`setup_multiprocess`;
 * sidecar side: the sidecar's own registry, always in-process.
 
-Why our own value classes (the ``scope=`` argument below) instead of prometheus_client's
-``PROMETHEUS_MULTIPROC_DIR`` switch: prometheus_client picks its value class from that
-environment variable once, when it is imported, and vLLM sets the variable itself (to its own
-temp directory) when it runs several API-server processes. flyserve's metrics would then land
-in vLLM's directory, or stay in-process where nobody scrapes them. So flyserve ignores the
-variable: the rank and control metrics write to the directory given to
-:func:`setup_multiprocess` (explicitly, whatever the environment says) and stay in-process
-until then; the sidecar metrics are always in-process. Rank-side values take no lock (one
-engine thread writes them; see _MmapValueSingleWriter), control and sidecar values do.
+Why our own value classes (the ``scope=`` argument below): prometheus_client picks its value
+class from ``PROMETHEUS_MULTIPROC_DIR`` once, at import, and vLLM sets that variable to its own
+directory. flyserve's value backend (flyserve.telemetry._prom_backend, the one module that touches
+prometheus_client internals) writes rank and control metrics to the directory given to
+:func:`setup_multiprocess` (flyserve.telemetry.multiprocess, re-exported here) and keeps them
+in-process until then; the sidecar metrics are always in-process. Rank-side values take no lock
+(one engine thread writes them), control and sidecar values do.
 
-Who wipes ``<state>/metrics/``: the rank-0 process calls ``setup_multiprocess(dir, wipe=True)``
-(the launcher may call :func:`wipe_metrics_dir` before starting vLLM). Wiping removes the
-files of processes that are no longer alive only, so a rank that started first never loses
-its open files to a slower rank 0.
+This module is the list: add a metric here, at module level, with its scope.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import glob
 import os
-import threading
 import time
-import weakref
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.mmap_dict import MmapedDict, mmap_key
-from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.values import MutexValue
+from prometheus_client import CollectorRegistry
 
 from flyserve.policy.vocabulary import PATHS, REASONS
+from flyserve.telemetry import _prom_backend as _backend
+from flyserve.telemetry._prom_backend import (
+    CONTROL,
+    RANK,
+    SCOPES,
+    SIDECAR,
+    FlyCounter,
+    FlyGauge,
+    FlyHistogram,
+    cell,
+    exposed_name,
+    metric_type,
+    read_values_file,
+)
+from flyserve.telemetry.multiprocess import exposition_registry as _exposition_registry
+from flyserve.telemetry.multiprocess import (
+    multiprocess_dir,
+    setup_in_process,
+    setup_multiprocess,
+    wipe_metrics_dir,
+)
 
-# --------------------------------------------------------------------------------------------
-# Value backend: in-process floats, or mmap files in flyserve's own directory.
-# --------------------------------------------------------------------------------------------
+__all__ = [
+    "CONTROL",
+    "RANK",
+    "SCOPES",
+    "SIDECAR",
+    "FlyCounter",
+    "FlyGauge",
+    "FlyHistogram",
+    "cell",
+    "exposed_name",
+    "exposition_registry",
+    "multiprocess_dir",
+    "read_values_file",
+    "setup_in_process",
+    "setup_multiprocess",
+    "wipe_metrics_dir",
+]
 
-
-class _Backend:
-    """Which value class the shared metrics use in this process.
-
-    ``generation`` increases whenever the values are re-created (setup_multiprocess,
-    setup_in_process, a fork), so objects that bound value cells (DispatchRecorder, KernelTimer)
-    notice with one int compare and re-bind.
-    """
-
-    def __init__(self) -> None:
-        self.directory: Path | None = None
-        self.generation = 0
-        self.lock = threading.Lock()
-        self.files: dict[str, MmapedDict] = {}
-        self.views: dict[int, tuple[Any, memoryview]] = {}  # id(mmap) -> (mmap, its float64 view)
-        self.pid = os.getpid()
-        self.values: list[_MmapValue] = []
-        # Objects holding bound cells; bump() calls their _invalidate() so their hot path needs no
-        # generation check of its own (the next call misses its lookup and re-binds).
-        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
-
-    def bump(self) -> None:
-        self.generation += 1
-        for obj in list(self.listeners):
-            obj._invalidate()
-
-    def view(self, m: Any) -> memoryview:
-        """A float64 view of an mmap (one per mapping; MmapedDict maps a larger one when it grows)."""
-        got = self.views.get(id(m))
-        if got is None or got[0] is not m:
-            got = self.views[id(m)] = (m, memoryview(m).cast("d"))
-        return got[1]
-
-    def release_views(self) -> None:
-        """Views pin their mappings (mmap.close() refuses while one exists): release before closing."""
-        for _, v in self.views.values():
-            v.release()
-        self.views.clear()
-
-
-_BACKEND: Final = _Backend()
-
-
-class _MmapValue:
-    """A float in an mmap file of flyserve's metrics directory (prometheus_client's file format).
-
-    Same file names and layout as prometheus_client's ``MmapedValue`` (``counter_<pid>.db``,
-    ``gauge_<mode>_<pid>.db``), so ``MultiProcessCollector(registry, path=dir)`` reads them;
-    unlike it, the directory is explicit, never read from ``PROMETHEUS_MULTIPROC_DIR``, and a
-    fork is handled by ``os.register_at_fork`` instead of a ``getpid()`` on every write.
-
-    The value is the cell ``_buf[_i]`` of a float64 view of the mapping (entries are 8-byte
-    aligned, value then timestamp): an aligned 8-byte store, so a scraper never reads a torn
-    or zeroed value (prometheus_client avoids ``struct.pack_into`` for that reason). The
-    recorder binds ``(_buf, _i)`` and updates the cell without a method call. This class locks
-    (control side: several threads may write).
-    """
-
-    _multiprocess = True
-    __slots__ = ("_buf", "_i", "_params")
-
-    def __init__(
-        self,
-        typ: str,
-        metric_name: str,
-        name: str,
-        labelnames: Iterable[str],
-        labelvalues: Iterable[str],
-        help_text: str,
-        multiprocess_mode: str = "",
-        **_: Any,
-    ) -> None:
-        self._params = (
-            typ,
-            metric_name,
-            name,
-            tuple(labelnames),
-            tuple(labelvalues),
-            help_text,
-            multiprocess_mode,
-        )
-        with _BACKEND.lock:
-            self._reset()
-            _BACKEND.values.append(self)
-
-    def _reset(self) -> None:
-        typ, metric_name, name, labelnames, labelvalues, help_text, mode = self._params
-        prefix = f"{typ}_{mode}" if typ == "gauge" else typ
-        f = _BACKEND.files.get(prefix)
-        if f is None:
-            assert _BACKEND.directory is not None
-            f = _BACKEND.files[prefix] = MmapedDict(str(_BACKEND.directory / f"{prefix}_{_BACKEND.pid}.db"))
-        key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
-        _, ts = f.read_value(key)  # creates the entry: a zero series from the first scrape
-        pos = f._positions[key]
-        assert pos % 8 == 0
-        # The mapping that holds the entry now. When MmapedDict grows it maps a larger view but
-        # the old one stays valid while our view pins it, and both share the file (MAP_SHARED).
-        self._buf = _BACKEND.view(f._m)
-        self._i = pos // 8
-        if mode.endswith("mostrecent") and not ts:
-            # MultiProcessCollector reports a "mostrecent" gauge only with a timestamp > 0. The
-            # creation time is stamped once: between a live rank and a dead one's leftover file
-            # the newer process wins, and set() stays one store (no clock read per step).
-            self._buf[self._i + 1] = time.time()
-
-    def inc(self, amount: float) -> None:
-        with _BACKEND.lock:
-            self._buf[self._i] += amount
-
-    def set(self, value: float, timestamp: float | None = None) -> None:
-        with _BACKEND.lock:
-            self._buf[self._i] = value
-            if timestamp:
-                self._buf[self._i + 1] = timestamp
-
-    def set_exemplar(self, exemplar: Any) -> None:  # not supported in files
-        return
-
-    def get(self) -> float:
-        return self._buf[self._i]
-
-    def get_exemplar(self) -> None:
-        return None
-
-
-class _MmapValueSingleWriter(_MmapValue):
-    """Rank side: written by the engine thread only, so no lock (a lock round trip costs as much
-    as the write itself: measured 0.3 us on the 2-core CI VM)."""
-
-    __slots__ = ()
-
-    def inc(self, amount: float) -> None:
-        self._buf[self._i] += amount
-
-    def set(self, value: float, timestamp: float | None = None) -> None:
-        self._buf[self._i] = value
-        if timestamp:
-            self._buf[self._i + 1] = timestamp
-
-
-class _LocalValue:
-    """Rank side, in-process: a one-element list, single writer (the engine thread), no lock.
-
-    Same ``(_buf, _i)`` cell interface as the mmap value, so the recorder binds either."""
-
-    _multiprocess = False
-    __slots__ = ("_buf",)
-    _i = 0
-
-    def __init__(self, *_: Any, **__: Any) -> None:
-        self._buf = [0.0]
-
-    def inc(self, amount: float) -> None:
-        self._buf[0] += amount
-
-    def set(self, value: float, timestamp: float | None = None) -> None:
-        self._buf[0] = value
-
-    def set_exemplar(self, exemplar: Any) -> None:
-        return
-
-    def get(self) -> float:
-        return self._buf[0]
-
-    def get_exemplar(self) -> None:
-        return None
-
-
-def cell(value: Any) -> tuple[Any, int]:
-    """(buffer, index) of a rank-side value: ``buf[i] += n`` updates it with no method call."""
-    return value._buf, value._i
-
-
-def _after_fork_in_child() -> None:
-    """A forked child must not write into its parent's files: reopen under the child's pid.
-
-    Values restart at zero in the child (its parent's counts stay in the parent's files)."""
-    _BACKEND.lock = threading.Lock()
-    _BACKEND.pid = os.getpid()
-    if _BACKEND.directory is None:
-        return
-    _BACKEND.release_views()
-    for f in _BACKEND.files.values():
-        with contextlib.suppress(Exception):  # best effort in a fresh child
-            f.close()
-    _BACKEND.files.clear()
-    for v in _BACKEND.values:
-        v._reset()
-    _BACKEND.bump()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-RANK: Final = "rank"
-"""Written by one thread of a rank process; shared through the metrics directory."""
-CONTROL: Final = "control"
-"""Written by any thread of a publishing process; shared through the metrics directory."""
-SIDECAR: Final = "sidecar"
-"""The sidecar's own metrics: always in-process, thread-safe."""
-SCOPES: Final = (RANK, CONTROL, SIDECAR)
-
-
-def _new_value(typ: str, scope: str, *args: Any, **kwargs: Any) -> Any:
-    if scope == SIDECAR:
-        return MutexValue(typ, *args, **kwargs)
-    if _BACKEND.directory is not None:
-        cls = _MmapValueSingleWriter if scope == RANK else _MmapValue
-        return cls(typ, *args, **kwargs)
-    return _LocalValue() if scope == RANK else MutexValue(typ, *args, **kwargs)
-
-
-class _ScopeMixin:
-    """Adds ``scope=`` (rank, control, sidecar): who writes the metric, so which value class it gets."""
-
-    def _init_scope(self, scope: str) -> None:
-        if scope not in SCOPES:
-            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
-        self._scope = scope
-
-    def _after_init(self) -> None:
-        self._kwargs["scope"] = self._scope  # type: ignore[attr-defined]  # children inherit it
-
-
-class FlyCounter(_ScopeMixin, Counter):
-    def __init__(self, *args: Any, scope: str = RANK, **kwargs: Any) -> None:
-        self._init_scope(scope)
-        super().__init__(*args, **kwargs)
-        self._after_init()
-
-    def _metric_init(self) -> None:
-        self._value = _new_value(
-            self._type,
-            self._scope,
-            self._name,
-            self._name + "_total",
-            self._labelnames,
-            self._labelvalues,
-            self._documentation,
-        )
-        self._created = time.time()
-
-
-class FlyGauge(_ScopeMixin, Gauge):
-    def __init__(self, *args: Any, scope: str = RANK, **kwargs: Any) -> None:
-        self._init_scope(scope)
-        super().__init__(*args, **kwargs)
-        self._after_init()
-
-    def _metric_init(self) -> None:
-        self._value = _new_value(
-            self._type,
-            self._scope,
-            self._name,
-            self._name,
-            self._labelnames,
-            self._labelvalues,
-            self._documentation,
-            multiprocess_mode=self._multiprocess_mode,
-        )
-
-
-class FlyHistogram(_ScopeMixin, Histogram):
-    def __init__(self, *args: Any, scope: str = RANK, **kwargs: Any) -> None:
-        self._init_scope(scope)
-        super().__init__(*args, **kwargs)
-        self._after_init()
-
-    def _metric_init(self) -> None:
-        from prometheus_client.utils import floatToGoString
-
-        self._created = time.time()
-        self._sum = _new_value(
-            self._type,
-            self._scope,
-            self._name,
-            self._name + "_sum",
-            self._labelnames,
-            self._labelvalues,
-            self._documentation,
-        )
-        self._buckets = [
-            _new_value(
-                self._type,
-                self._scope,
-                self._name,
-                self._name + "_bucket",
-                self._labelnames + ("le",),
-                self._labelvalues + (floatToGoString(b),),
-                self._documentation,
-            )
-            for b in self._upper_bounds
-        ]
-
+_BACKEND: Final = _backend.BACKEND  # the backend state (generation, listeners) bound objects watch
 
 # --------------------------------------------------------------------------------------------
 # Label values and buckets
@@ -575,15 +301,10 @@ SHARED_METRICS: Final = RANK_METRICS + CONTROL_METRICS
 ALL_METRICS: Final = SHARED_METRICS + SIDECAR_METRICS
 
 
-def exposed_name(m: Any) -> str:
-    """The name a scrape shows (and the multiprocess files hold): counters get their _total suffix."""
-    return m._name + ("_total" if m._type == "counter" else "")
-
-
 METRIC_NAMES: Final[tuple[str, ...]] = tuple(exposed_name(m) for m in ALL_METRICS)
 """Every metric name as an operator queries it (counters with ``_total``; histograms' base name,
 whose series are ``<name>_bucket``, ``_sum``, ``_count``)."""
-METRIC_TYPES: Final[dict[str, str]] = {exposed_name(m): m._type for m in ALL_METRICS}
+METRIC_TYPES: Final[dict[str, str]] = {exposed_name(m): metric_type(m) for m in ALL_METRICS}
 
 REGISTRY: Final = CollectorRegistry()
 """In-process view of every flyserve metric of this process (tests, single-process use)."""
@@ -637,143 +358,11 @@ def record_config_reload(result: str, source: str) -> None:
         CONFIG_LAST_SUCCESS.set(time.time())
 
 
-# --------------------------------------------------------------------------------------------
-# Multiprocess set-up
-# --------------------------------------------------------------------------------------------
-
-
-def _live(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def wipe_metrics_dir(metrics_dir: str | os.PathLike[str], *, only_dead: bool = True) -> int:
-    """Remove metric files from ``metrics_dir``; returns how many.
-
-    only_dead=True (the default) keeps the files of processes still alive (a rank that started
-    before rank 0 keeps its counts); only_dead=False removes every ``*.db`` (before any rank starts).
-    """
-    removed = 0
-    for path in glob.glob(os.path.join(os.fspath(metrics_dir), "*.db")):
-        stem = os.path.basename(path)[:-3]
-        pid_text = stem.rsplit("_", 1)[-1]
-        if only_dead and pid_text.isdigit() and (int(pid_text) == os.getpid() or _live(int(pid_text))):
-            continue
-        try:
-            os.remove(path)
-            removed += 1
-        except FileNotFoundError:
-            pass
-    return removed
-
-
-def _reinit_shared_values() -> None:
-    """Re-create the value of every existing shared child in place (the child objects stay)."""
-    for m in SHARED_METRICS:
-        if m._labelnames:
-            with m._lock:
-                children = list(m._metrics.values())
-            for child in children:
-                child._metric_init()
-        else:
-            m._metric_init()
-
-
-def _mark_dead_at_exit() -> None:
-    d = _BACKEND.directory
-    if d is None:
-        return
-    # Like prometheus_client.multiprocess.mark_process_dead: live-mode gauges of a finished
-    # process must not be reported.
-    for path in glob.glob(os.path.join(d, f"gauge_live*_{os.getpid()}.db")):
-        try:
-            os.remove(path)
-        except OSError:
-            pass
-
-
-_atexit_registered = False
-
-
-def setup_multiprocess(metrics_dir: str | os.PathLike[str], *, wipe: bool = False) -> Path:
-    """Write this process's shared (rank and control) metrics into ``metrics_dir``, whatever
-    ``PROMETHEUS_MULTIPROC_DIR`` says.
-
-    Call once per process before routing starts; the rank-0 process passes ``wipe=True``
-    (removes the files of dead processes: earlier runs, crashed workers). Existing children keep
-    their identity, their values restart from the files (in-process counts so far are dropped).
-    Pre-bound recorders notice the change and re-bind. Idempotent for the same directory.
-    """
-    global _atexit_registered
-    d = Path(metrics_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    if not os.access(d, os.W_OK):
-        raise PermissionError(f"metrics_dir {d} is not writable")
-    if wipe:
-        wipe_metrics_dir(d, only_dead=True)
-    if _BACKEND.directory is not None and _BACKEND.directory.resolve() == d.resolve():
-        return d
-    _close_files()
-    _BACKEND.directory = d
-    _reinit_shared_values()
-    _BACKEND.bump()
-    if not _atexit_registered:
-        atexit.register(_mark_dead_at_exit)
-        _atexit_registered = True
-    return d
-
-
-def _close_files() -> None:
-    with _BACKEND.lock:
-        _BACKEND.release_views()
-        for f in _BACKEND.files.values():
-            with contextlib.suppress(Exception):
-                f.close()
-        _BACKEND.files.clear()
-        _BACKEND.values.clear()
-
-
-def setup_in_process() -> None:
-    """Back to in-process values (tests; a process that stops writing files)."""
-    if _BACKEND.directory is None:
-        return
-    _close_files()
-    _BACKEND.directory = None
-    _reinit_shared_values()
-    _BACKEND.bump()
-
-
-def multiprocess_dir() -> Path | None:
-    """The directory this process's shared metrics write to, or None (in-process)."""
-    return _BACKEND.directory
-
-
 def exposition_registry(metrics_dir: str | os.PathLike[str] | None = None) -> CollectorRegistry:
     """The registry a scrape endpoint serves (the sidecar's /metrics).
 
     With ``metrics_dir``: this process's sidecar metrics plus every process's shared metrics read
-    from the files (MultiProcessCollector over flyserve's directory, never vLLM's). This process's
-    own shared metrics must be in those files too (so a reload done here is not reported twice or
-    lost): if the process is still in-process, it is switched with setup_multiprocess(metrics_dir).
+    from the files (this process is switched to that directory if it was still in-process).
     Without: every flyserve metric of this process, in-process (tests, single-process demos).
     """
-    reg = CollectorRegistry()
-    if metrics_dir is None:
-        for m in ALL_METRICS:
-            reg.register(m)
-        return reg
-    d = Path(metrics_dir)
-    current = multiprocess_dir()
-    if current is None:
-        setup_multiprocess(d)
-    elif current.resolve() != d.resolve():
-        raise ValueError(f"this process writes its metrics to {current}, not {d}")
-    for m in SIDECAR_METRICS:
-        reg.register(m)
-    MultiProcessCollector(reg, path=str(d))
-    return reg
+    return _exposition_registry(metrics_dir, every_metric=ALL_METRICS, in_process_metrics=SIDECAR_METRICS)

@@ -25,6 +25,7 @@ from flyserve.policy.rules import Decision, decision_for
 from flyserve.policy.shape import BatchShape
 from flyserve.policy.vocabulary import PATHS, REASONS
 from flyserve.telemetry import metrics
+from flyserve.telemetry._prom_backend import histogram_cells, value_cell, value_of
 from flyserve.telemetry.tracing import DISPATCH_SPAN, ROOT_CONTEXT, Tracing
 
 
@@ -49,11 +50,9 @@ class HistogramBinding:
     __slots__ = ("bounds", "bucket_bufs", "bucket_idx", "sum_buf", "sum_i")
 
     def __init__(self, child: Any) -> None:
-        self.bounds: list[float] = list(child._upper_bounds)
-        cells = [metrics.cell(b) for b in child._buckets]
+        self.bounds, cells, (self.sum_buf, self.sum_i) = histogram_cells(child)
         self.bucket_bufs = [c[0] for c in cells]
         self.bucket_idx = [c[1] for c in cells]
-        self.sum_buf, self.sum_i = metrics.cell(child._sum)
 
     def observe(self, v: float) -> None:
         k = bisect_left(self.bounds, v)
@@ -70,9 +69,9 @@ class _PathBinding:
         q = HistogramBinding(metrics.DISPATCH_QUERY_TOKENS.labels(path, rank))
         m = HistogramBinding(metrics.DISPATCH_MAX_SEQ_LEN.labels(path, rank))
         self.cells = (
-            *metrics.cell(metrics.DISPATCH_TOKENS.labels(path, rank)._value),
-            *metrics.cell(metrics.DISPATCH_ROWS.labels(path, "prefill", rank)._value),
-            *metrics.cell(metrics.DISPATCH_ROWS.labels(path, "decode", rank)._value),
+            *value_cell(metrics.DISPATCH_TOKENS.labels(path, rank)),
+            *value_cell(metrics.DISPATCH_ROWS.labels(path, "prefill", rank)),
+            *value_cell(metrics.DISPATCH_ROWS.labels(path, "decode", rank)),
             q.bounds,
             q.bucket_bufs,
             q.bucket_idx,
@@ -117,18 +116,18 @@ class DispatchRecorder:
         self._backend = metrics._BACKEND
         self._gen = self._backend.generation
         paths = {p: _PathBinding(p, r).cells for p in PATHS}
-        lpt = {o: metrics.cell(metrics.DISPATCH_LPT.labels(o, r)._value) for o in metrics.ORDERINGS}
+        lpt = {o: value_cell(metrics.DISPATCH_LPT.labels(o, r)) for o in metrics.ORDERINGS}
         by_id: dict[int, tuple[Any, ...]] = {}
         for d in _all_decisions():
             by_id[id(d)] = (
-                *metrics.cell(metrics.DISPATCH_DECISIONS.labels(d.path, d.reason, r)._value),
+                *value_cell(metrics.DISPATCH_DECISIONS.labels(d.path, d.reason, r)),
                 *lpt.get(d.ordering, _NO_LPT),
                 *paths[d.path],
             )
         self._by_id = by_id
-        self._step_buf, self._step_i = metrics.cell(metrics.ENGINE_STEP.labels(r)._value)
-        self._version_value = metrics.THRESHOLDS_VERSION.labels(r)._value
-        self._circuit_value = metrics.CIRCUIT_OPEN.labels(r)._value
+        self._step_buf, self._step_i = value_cell(metrics.ENGINE_STEP.labels(r))
+        self._version_value = value_of(metrics.THRESHOLDS_VERSION.labels(r))
+        self._circuit_value = value_of(metrics.CIRCUIT_OPEN.labels(r))
         if self._version is not None:
             self._version_value.set(float(self._version), time())
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from _support import require_module
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
-    pytest.importorskip("vllm")
+    require_module("vllm")
     from flyserve.vllm.tiny_model import build_tiny_model
 
     cache = os.environ.get("FLYSERVE_TINY_MODEL_DIR")

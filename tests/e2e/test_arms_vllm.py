@@ -4,7 +4,7 @@ Arm A has every batch forced onto the general path (vLLM's CPU attention), arm B
 a prefill row onto the CPU SDPA prefill path (FLYSERVE_FORCE_PATH, each server with its own
 state directory). The shape logs prove the routing really differed. The command runs as a user
 runs it (a subprocess of `python -m flyserve.cli`), K=2 runs, 4 prompts, 16 tokens; the report's
-figures are then recomputed here, independently of flyserve.lab.arms_*, from the raw results file.
+figures are then recomputed here, independently of flyserve.arms, from the raw results file.
 Kept small: two servers cost about 2.4 GB each and the CI machine has two cores.
 """
 
@@ -17,10 +17,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from _support import require_module
 
 pytestmark = pytest.mark.e2e
 
-pytest.importorskip("vllm")
+require_module("vllm")
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = 2

@@ -24,7 +24,7 @@ from typing import Self
 
 from arms_fake_openai import FakeState, make_app
 
-from flyserve.lab.arms_cli import register
+from flyserve.arms.cli import register
 
 pytestmark = pytest.mark.integration
 

@@ -214,7 +214,7 @@ def test_killed_rank_is_stale_not_an_error(sidecar: Sidecar):
             s = wait_for(both_live, timeout=60, what="2 live ranks")
             victim = next(r for r in s["ranks"] if r["rank"] == 1)
             cmdline = Path(f"/proc/{victim['pid']}/cmdline").read_bytes()
-            assert b"flyserve.sidecar.simulate" in cmdline  # only ever kill our own rank process
+            assert b"flyserve.sim.simulate" in cmdline  # only ever kill our own rank process
             os.kill(victim["pid"], signal.SIGKILL)
 
             def one_stale():

@@ -15,8 +15,7 @@ import httpx
 import pytest
 from arms_fake_openai import FakeState, make_app
 
-from flyserve.lab.arms import ArmsInputError, CompareSettings, check_answers, check_base_url, compare
-from flyserve.lab.arms_client import (
+from flyserve.arms.client import (
     ArmServerError,
     RequestSpec,
     RetryPolicy,
@@ -24,9 +23,10 @@ from flyserve.lab.arms_client import (
     parse_response,
     post_with_retries,
 )
-from flyserve.lab.arms_extract import NumberExtractor
-from flyserve.lab.arms_prompts import PromptFileError, PromptItem, parse_prompts
-from flyserve.lab.arms_results import ResultsFile, ResultsFileError
+from flyserve.arms.compare import ArmsInputError, CompareSettings, check_answers, check_base_url, compare
+from flyserve.arms.extract import NumberExtractor
+from flyserve.arms.prompts import PromptFileError, PromptItem, parse_prompts
+from flyserve.arms.results import ResultsFile, ResultsFileError
 
 NO_JITTER = RetryPolicy(retries=4, base_delay=0.5, max_delay=30.0, jitter=0.0)
 
@@ -344,7 +344,7 @@ def test_header_only_file_resumes(tmp_path):
 
 
 def test_the_shipped_example_is_valid():
-    from flyserve.lab.arms_prompts import load_prompts
+    from flyserve.arms.prompts import load_prompts
 
     items = load_prompts(Path(__file__).resolve().parents[2] / "examples" / "gsm8k_sample.jsonl")
     keys = [NumberExtractor().normalize_answer(i.answer) for i in items]

@@ -56,10 +56,10 @@ from __future__ import annotations
 
 import pytest
 
-from flyserve.lab.arms_align import Response, compare_pair, first_divergence, top_two_margin
-from flyserve.lab.arms_extract import NumberExtractor, make_extractor
-from flyserve.lab.arms_prompts import PromptItem
-from flyserve.lab.arms_stats import analyze, paired_bootstrap
+from flyserve.arms.align import Response, compare_pair, first_divergence, top_two_margin
+from flyserve.arms.extract import NumberExtractor, make_extractor
+from flyserve.arms.prompts import PromptItem
+from flyserve.arms.stats import analyze, paired_bootstrap
 
 FILL = [["<f>", -0.0625], ["<g>", -4.0]]  # alternatives at positions that do not matter
 

@@ -6,6 +6,7 @@ import types
 
 import pytest
 import typer
+from _support import require_module
 from typer.testing import CliRunner
 
 from flyserve.lab.calibrate import GRIDS, build_grid, fit_thresholds, load_grid, profile_yaml
@@ -85,7 +86,7 @@ def test_grids_and_bad_grid():
 
 
 def test_calibrate_without_gpu_exits_3(tmp_path):
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: this test is about its absence")
     app = typer.Typer()
@@ -108,7 +109,7 @@ def test_calibrate_without_gpu_exits_3(tmp_path):
 
 
 def test_replay_live_without_gpu_exits_3():
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: this test is about its absence")
     app = typer.Typer()

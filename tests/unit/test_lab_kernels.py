@@ -8,6 +8,7 @@ import math
 import types
 
 import pytest
+from _support import require_module
 
 from flyserve.lab.kernels import (
     FlyDSLDualwave,
@@ -16,7 +17,7 @@ from flyserve.lab.kernels import (
     kernel_names,
 )
 
-torch = pytest.importorskip("torch")
+torch = require_module("torch")
 
 H, HKV, D, BS = 4, 2, 16, 4
 

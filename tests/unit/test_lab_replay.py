@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import typer
+from _support import require_module
 from typer.testing import CliRunner
 
 from flyserve.lab.cli import register
@@ -135,7 +136,7 @@ def test_cli_replay_json_matches_hand(tmp_path):
 
 
 def test_cli_replay_table_and_plot(tmp_path):
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib")
     costs = tmp_path / "hand.json"
     costs.write_text(_table().to_json())
     app = typer.Typer()

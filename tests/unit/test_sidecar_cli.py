@@ -46,8 +46,8 @@ def test_simulate_validates_before_starting_anything(tmp_path: Path):
 
 def test_simulate_one_rank_runs_the_real_path(tmp_path: Path):
     """One rank, a few steps, no sleeping: counters, report and shape sample appear; exit 0."""
-    from flyserve.telemetry.shape_sample import read_shape_samples
     from flyserve.sidecar.stats import read_counters
+    from flyserve.telemetry.shape_sample import read_shape_samples
 
     r = runner.invoke(
         app,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _support import require_module
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from flyserve.policy import PREFILL, UNIFIED
@@ -214,7 +215,7 @@ def test_importing_telemetry_does_not_import_torch() -> None:
 
 def test_cuda_clock_on_a_machine_without_cuda_uses_torch_lazily() -> None:
     """clock='cuda' binds torch.cuda's event and capture check (on this CPU machine: unavailable)."""
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch")
     timer = KernelTimer(66, clock="cuda", every=1)
     assert timer._is_capturing is torch.cuda.is_current_stream_capturing
     if not torch.cuda.is_available():

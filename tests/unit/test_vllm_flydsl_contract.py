@@ -12,9 +12,10 @@ import textwrap
 from types import SimpleNamespace
 
 import pytest
+from _support import require_module
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
+torch = require_module("torch")
+require_module("vllm")
 
 FAKE_KERNEL = textwrap.dedent(
     """

@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib.metadata
 
 import pytest
+from _support import require_module
 
-pytest.importorskip("vllm")
+require_module("vllm")
 
 
 @pytest.fixture

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from _support import require_module
 
-pytest.importorskip("transformers")
+require_module("transformers")
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_patch_answers_vllm_version():
 
 def test_free_port_and_start_failure_is_reported(tmp_path):
     """A server that cannot start fails fast with its log, and leaves no process behind."""
-    pytest.importorskip("vllm")
+    require_module("vllm")
     from flyserve.vllm.launch import ServerStartError, VllmServer, free_port
 
     assert 1024 < free_port() < 65536

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-RANK_MODULE = "flyserve.sidecar.simulate"
+RANK_MODULE = "flyserve.sim.simulate"
 SAMPLE_CAPACITY = 1024
 """Shape-sample lines a simulated rank keeps (it samples every step and flushes once a second)."""
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flyserve.lab.arms_extract import Extractor
+from flyserve.arms.extract import Extractor
 
 Alternatives = tuple[tuple[str, float], ...]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyserve.lab.arms_align import Response
+from flyserve.arms.align import Response
 
 FORMAT_VERSION = 1
 #: Header fields that must match to resume (the URLs may change: servers restart on other ports).

@@ -8,9 +8,9 @@ per arm cannot say whether 1.4 points is the kernel or the noise. This tool send
 deterministic requests to both arms K times, so each arm's run-to-run divergence (the noise floor)
 is measured next to the cross-arm divergence, and tests both differences by a paired bootstrap.
 
-Modules: arms_prompts (the JSONL input), arms_client (HTTP, retries), arms_results (the resumable
-raw file), arms_align (token alignment, margins), arms_extract (final answers), arms_stats (figures,
-tests), arms_report (table, JSON, plot). This one runs them in order.
+Modules: prompts (the JSONL input), client (HTTP, retries), results (the resumable
+raw file), align (token alignment, margins), extract (final answers), stats (figures,
+tests), report (table, JSON, plot). This one runs them in order; cli registers the command.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from flyserve.lab.arms_client import (
+from flyserve.arms.client import (
     ArmServerError,
     RequestSpec,
     RetryPolicy,
@@ -35,10 +35,10 @@ from flyserve.lab.arms_client import (
     parse_response,
     post_with_retries,
 )
-from flyserve.lab.arms_extract import Extractor, ExtractorError, make_extractor
-from flyserve.lab.arms_prompts import PromptFileError, PromptItem, load_prompts, prompts_fingerprint
-from flyserve.lab.arms_results import ResultsFile, ResultsFileError
-from flyserve.lab.arms_stats import ARMS, BOOTSTRAP_SEED, analyze
+from flyserve.arms.extract import Extractor
+from flyserve.arms.prompts import PromptItem, prompts_fingerprint
+from flyserve.arms.results import ResultsFile
+from flyserve.arms.stats import ARMS, BOOTSTRAP_SEED, analyze
 
 __all__ = [
     "ArmServerError",
@@ -47,7 +47,6 @@ __all__ = [
     "collect",
     "compare",
     "report_from_results",
-    "run_compare_cli",
 ]
 
 #: A progress callback: (arm, number of responses now recorded for that arm).
@@ -254,113 +253,3 @@ async def compare(
         for c in clients.values():
             await c.aclose()
     return report_from_results(items, results, settings, extractor)
-
-
-def run_compare_cli(
-    *,
-    a: str,
-    b: str,
-    prompts: Path,
-    runs: int,
-    concurrency: int,
-    model: str | None,
-    max_tokens: int,
-    top_logprobs: int,
-    seed: int,
-    results: Path | None,
-    json_path: Path | None,
-    plot: Path | None,
-    extractor: str,
-    timeout: float,
-    retries: int,
-    bootstrap: int,
-    progress: bool,
-) -> int:
-    """The command's body: returns the exit code (0 ok, 1 bad input, 3 a server kept failing, 130 Ctrl-C)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from flyserve.lab.arms_report import render_table, write_json, write_plot
-
-    err = Console(stderr=True)
-    try:
-        ext = make_extractor(extractor)
-        settings = CompareSettings(
-            a=check_base_url(a, "--a"),
-            b=check_base_url(b, "--b"),
-            runs=runs,
-            concurrency=concurrency,
-            model=model,
-            spec=RequestSpec(max_tokens=max_tokens, top_logprobs=top_logprobs, seed=seed),
-            timeout=timeout,
-            retry=RetryPolicy(retries=retries),
-            resamples=bootstrap,
-        )
-        items = load_prompts(prompts)
-        check_answers(items, ext)
-    except (ExtractorError, ArmsInputError, PromptFileError) as exc:
-        err.print(f"[red]error[/red]: {exc}", markup=True, highlight=False)
-        return 1
-    results_path = results or prompts.with_name(prompts.name + ".arms-results.jsonl")
-    if settings.a == settings.b:
-        err.print("note: --a and --b are the same server: this measures its noise only")
-
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        disable=not progress,
-    )
-
-    def factory(totals: dict[str, int]) -> ProgressFn:
-        tasks = {arm: bar.add_task(f"arm {arm.upper()}", total=totals[arm]) for arm in ARMS}
-
-        def update(arm: str, completed: int) -> None:
-            bar.update(tasks[arm], completed=completed)
-
-        return update
-
-    try:
-        with bar:
-            report = asyncio.run(
-                compare(
-                    items,
-                    results_path,
-                    settings,
-                    ext,
-                    progress_factory=factory,
-                    on_note=lambda m: err.print(m, markup=False, highlight=False),
-                )
-            )
-    except ResultsFileError as exc:
-        err.print(f"[red]error[/red]: {exc}", highlight=False)
-        return 1
-    except OSError as exc:  # the results file's directory is missing or read-only, the disk is full
-        err.print(f"[red]error[/red]: --results {results_path}: {exc}", highlight=False)
-        return 1
-    except ArmServerError as exc:
-        err.print(f"[red]error[/red]: {exc}", highlight=False)
-        err.print(f"everything received so far is in {results_path}: run the same command again to resume")
-        return 3
-    except KeyboardInterrupt:
-        err.print(f"interrupted: the responses received are in {results_path}; run again to resume")
-        return 130
-    out = Console()
-    render_table(report, out)
-    if json_path:
-        try:
-            write_json(report, json_path)
-        except OSError as exc:
-            err.print(f"[red]error[/red]: --json {json_path}: {exc}", highlight=False)
-            return 1
-        err.print(f"report: {json_path}")
-    if plot:
-        try:
-            write_plot(report, plot)
-        except (RuntimeError, OSError, ValueError) as exc:  # ValueError: matplotlib's unknown format
-            err.print(f"[red]error[/red]: {exc}")
-            return 1
-        err.print(f"plot: {plot}")
-    return 0

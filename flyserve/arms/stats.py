@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flyserve.lab.arms_align import PairComparison, Response, compare_pair
-from flyserve.lab.arms_extract import Extractor
-from flyserve.lab.arms_prompts import PromptItem
+from flyserve.arms.align import PairComparison, Response, compare_pair
+from flyserve.arms.extract import Extractor
+from flyserve.arms.prompts import PromptItem
 
 ARMS = ("a", "b")
 BOOTSTRAP_SEED = 20251129

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from flyserve.lab.arms_prompts import PromptItem
+from flyserve.arms.prompts import PromptItem
 
 TRANSIENT_STATUS = frozenset({408, 429})
 _TRANSIENT_ERRORS = (httpx.TransportError,)  # connect/read/write errors, timeouts, protocol errors

@@ -1,0 +1,1 @@
+"""`flyserve arms`: compare two serving arms token by token (see docs/arms.md)."""

@@ -1,0 +1,444 @@
+"""The value backend of flyserve's metrics: the one module that touches prometheus_client internals.
+
+Why a backend of our own: prometheus_client picks its value class from ``PROMETHEUS_MULTIPROC_DIR``
+once, at import, and vLLM sets that variable to its own directory when it runs several API-server
+processes. flyserve's rank and control metrics must land in flyserve's directory whatever the
+environment says, and the rank-side hot path binds value cells to update them without a method
+call. Both need names prometheus_client does not document: ``MmapedDict`` and ``mmap_key`` (the
+file format), ``MmapedDict._positions`` / ``._m`` (where a value lives), ``MetricWrapperBase
+._metric_init`` / ``._value`` / ``._kwargs`` / ``._metrics`` / ``._lock`` (how a child gets its
+value), ``Histogram._upper_bounds`` / ``._buckets`` / ``._sum``, ``MutexValue`` and
+``floatToGoString``. Every such name is used here and nowhere else (tests/unit/test_prom_backend.py
+checks the rest of the package), and :data:`TESTED_VERSIONS` is the range they were checked
+against: an import under any other prometheus-client version fails loudly
+(:class:`UnsupportedPrometheusClient`) instead of writing files the sidecar cannot read.
+pyproject.toml pins the same range.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
+from pathlib import Path
+from typing import Any, Final
+
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.utils import floatToGoString
+from prometheus_client.values import MutexValue
+
+# --------------------------------------------------------------------------------------------
+# Version gate
+# --------------------------------------------------------------------------------------------
+
+TESTED_VERSIONS: Final = ((0, 20), (0, 26))
+"""Inclusive (major, minor) range of prometheus-client whose internals this module was run against
+(tests/unit/test_prom_backend.py and test_telemetry_metrics.py, each minor release in the range)."""
+
+
+class UnsupportedPrometheusClient(ImportError):
+    """The installed prometheus-client is outside :data:`TESTED_VERSIONS`."""
+
+
+def check_version(version: str) -> tuple[int, int]:
+    """(major, minor) of ``version`` if it is in the tested range; else UnsupportedPrometheusClient."""
+    lo, hi = TESTED_VERSIONS
+    try:
+        major_minor = tuple(int(p) for p in version.split(".")[:2])
+    except ValueError:
+        major_minor = ()
+    if len(major_minor) != 2 or not (lo <= major_minor <= hi):
+        raise UnsupportedPrometheusClient(
+            f"prometheus-client {version!r} is not in the range flyserve's metrics backend was tested "
+            f"with ({lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}.x): it uses prometheus_client internals "
+            "(flyserve/telemetry/_prom_backend.py). Install a tested version: "
+            f"pip install 'prometheus-client>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1] + 1}'"
+        )
+    return major_minor  # type: ignore[return-value]
+
+
+def installed_version() -> str:
+    try:
+        return _dist_version("prometheus-client")
+    except PackageNotFoundError:  # imported from a source tree: trust its own attribute if any
+        import prometheus_client
+
+        return str(getattr(prometheus_client, "__version__", "unknown"))
+
+
+check_version(installed_version())
+
+# --------------------------------------------------------------------------------------------
+# Value backend: in-process floats, or mmap files in flyserve's own directory.
+# --------------------------------------------------------------------------------------------
+
+
+class _Backend:
+    """Which value class the shared metrics use in this process.
+
+    ``generation`` increases whenever the values are re-created (setup_multiprocess,
+    setup_in_process, a fork), so objects that bound value cells (DispatchRecorder, KernelTimer)
+    notice with one int compare and re-bind.
+    """
+
+    def __init__(self) -> None:
+        self.directory: Path | None = None
+        self.generation = 0
+        self.lock = threading.Lock()
+        self.files: dict[str, MmapedDict] = {}
+        self.views: dict[int, tuple[Any, memoryview]] = {}  # id(mmap) -> (mmap, its float64 view)
+        self.pid = os.getpid()
+        self.values: list[_MmapValue] = []
+        # Objects holding bound cells; bump() calls their _invalidate() so their hot path needs no
+        # generation check of its own (the next call misses its lookup and re-binds).
+        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Every shared (rank or control) metric parent: setup_multiprocess re-creates their values.
+        self.shared: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def bump(self) -> None:
+        self.generation += 1
+        for obj in list(self.listeners):
+            obj._invalidate()
+
+    def view(self, m: Any) -> memoryview:
+        """A float64 view of an mmap (one per mapping; MmapedDict maps a larger one when it grows)."""
+        got = self.views.get(id(m))
+        if got is None or got[0] is not m:
+            got = self.views[id(m)] = (m, memoryview(m).cast("d"))
+        return got[1]
+
+    def release_views(self) -> None:
+        """Views pin their mappings (mmap.close() refuses while one exists): release before closing."""
+        for _, v in self.views.values():
+            v.release()
+        self.views.clear()
+
+
+BACKEND: Final = _Backend()
+"""This process's backend state; ``generation`` and ``listeners`` are what bound objects watch."""
+
+
+class _MmapValue:
+    """A float in an mmap file of flyserve's metrics directory (prometheus_client's file format).
+
+    Same file names and layout as prometheus_client's ``MmapedValue`` (``counter_<pid>.db``,
+    ``gauge_<mode>_<pid>.db``), so ``MultiProcessCollector(registry, path=dir)`` reads them;
+    unlike it, the directory is explicit, never read from ``PROMETHEUS_MULTIPROC_DIR``, and a
+    fork is handled by ``os.register_at_fork`` instead of a ``getpid()`` on every write.
+
+    The value is the cell ``_buf[_i]`` of a float64 view of the mapping (entries are 8-byte
+    aligned, value then timestamp): an aligned 8-byte store, so a scraper never reads a torn
+    or zeroed value (prometheus_client avoids ``struct.pack_into`` for that reason). The
+    recorder binds ``(_buf, _i)`` and updates the cell without a method call. This class locks
+    (control side: several threads may write).
+    """
+
+    _multiprocess = True
+    __slots__ = ("_buf", "_i", "_params")
+
+    def __init__(
+        self,
+        typ: str,
+        metric_name: str,
+        name: str,
+        labelnames: Iterable[str],
+        labelvalues: Iterable[str],
+        help_text: str,
+        multiprocess_mode: str = "",
+        **_: Any,
+    ) -> None:
+        self._params = (
+            typ,
+            metric_name,
+            name,
+            tuple(labelnames),
+            tuple(labelvalues),
+            help_text,
+            multiprocess_mode,
+        )
+        with BACKEND.lock:
+            self._reset()
+            BACKEND.values.append(self)
+
+    def _reset(self) -> None:
+        typ, metric_name, name, labelnames, labelvalues, help_text, mode = self._params
+        prefix = f"{typ}_{mode}" if typ == "gauge" else typ
+        f = BACKEND.files.get(prefix)
+        if f is None:
+            assert BACKEND.directory is not None
+            f = BACKEND.files[prefix] = MmapedDict(str(BACKEND.directory / f"{prefix}_{BACKEND.pid}.db"))
+        key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
+        _, ts = f.read_value(key)  # creates the entry: a zero series from the first scrape
+        pos = f._positions[key]
+        assert pos % 8 == 0
+        # The mapping that holds the entry now. When MmapedDict grows it maps a larger view but
+        # the old one stays valid while our view pins it, and both share the file (MAP_SHARED).
+        self._buf = BACKEND.view(f._m)
+        self._i = pos // 8
+        if mode.endswith("mostrecent") and not ts:
+            # MultiProcessCollector reports a "mostrecent" gauge only with a timestamp > 0. The
+            # creation time is stamped once: between a live rank and a dead one's leftover file
+            # the newer process wins, and set() stays one store (no clock read per step).
+            self._buf[self._i + 1] = time.time()
+
+    def inc(self, amount: float) -> None:
+        with BACKEND.lock:
+            self._buf[self._i] += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        with BACKEND.lock:
+            self._buf[self._i] = value
+            if timestamp:
+                self._buf[self._i + 1] = timestamp
+
+    def set_exemplar(self, exemplar: Any) -> None:  # not supported in files
+        return
+
+    def get(self) -> float:
+        return self._buf[self._i]
+
+    def get_exemplar(self) -> None:
+        return None
+
+
+class _MmapValueSingleWriter(_MmapValue):
+    """Rank side: written by the engine thread only, so no lock (a lock round trip costs as much
+    as the write itself: measured 0.3 us on the 2-core CI VM)."""
+
+    __slots__ = ()
+
+    def inc(self, amount: float) -> None:
+        self._buf[self._i] += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._buf[self._i] = value
+        if timestamp:
+            self._buf[self._i + 1] = timestamp
+
+
+class _LocalValue:
+    """Rank side, in-process: a one-element list, single writer (the engine thread), no lock.
+
+    Same ``(_buf, _i)`` cell interface as the mmap value, so the recorder binds either."""
+
+    _multiprocess = False
+    __slots__ = ("_buf",)
+    _i = 0
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        self._buf = [0.0]
+
+    def inc(self, amount: float) -> None:
+        self._buf[0] += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._buf[0] = value
+
+    def set_exemplar(self, exemplar: Any) -> None:
+        return
+
+    def get(self) -> float:
+        return self._buf[0]
+
+    def get_exemplar(self) -> None:
+        return None
+
+
+def cell(value: Any) -> tuple[Any, int]:
+    """(buffer, index) of a rank-side value: ``buf[i] += n`` updates it with no method call."""
+    return value._buf, value._i
+
+
+def _after_fork_in_child() -> None:
+    """A forked child must not write into its parent's files: reopen under the child's pid.
+
+    Values restart at zero in the child (its parent's counts stay in the parent's files)."""
+    BACKEND.lock = threading.Lock()
+    BACKEND.pid = os.getpid()
+    if BACKEND.directory is None:
+        return
+    BACKEND.release_views()
+    for f in BACKEND.files.values():
+        with contextlib.suppress(Exception):  # best effort in a fresh child
+            f.close()
+    BACKEND.files.clear()
+    for v in BACKEND.values:
+        v._reset()
+    BACKEND.bump()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+RANK: Final = "rank"
+"""Written by one thread of a rank process; shared through the metrics directory."""
+CONTROL: Final = "control"
+"""Written by any thread of a publishing process; shared through the metrics directory."""
+SIDECAR: Final = "sidecar"
+"""The sidecar's own metrics: always in-process, thread-safe."""
+SCOPES: Final = (RANK, CONTROL, SIDECAR)
+
+
+def _new_value(typ: str, scope: str, *args: Any, **kwargs: Any) -> Any:
+    if scope == SIDECAR:
+        return MutexValue(typ, *args, **kwargs)
+    if BACKEND.directory is not None:
+        cls = _MmapValueSingleWriter if scope == RANK else _MmapValue
+        return cls(typ, *args, **kwargs)
+    return _LocalValue() if scope == RANK else MutexValue(typ, *args, **kwargs)
+
+
+class _ScopeMixin:
+    """Adds ``scope=`` (rank, control, sidecar): who writes the metric, so which value class it gets."""
+
+    def _init_scope(self, scope: str) -> None:
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+        self._scope = scope
+
+    def _after_init(self) -> None:
+        self._kwargs["scope"] = self._scope  # type: ignore[attr-defined]  # children inherit it
+        if self._scope != SIDECAR and not self._labelvalues:  # type: ignore[attr-defined]
+            BACKEND.shared.add(self)  # a parent (or an unlabelled metric): its values move with the files
+
+
+class FlyCounter(_ScopeMixin, Counter):
+    def __init__(self, *args: Any, scope: str = RANK, **kwargs: Any) -> None:
+        self._init_scope(scope)
+        super().__init__(*args, **kwargs)
+        self._after_init()
+
+    def _metric_init(self) -> None:
+        self._value = _new_value(
+            self._type,
+            self._scope,
+            self._name,
+            self._name + "_total",
+            self._labelnames,
+            self._labelvalues,
+            self._documentation,
+        )
+        self._created = time.time()
+
+
+class FlyGauge(_ScopeMixin, Gauge):
+    def __init__(self, *args: Any, scope: str = RANK, **kwargs: Any) -> None:
+        self._init_scope(scope)
+        super().__init__(*args, **kwargs)
+        self._after_init()
+
+    def _metric_init(self) -> None:
+        self._value = _new_value(
+            self._type,
+            self._scope,
+            self._name,
+            self._name,
+            self._labelnames,
+            self._labelvalues,
+            self._documentation,
+            multiprocess_mode=self._multiprocess_mode,
+        )
+
+
+class FlyHistogram(_ScopeMixin, Histogram):
+    def __init__(self, *args: Any, scope: str = RANK, **kwargs: Any) -> None:
+        self._init_scope(scope)
+        super().__init__(*args, **kwargs)
+        self._after_init()
+
+    def _metric_init(self) -> None:
+        self._created = time.time()
+        self._sum = _new_value(
+            self._type,
+            self._scope,
+            self._name,
+            self._name + "_sum",
+            self._labelnames,
+            self._labelvalues,
+            self._documentation,
+        )
+        self._buckets = [
+            _new_value(
+                self._type,
+                self._scope,
+                self._name,
+                self._name + "_bucket",
+                self._labelnames + ("le",),
+                self._labelvalues + (floatToGoString(b),),
+                self._documentation,
+            )
+            for b in self._upper_bounds
+        ]
+
+
+# --------------------------------------------------------------------------------------------
+# What the rest of flyserve may ask of a metric (public names only outside this module)
+# --------------------------------------------------------------------------------------------
+
+
+def value_of(child: Any) -> Any:
+    """The value object of a counter or gauge child (or an unlabelled metric)."""
+    return child._value
+
+
+def value_cell(child: Any) -> tuple[Any, int]:
+    """(buffer, index) of a rank-side counter or gauge child: ``buf[i] += n`` updates it."""
+    return cell(child._value)
+
+
+def histogram_cells(child: Any) -> tuple[list[float], list[tuple[Any, int]], tuple[Any, int]]:
+    """(upper bounds, one cell per bucket, the sum cell) of a rank-side histogram child.
+
+    Bucket cells hold per-bucket counts (not cumulative), as prometheus_client stores them."""
+    return list(child._upper_bounds), [cell(b) for b in child._buckets], cell(child._sum)
+
+
+def exposed_name(m: Any) -> str:
+    """The name a scrape shows (and the multiprocess files hold): counters get their _total suffix."""
+    return m._name + ("_total" if m._type == "counter" else "")
+
+
+def metric_type(m: Any) -> str:
+    """counter, gauge or histogram."""
+    return str(m._type)
+
+
+def label_names(m: Any) -> tuple[str, ...]:
+    return tuple(m._labelnames)
+
+
+def reinit_values(metrics: Iterable[Any]) -> None:
+    """Re-create the value of every existing child in place (the child objects stay), so they
+    follow the backend's current directory (or in-process state)."""
+    for m in metrics:
+        if m._labelnames:
+            with m._lock:
+                children = list(m._metrics.values())
+            for child in children:
+                child._metric_init()
+        else:
+            m._metric_init()
+
+
+def close_files() -> None:
+    """Close every open metrics file of this process and forget its values."""
+    with BACKEND.lock:
+        BACKEND.release_views()
+        for f in BACKEND.files.values():
+            with contextlib.suppress(Exception):
+                f.close()
+        BACKEND.files.clear()
+        BACKEND.values.clear()
+
+
+def read_values_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, float, float, int]]:
+    """(key, value, timestamp, position) of every entry of one metrics file (read-only).
+
+    A key is prometheus_client's JSON ``[metric_name, name, labels, help]``."""
+    return iter(MmapedDict.read_all_values_from_file(os.fspath(path)))

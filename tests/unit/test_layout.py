@@ -1,0 +1,167 @@
+"""The package layout of docs/architecture.md, checked over the code's own imports.
+
+Every ``import`` and ``from ... import`` of every module of flyserve is read with ast (lazy imports
+inside functions included: they run in the same process sooner or later), so the rules hold for
+what the code does, not for what a reader remembers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "flyserve"
+
+# The only circle left, through lazy imports; issue 13 (the YAML helpers in a module of their own)
+# removes it. Nothing may join it.
+KNOWN_CIRCLES = {frozenset({"flyserve.policy.profiles", "flyserve.policy.thresholds"})}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(source: str, *, top_level_only: bool) -> set[str]:
+    """flyserve modules named by the imports of ``source`` (``from a import b``: a, and a.b if a module)."""
+    tree = ast.parse(source)
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    named: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            named |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            named.add(node.module)
+            named |= {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in named if m in MODULES}
+
+
+def _graph(*, top_level_only: bool) -> dict[str, set[str]]:
+    return {
+        m: _imports(p.read_text(), top_level_only=top_level_only) - {m} for m, p in MODULES.items()
+    }
+
+
+def _circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+    counter = 0
+    for start, first_children in graph.items():
+        if start in index:
+            continue
+        work = [(start, iter(sorted(first_children)))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = set()
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.add(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(frozenset(component))
+    return found
+
+
+def _reachable(graph: dict[str, set[str]], starts: list[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(starts)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    return seen
+
+
+def _in(package: str) -> list[str]:
+    return [m for m in MODULES if m == package or m.startswith(package + ".")]
+
+
+def test_the_graph_sees_lazy_imports_and_circles():
+    """The checks below would pass on an empty graph: show that it finds a lazy import and a circle."""
+    lazy = "def f():\n    from flyserve.lab.workloads import workload\n"
+    assert _imports(lazy, top_level_only=False) == {"flyserve.lab.workloads"}
+    assert _imports(lazy, top_level_only=True) == set()
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+    assert len(MODULES) > 40
+
+
+def test_no_import_circle_at_module_level():
+    assert _circles(_graph(top_level_only=True)) == []
+
+
+def test_no_import_circle_counting_lazy_imports_but_the_known_one():
+    assert set(_circles(_graph(top_level_only=False))) <= KNOWN_CIRCLES
+
+
+def test_the_sidecar_reaches_nothing_of_lab_arms_sim_or_vllm():
+    """The sidecar runs beside vLLM in its own small process: not the lab's tools, not vllm."""
+    reached = _reachable(_graph(top_level_only=False), _in("flyserve.sidecar"))
+    leaked = sorted(
+        m for m in reached if m.split(".")[1] in {"lab", "arms", "sim", "vllm", "demo", "dashboards"}
+    )
+    assert leaked == []
+
+
+def test_arms_and_lab_are_separate_products():
+    graph = _graph(top_level_only=False)
+    assert not [m for m in _in("flyserve.lab") if Path(MODULES[m]).name.startswith("arms")]
+    arms_reach = _reachable(graph, _in("flyserve.arms"))
+    assert sorted(m for m in arms_reach if m.startswith("flyserve.") and m.split(".")[1] != "arms") == []
+    lab_reach = _reachable(graph, _in("flyserve.lab"))
+    assert sorted(m for m in lab_reach if m.startswith("flyserve.arms")) == []
+
+
+def test_policy_imports_nothing_above_it():
+    reached = _reachable(_graph(top_level_only=False), _in("flyserve.policy"))
+    assert sorted(m for m in reached if m != "flyserve" and m.split(".")[1] != "policy") == []
+
+
+def test_only_the_vllm_package_and_the_lab_import_vllm_or_torch():
+    """Core install stays light: vllm and torch are imported lazily, by flyserve.vllm, the lab, the demo
+    and the CUDA-event kernel timer only."""
+    allowed = ("flyserve.vllm", "flyserve.lab", "flyserve.demo", "flyserve.telemetry.gpu_timer")
+    offenders = []
+    for m, p in MODULES.items():
+        if m.startswith(allowed):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n.split(".")[0] in {"vllm", "torch"} for n in names):
+                offenders.append(f"{m}:{node.lineno}")
+    assert offenders == []
