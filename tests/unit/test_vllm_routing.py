@@ -290,6 +290,9 @@ def test_shape_sample_feeds_the_sidecars_dry_run(state):
     assert [s.step for s in samples] == [32, 24, 16, 8]
     assert all(s.query_lens == tuple(MIXED[0]) and s.max_seq_len == max(MIXED[1]) for s in samples)
     assert all(s.num_heads == HEADS for s in samples)
+    # What the sidecar's live pricing needs: the rows' context lengths, the path run, when, the layer.
+    assert all(s.seq_lens == tuple(MIXED[1]) and s.path == PREFILL for s in samples)
+    assert all(s.time is not None and s.head_size == HEAD_SIZE for s in samples)
     t = Thresholds.load("cpu-tiny")
     change = routing_change(samples, t, t.merged({"prefill_enabled": False}))
     assert change["current"] == {"unified": 0, "prefill": 4}
