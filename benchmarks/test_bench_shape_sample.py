@@ -89,11 +89,11 @@ def test_select_sampled_step_before(benchmark, routing):
     rt, r, md = routing
     rt.shape_sample_every = 1
 
-    def old_sample(metadata, step, shape, path):
+    def old_sample(metadata, step, path):
         lens = np.diff(np.asarray(metadata.query_start_loc_cpu))
-        rt.shape_sample.add(step, lens, shape.max_seq_len, r.num_heads, shape.causal)
+        rt.shape_sample.add(step, lens, int(metadata.max_seq_len), r.num_heads, metadata.causal is True)
 
-    r._sample_shape = old_sample
+    r._add_shape_sample = old_sample
     benchmark(r.select, md)
 
 

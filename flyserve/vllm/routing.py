@@ -135,22 +135,29 @@ class FlyserveRouting:
         if self.is_leader:
             rt.recorder.record(d, shape, step, snap.version)
             if step % rt.shape_sample_every == 0:
-                self._sample_shape(metadata, step, shape, d.path)
+                self._add_shape_sample(metadata, step, d.path)
             if rt.shape_log is not None:
                 self._log_shape(metadata, step, shape, d, snap.version)
         return d.variant
 
     # ------------------------------------------------------------------ 1 step in N
 
-    def _sample_shape(self, metadata: Any, step: int, shape: BatchShape, path: str) -> None:
+    def _add_shape_sample(self, metadata: Any, step: int, path: str) -> None:
         """The sampled step's rows (query and context lengths: what the sidecar's cost model
         prices), the path it ran and when. Host copies only; unsampled steps never get here."""
         qsl = metadata.query_start_loc_cpu
         lens = np.diff(qsl.numpy() if hasattr(qsl, "numpy") else np.asarray(qsl))  # a copy
         seq = _host_seq_lens(metadata)
-        seq_lens = None if seq is None else seq[: lens.size].copy()
+        causal = metadata.causal
         self.rt.shape_sample.add(
-            step, lens, shape.max_seq_len, self.num_heads, shape.causal, seq_lens, path, time.time()
+            step,
+            lens,
+            int(metadata.max_seq_len),
+            self.num_heads,
+            causal is True,
+            None if seq is None else seq[: lens.size].copy(),
+            path,
+            time.time(),
         )
 
     # ------------------------------------------------------------------ rare paths
@@ -170,15 +177,17 @@ class FlyserveRouting:
         rt.recorder.set_circuit_open(snap.circuit_open or rt.local_circuit_open)
 
     def _log_shape(self, metadata: Any, step: int, shape: BatchShape, d: Any, version: int) -> None:
-        seq = _host_seq_lens(metadata)
+        seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)
         if seq is None:
-            if not self._warned_no_seq_lens:
-                self._warned_no_seq_lens = True
-                log.warning("flyserve shape log: no host copy of seq_lens in this vLLM; not logging")
-            return
+            seq = metadata.seq_lens
+            if getattr(getattr(seq, "device", None), "type", "cpu") != "cpu":
+                if not self._warned_no_seq_lens:
+                    self._warned_no_seq_lens = True
+                    log.warning("flyserve shape log: no host copy of seq_lens in this vLLM; not logging")
+                return
         qsl = metadata.query_start_loc_cpu
         q = np.diff(qsl.numpy() if hasattr(qsl, "numpy") else np.asarray(qsl))
-        s = seq[: q.size].copy()
+        s = (seq.numpy() if hasattr(seq, "numpy") else np.asarray(seq))[: q.size].copy()
         self.rt.shape_log.append(step, q, s, int(shape.max_seq_len), d.path, d.reason, version)
 
     # ------------------------------------------------------------------ protocol statics
