@@ -166,3 +166,18 @@ def test_failing_prefill_kernel_opens_the_circuit_without_losing_a_batch(engine)
     v = ph["closed"]["version"]
     after = [s for s in phase_rows(engine, "closed") if max(s["query_lens"]) > 1 and s["version"] == v]
     assert after and {(s["path"], s["reason"]) for s in after} == {("prefill", "admitted")}
+
+
+def test_shape_samples_carry_what_live_pricing_needs(engine):
+    """The 1-in-8 samples the sidecar prices hold, for their step, exactly the rows' query and
+    context lengths and the path the shape log (every step) recorded, and the layer vLLM runs."""
+    from flyserve.telemetry.shape_sample import read_shape_samples
+
+    samples = read_shape_samples(engine["state"], limit=100_000)
+    logged = {s["step"]: s for s in engine["shapes"]}
+    assert len(samples) >= 10
+    for s in samples:
+        row = logged[s.step]
+        assert list(s.query_lens) == row["query_lens"] and list(s.seq_lens) == row["seq_lens"], s.step
+        assert s.path == row["path"], s.step
+        assert s.head_size is not None and s.block_size is not None and s.time is not None
