@@ -193,7 +193,9 @@ def test_live_regret_and_advice_on_the_real_cpu_engine(engine):
     from flyserve.sidecar.app import create_app
     from flyserve.sidecar.settings import SidecarSettings
 
-    s = SidecarSettings(state_dir=engine["state"], profile="cpu-tiny", share_control_metrics=False, costs="cpu")
+    s = SidecarSettings(
+        state_dir=engine["state"], profile="cpu-tiny", share_control_metrics=False, costs="cpu"
+    )
     with TestClient(create_app(s)) as c:
         reg = c.get("/dispatch-stats").json()["regret"]
         assert reg["unpriceable"] is None, reg
