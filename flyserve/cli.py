@@ -11,6 +11,26 @@ import importlib
 
 import typer
 
+
+def _flags_take_no_value() -> None:
+    """typer 0.29's rich help prints every flag as ``--json <bool>``, which reads as "takes a value",
+    so users typed ``--json true`` and got an error. A flag shows no value type here (plain click
+    help never did)."""
+    from typer.core import TyperOption
+
+    show_type = TyperOption.display_type_rich
+    if getattr(show_type, "_flyserve_flags", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: object) -> str | None:
+        return None if self.is_flag else show_type(self, ctx)
+
+    display_type_rich._flyserve_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_value()
+
 app = typer.Typer(
     name="flyserve",
     help="Observable, runtime-tunable dual-kernel attention dispatch for vLLM.",
@@ -29,6 +49,7 @@ _COMMAND_MODULES = (
     "flyserve.lab.cli",  # calibrate, replay
     "flyserve.arms.cli",  # arms compare
     "flyserve.demo",  # demo
+    "flyserve.doctor.cli",  # doctor
 )
 
 for _name in _COMMAND_MODULES:

@@ -34,8 +34,12 @@ if ! command -v promtool >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get install -y -q prometheus >/dev/null 2>&1 || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q prometheus >/dev/null; }
-  # The Debian package starts a system Prometheus on :9090; the tests start their own.
-  $SUDO systemctl stop prometheus 2>/dev/null || $SUDO pkill -x prometheus 2>/dev/null || true
+  # The Debian package starts a system Prometheus on :9090; the tests start their own (on free ports,
+  # so it may keep running). Stop the service this install started, and only that: never pkill
+  # by name, which would end anyone's Prometheus on this host.
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    $SUDO systemctl stop prometheus.service 2>/dev/null || true
+  fi
 fi
 .venv/bin/python -c 'import flyserve, vllm, torch; print("flyserve", flyserve.__version__, "| vllm", vllm.__version__, "| torch", torch.__version__)' 2>&1 | tail -1
 say "done"

@@ -51,7 +51,8 @@ def compare(
         typer.Option(
             "--results",
             help="Resumable raw results (JSONL). A re-run skips (arm, run, prompt) already recorded. "
-            "Default: <prompts file>.arms-results.jsonl",
+            "Default: $XDG_STATE_HOME/flyserve/arms/<prompts name>-<hash>.arms-results.jsonl "
+            "(~/.local/state/...; never inside a checkout).",
         ),
     ] = None,
     json_path: Annotated[
@@ -146,7 +147,7 @@ def run_compare_cli(
     from flyserve.arms.extract import ExtractorError, make_extractor
     from flyserve.arms.prompts import PromptFileError, load_prompts
     from flyserve.arms.report import render_table, write_json, write_plot
-    from flyserve.arms.results import ResultsFileError
+    from flyserve.arms.results import ResultsFileError, default_results_path, recorded_responses
     from flyserve.arms.stats import ARMS
 
     err = Console(stderr=True)
@@ -168,7 +169,7 @@ def run_compare_cli(
     except (ExtractorError, ArmsInputError, PromptFileError) as exc:
         err.print(f"[red]error[/red]: {exc}", markup=True, highlight=False)
         return 1
-    results_path = results or prompts.with_name(prompts.name + ".arms-results.jsonl")
+    results_path = results or default_results_path(prompts)
     if settings.a == settings.b:
         err.print("note: --a and --b are the same server: this measures its noise only")
 
@@ -209,10 +210,10 @@ def run_compare_cli(
         return 1
     except ArmServerError as exc:
         err.print(f"[red]error[/red]: {exc}", highlight=False)
-        err.print(f"everything received so far is in {results_path}: run the same command again to resume")
+        err.print(_saved_note(results_path, recorded_responses(results_path)), highlight=False)
         return 3
     except KeyboardInterrupt:
-        err.print(f"interrupted: the responses received are in {results_path}; run again to resume")
+        err.print("interrupted: " + _saved_note(results_path, recorded_responses(results_path)), highlight=False)
         return 130
     out = Console()
     render_table(report, out)
@@ -231,6 +232,16 @@ def run_compare_cli(
             return 1
         err.print(f"plot: {plot}")
     return 0
+
+
+def _saved_note(path: Path, recorded: int | None) -> str:
+    """What was kept, without pointing at a file that does not exist (a DNS failure before the
+    first response writes none)."""
+    if recorded is None:
+        return "no response was received, so no results file was written"
+    if recorded == 0:
+        return f"no response was received yet ({path} holds only its header)"
+    return f"the {recorded} response(s) received so far are in {path}: run the same command again to resume"
 
 
 def register(app: typer.Typer) -> None:

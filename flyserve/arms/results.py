@@ -27,6 +27,31 @@ MUST_MATCH = ("format", "prompts_sha256", "model_a", "model_b", "max_tokens", "t
 _RECORD_FIELDS = ("arm", "run", "prompt", "text", "tokens", "top_logprobs")
 
 
+def default_results_path(prompts: Path, env: dict[str, str] | None = None) -> Path:
+    """Where the results go without --results: under $XDG_STATE_HOME/flyserve/arms (default
+    ~/.local/state), named after the prompts file and a hash of its absolute path, so the same
+    command resumes the same file. Not beside the prompts: those may sit in a checkout (the
+    repository's examples/), which a comparison must not write into."""
+    import hashlib
+    import os
+
+    env = dict(os.environ) if env is None else env
+    base = Path(env.get("XDG_STATE_HOME") or Path(env.get("HOME") or Path.home()) / ".local" / "state")
+    tag = hashlib.sha256(str(prompts.resolve()).encode()).hexdigest()[:12]
+    return base / "flyserve" / "arms" / f"{prompts.stem}-{tag}.arms-results.jsonl"
+
+
+def recorded_responses(path: Path) -> int | None:
+    """Responses recorded in a results file (header and a truncated line not counted); None when
+    there is no file, so a message never points at a file that does not exist."""
+    try:
+        with path.open("rb") as fh:
+            lines = sum(1 for line in fh if line.endswith(b"\n"))
+    except FileNotFoundError:
+        return None
+    return max(0, lines - 1)
+
+
 class ResultsFileError(ValueError):
     """The results file cannot be used for this comparison; the message names the line or field."""
 

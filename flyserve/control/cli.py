@@ -46,6 +46,11 @@ IfMatchOpt = typer.Option(
     None, "--if-match", help="Refuse (exit 3) unless the current version is this one (optimistic locking)."
 )
 DryRunOpt = typer.Option(False, "--dry-run", help="Validate and show the diff; publish nothing.")
+CreateOpt = typer.Option(
+    False,
+    "--create",
+    help="Initialise the state directory if it is not one yet (else a typo'd path is refused).",
+)
 AssignmentsArg = typer.Argument(..., help="KEY=VALUE pairs, e.g. min_seq_len=2048 lpt=never.")
 KeysArg = typer.Argument(
     ..., help="Keys whose override to clear (each falls back to the file's value, else the profile's)."
@@ -80,6 +85,26 @@ def _writer(state_dir: Path | None, **kw: Any) -> Any:
 def _fail(message: str, code: int) -> typer.Exit:
     typer.echo(message, err=True)
     return typer.Exit(code)
+
+
+def _state(state_dir: Path | None, *, write: bool, create: bool = False) -> Path:
+    """The state directory to use, checked (exit 2 naming it when it is missing or not initialised);
+    the default is printed when it is used implicitly."""
+    from flyserve.control.initialise import (
+        StateDirError,
+        implicit_note,
+        require_for_read,
+        require_for_write,
+        resolve,
+    )
+
+    path, implicit = resolve(state_dir)
+    if implicit:
+        typer.echo(implicit_note(path), err=True)
+    try:
+        return require_for_write(path, create=create) if write else require_for_read(path)
+    except StateDirError as exc:
+        raise _fail(f"error: {exc}", 2) from None
 
 
 def _run_change(fn: Any, as_json: bool) -> None:
@@ -141,8 +166,9 @@ def show(state_dir: Path | None = StateDirOpt, as_json: bool = JsonOpt) -> None:
 
     from flyserve.control.errors import ControlIOError
 
+    sd = _state(state_dir, write=False)
     try:
-        plane = _plane(state_dir)
+        plane = _plane(sd)
         s = plane.snapshot()
         ranks = plane.store.rank_reports()
     except ControlIOError as exc:
@@ -186,6 +212,7 @@ def set_(
     if_match: int | None = IfMatchOpt,
     dry_run: bool = DryRunOpt,
     as_json: bool = JsonOpt,
+    create: bool = CreateOpt,
 ) -> None:
     """Override thresholds (the highest layer). All pairs are validated together; a bad one changes nothing."""
     from flyserve.policy.thresholds import ThresholdsError
@@ -194,8 +221,9 @@ def set_(
         changes = _parse_assignments(assignments)
     except ThresholdsError as exc:
         raise _fail(f"invalid: {exc}", 1) from None
+    sd = _state(state_dir, write=True, create=create)
     _run_change(
-        lambda: _writer(state_dir).apply_overrides(
+        lambda: _writer(sd).apply_overrides(
             changes, actor=actor or _default_actor(), source="cli", if_match=if_match, dry_run=dry_run
         ),
         as_json,
@@ -210,10 +238,12 @@ def unset(
     if_match: int | None = IfMatchOpt,
     dry_run: bool = DryRunOpt,
     as_json: bool = JsonOpt,
+    create: bool = CreateOpt,
 ) -> None:
     """Clear overrides."""
+    sd = _state(state_dir, write=True, create=create)
     _run_change(
-        lambda: _writer(state_dir).unset_overrides(
+        lambda: _writer(sd).unset_overrides(
             keys, actor=actor or _default_actor(), source="cli", if_match=if_match, dry_run=dry_run
         ),
         as_json,
@@ -230,8 +260,9 @@ def rollback(
     as_json: bool = JsonOpt,
 ) -> None:
     """Publish a new version (source rollback) with the thresholds of an earlier one."""
+    sd = _state(state_dir, write=True)
     _run_change(
-        lambda: _writer(state_dir).rollback(
+        lambda: _writer(sd).rollback(
             version, actor=actor or _default_actor(), if_match=if_match, dry_run=dry_run
         ),
         as_json,
@@ -253,16 +284,34 @@ def reload(
     profile: str | None = typer.Option(
         None, "--profile", help="Base profile with --server-stopped (default: the current version's)."
     ),
+    create: bool = CreateOpt,
 ) -> None:
     """Re-read the operator's config file now (what a file watcher or SIGHUP does)."""
+    sd = _state(state_dir, write=True, create=create)
     if profile is None:
-        profile = _plane(state_dir).snapshot().profile
+        profile = _plane(sd).snapshot().profile
     _run_change(
-        lambda: _writer(state_dir, config_file=config, profile=profile).reload(
+        lambda: _writer(sd, config_file=config, profile=profile).reload(
             actor=actor or _default_actor(), startup=server_stopped
         ),
         as_json,
     )
+
+
+def _first_version_changes(s: Any) -> str:
+    """What the oldest version shown changed, against its profile's defaults (version 0): without
+    this, version 1 read "-" although it is the change that matters most."""
+    from flyserve.policy.profiles import load_profile
+    from flyserve.policy.thresholds import ThresholdsError
+
+    try:
+        base = load_profile(s.profile)
+    except ThresholdsError:
+        return f"first version (profile {s.profile} not found here)"
+    diff = ", ".join(f"{k} {a}->{b}" for k, (a, b) in base.diff(s.thresholds).items())
+    if s.circuit_open:
+        diff = ", ".join(x for x in (diff, "circuit open") if x)
+    return f"{diff} (vs profile {s.profile})" if diff else f"profile {s.profile} defaults"
 
 
 @thresholds_app.command("history")
@@ -277,8 +326,9 @@ def history(
 
     from flyserve.control.errors import ControlIOError
 
+    sd = _state(state_dir, write=False)
     try:
-        snaps = _plane(state_dir).history(limit + 1)
+        snaps = _plane(sd).history(limit + 1)
     except ControlIOError as exc:
         raise _fail(f"error: {exc}", 2) from None
     if as_json:
@@ -291,7 +341,7 @@ def history(
         if prev is None and len(snaps) > limit:
             continue
         changes = (
-            ""
+            (_first_version_changes(s) if s.version == 1 else "")
             if prev is None
             else ", ".join(f"{k} {a}->{b}" for k, (a, b) in prev.thresholds.diff(s.thresholds).items())
         )
@@ -309,7 +359,7 @@ def audit(
     limit: int = typer.Option(20, "--limit", "-n", help="Show at most this many recent entries."),
 ) -> None:
     """The audit log's recent entries (JSON lines): every change tried, accepted or not."""
-    for e in _plane(state_dir).audit_log(limit):
+    for e in _plane(_state(state_dir, write=False)).audit_log(limit):
         typer.echo(json.dumps(e, sort_keys=True, default=str))
 
 
@@ -340,7 +390,8 @@ def watch(
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
-    plane = _writer(state_dir, profile=profile, config_file=config)
+    # A long-running publisher, like the sidecar: it initialises its state directory.
+    plane = _writer(_state(state_dir, write=True, create=True), profile=profile, config_file=config)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
@@ -359,8 +410,9 @@ def watch(
 
 
 def _circuit(open_: bool, state_dir: Path | None, actor: str | None, reason: str, as_json: bool) -> None:
+    sd = _state(state_dir, write=True)
     _run_change(
-        lambda: _writer(state_dir).set_circuit(
+        lambda: _writer(sd).set_circuit(
             open_, actor=actor or _default_actor(), reason=reason, source="cli"
         ),
         as_json,
@@ -390,9 +442,25 @@ def circuit_close(
     _circuit(False, state_dir, actor, "", as_json)
 
 
+def init(state_dir: Path | None = StateDirOpt) -> None:
+    """Create a state directory (before `thresholds set` on a server that has not started yet).
+    A server (sidecar, simulate, vLLM with FLYSERVE_ATTENTION=1) creates its own when it starts."""
+    from flyserve.control.initialise import StateDirError, implicit_note, initialise, resolve
+
+    path, implicit = resolve(state_dir)
+    if implicit:
+        typer.echo(implicit_note(path), err=True)
+    try:
+        created = initialise(path)
+    except StateDirError as exc:
+        raise _fail(f"error: {exc}", 2) from None
+    typer.echo(f"{'initialised' if created else 'already initialised:'} state directory {path}")
+
+
 def register(app: typer.Typer) -> None:
     import logging
 
     # The commands print their own clear errors; keep the library's log lines off the terminal.
     logging.getLogger("flyserve.control").addHandler(logging.NullHandler())
+    app.command("init")(init)
     app.add_typer(thresholds_app, name="thresholds")

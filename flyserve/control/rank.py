@@ -57,6 +57,9 @@ class RankControl:
         self._last_rate_sample: tuple[float, int] | None = (time.time(), 0)
         self._steps_per_s: float | None = None
         self.applied: list[tuple[int, int, int]] = []  # (version, effective_step, applied_step), bounded
+        # The prefill kernel as found at start (kernel, revision, off_reason), set by the vLLM
+        # composite once; reported so /dispatch-stats shows which FlyDSL runs, or why none does.
+        self.prefill_kernel: dict[str, Any] | None = None
         snap = self._read_current_quiet()
         if snap is None:
             snap = ConfigSnapshot.build(
@@ -215,6 +218,7 @@ class RankControl:
             "effective_step": s.effective_step,
             "pending_version": self._pending[-1].version if self._pending else None,
             "circuit_open": s.circuit_open,
+            "prefill_kernel": self.prefill_kernel,
             "steps_per_s": round(self._rate(now), 3),
             "time": now,
         }

@@ -245,53 +245,51 @@ class AiterUnifiedAttention:
 
 
 class FlyDSLDualwave:
-    """FlyDSL's ``flydsl_flash_attn_func`` (ROCm/FlyDSL kernels/attention/flash_attn_interface.py),
-    on its paged ABI: packed varlen q, vLLM-style block_table + seqlen_k, ``linear`` KV layout.
+    """FlyDSL's ``flydsl_flash_attn_func`` through flyserve's one call site
+    (``flyserve.vllm.flydsl_kernel.call_paged``, the same call the serving backend makes): packed
+    varlen q, vLLM-style block_table + seqlen_k + cu_seqlens_kv, ``linear`` KV layout.
 
-    That API takes no softmax scale (it uses 1/sqrt(head_size)), so any other scale is refused
-    rather than silently computing something else.
+    That API takes no softmax scale (it uses 1/sqrt(head_size)) and is causal on this path, so
+    any other scale or a non-causal call is refused rather than silently computing something else.
+    ``lpt`` is the ordering to time (passed only where the installed FlyDSL has ``causal_lpt``).
     """
 
     name = "flydsl_dualwave"
-    modules = ("kernels.attention.flash_attn_interface", "flydsl.kernels.attention.flash_attn_interface")
 
-    def __init__(self) -> None:
-        self._fn: Any = None
+    def __init__(self, lpt: bool = True) -> None:
+        self._kernel: Any = None
+        self.lpt = lpt
 
     def load(self) -> FlyDSLDualwave:
-        if self._fn is None:
-            errors = []
-            for m in self.modules:
-                try:
-                    self._fn = _import(m, "flydsl_flash_attn_func", what="FlyDSL dualwave")
-                    break
-                except KernelUnavailable as exc:
-                    errors.append(str(exc))
-            else:
-                raise KernelUnavailable("; ".join(errors))
+        if self._kernel is None:
+            from flyserve.vllm.flydsl_kernel import FlyDSLUnavailable, load_flydsl_kernel
+
+            try:
+                self._kernel = load_flydsl_kernel()
+            except FlyDSLUnavailable as exc:
+                raise KernelUnavailable(f"FlyDSL dualwave: {exc}") from exc
         return self
 
     def __call__(self, q, k_cache, v_cache, out, cu_seqlens_q, seqused_k, block_table,
                  max_seqlen_q, max_seqlen_k, scale, causal) -> None:  # fmt: skip
-        fn = self.load()._fn
+        import torch
+
+        from flyserve.vllm.flydsl_kernel import call_paged
+
+        kernel = self.load()._kernel
         head_size = q.shape[-1]
         if not math.isclose(scale, 1.0 / math.sqrt(head_size), rel_tol=1e-6):
             raise ValueError(f"flydsl_flash_attn_func uses softmax scale 1/sqrt({head_size}); got {scale}")
-        fn(
-            q,
-            k_cache,
-            v_cache,
-            causal=causal,
-            num_kv_heads=k_cache.shape[2],
-            cu_seqlens_q=cu_seqlens_q,
-            max_seqlen_q=max_seqlen_q,
-            max_seqlen_kv=max_seqlen_k,
-            cross_seqlen=True,
-            block_table=block_table,
-            seqlen_k=seqused_k,
-            kv_cache_layout="linear",
-            out=out,
-        )
+        if not causal:
+            raise ValueError("flyserve calls FlyDSL's paged path causal only")
+        cu_kv = torch.zeros(seqused_k.numel() + 1, dtype=torch.int32, device=seqused_k.device)
+        torch.cumsum(seqused_k, 0, dtype=torch.int32, out=cu_kv[1:])
+        call_paged(
+            kernel, q, k_cache, v_cache, out,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_kv, seqlen_k=seqused_k, block_table=block_table,
+            max_seqlen_q=int(max_seqlen_q), max_seqlen_kv=int(max_seqlen_k),
+            num_kv_heads=int(k_cache.shape[2]), lpt=self.lpt,
+        )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- torch reference

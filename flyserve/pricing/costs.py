@@ -12,7 +12,7 @@ was measured on (GPU, kernels, heads, block size). Entries have a ``kind``:
 
 The model prices a batch as the sum of its parts, because both kernels process every row of a
 varlen batch in one launch and their time is close to additive in the rows' work. Measured on the
-H200 (shared/data/h200_vllm_kernel_pair.json): FA3 chunk 8k@32k 5.86 ms + 32 decode rows @32k
+H200 (tests/data/h200_vllm_kernel_pair.json): FA3 chunk 8k@32k 5.86 ms + 32 decode rows @32k
 0.96 ms = 6.82 ms predicted, 6.89 ms measured together; Triton unified 48.69 + 1.84 = 50.5 vs 49.9.
 
     t(batch) = D(R_decode, mean decode ctx) + sum_i P(q_i, p_i) - o * (parts - 1)

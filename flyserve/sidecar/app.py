@@ -67,15 +67,17 @@ def _registry(metrics_dir: Path, share: bool) -> CollectorRegistry:
     return reg
 
 
-def update_rank_gauges(views: list[RankView], agree: bool | None) -> None:
+def update_rank_gauges(views: list[RankView]) -> None:
     """flyserve_rank_up / _report_age_seconds / flyserve_ranks_agree from the ranks' reports."""
     for v in views:
         tm.RANK_UP.labels(str(v.rank)).set(0.0 if v.stale else 1.0)
         if v.age_s is not None:
             tm.RANK_REPORT_AGE.labels(str(v.rank)).set(v.age_s)
-    if agree is None:
-        agree = len({v.applied_version for v in views if not v.stale}) <= 1
-    tm.RANKS_AGREE.set(1.0 if agree else 0.0)
+    versions = {v.applied_version for v in views if not v.stale}
+    agree = len(versions) <= 1 if versions else None
+    # No live rank: NaN, not 1 ("agree") - there is nobody to agree; an alert on == 0 stays quiet
+    # and the dashboard shows no value.
+    tm.RANKS_AGREE.set(float("nan") if agree is None else 1.0 if agree else 0.0)
 
 
 def _error(status: int, detail: str, field: str | None = None, errors: list[dict[str, str]] | None = None):
@@ -89,7 +91,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
         settings.state_dir, profile=settings.profile, config_file=settings.config_file, **extra
     )
     stats = StatsService(settings, control)
-    stats.on_stats = lambda st: update_rank_gauges(st.ranks, st.ranks_agree)
+    stats.on_stats = lambda st: update_rank_gauges(st.ranks)
     shutting_down = threading.Event()
 
     @asynccontextmanager
@@ -128,7 +130,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
 
     def _exposition() -> bytes:
         views = stats.rank_views_only()
-        update_rank_gauges(views, None)
+        update_rank_gauges(views)
         return generate_latest(registry)
 
     app.state.metrics_cache = TtlCache(_exposition, settings.metrics_ttl_s)

@@ -94,12 +94,18 @@ def sidecar(
 
     import uvicorn
 
-    from flyserve.control import default_state_dir
+    from flyserve.control.initialise import StateDirError, implicit_note, initialise, resolve
     from flyserve.sidecar.app import create_app
+    from flyserve.sidecar.listen import BindError, bind
     from flyserve.sidecar.settings import SidecarSettings, TokenError, read_token
+    from flyserve.startup_checks import StartupError, check_profile
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     err = typer.echo
+    try:  # first: a bad profile is the first (and only) line, before anything starts
+        check_profile(profile, setting="--profile")
+    except StartupError:
+        raise typer.Exit(2) from None
     try:
         token = read_token(token_file)
     except TokenError as exc:
@@ -113,14 +119,20 @@ def sidecar(
         except CostTableError as exc:
             err(f"error: --costs: {exc}", err=True)
             raise typer.Exit(2) from None
-    sd = state_dir if state_dir is not None else default_state_dir()
-    if sd.exists() and not sd.is_dir():
-        err(f"error: --state-dir {sd} is not a directory", err=True)
-        raise typer.Exit(2)
+    try:  # before saying where it listens: a port in use is the message, naming --port
+        sock = bind(host, port)
+    except BindError as exc:
+        err(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    sd, implicit = resolve(state_dir)
+    if implicit:
+        err(implicit_note(sd), err=True)
     try:
-        sd.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        err(f"error: --state-dir {sd}: cannot create ({exc.strerror or exc})", err=True)
+        if initialise(sd):
+            err(f"initialised state directory {sd}", err=True)
+    except StateDirError as exc:
+        sock.close()
+        err(f"error: --state-dir: {exc}", err=True)
         raise typer.Exit(2) from None
     settings = SidecarSettings(
         state_dir=sd,
@@ -160,7 +172,7 @@ def sidecar(
             super().handle_exit(sig, frame)
 
     typer.echo(f"flyserve sidecar on http://{host}:{port} (state {sd})", err=True)
-    _Server(config).run()
+    _Server(config).run(sockets=[sock])
 
 
 def register(app: typer.Typer) -> None:

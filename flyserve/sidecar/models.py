@@ -74,6 +74,16 @@ class KernelStats(_Frozen):
     p99_s: float | None
 
 
+class PrefillKernelView(_Frozen):
+    """The rank's prefill kernel as found at start: which one, its revision, or why it is off."""
+
+    kernel: str = Field(max_length=64)
+    revision: str | None = Field(None, max_length=200, description="e.g. FlyDSL's: has causal_lpt, page sizes.")
+    off_reason: str | None = Field(
+        None, max_length=400, description="Why the prefill path cannot run on this rank at all (null: it can)."
+    )
+
+
 class RankView(_Frozen):
     """One rank's last report (ranks/<rank>.json) and its own counters."""
 
@@ -84,6 +94,7 @@ class RankView(_Frozen):
     applied_version: int | None
     applied_step: int | None
     circuit_open: bool | None = None
+    prefill_kernel: PrefillKernelView | None = None
     age_s: float | None = Field(
         description="Seconds since the rank's last report; null if it never reported."
     )
@@ -100,7 +111,7 @@ class EngineStats(_Frozen):
         "(all TP ranks record the same decisions; a dead rank's counters stop growing)."
     )
     ranks: list[int]
-    ranks_agree: bool
+    ranks_agree: bool | None = Field(description="Null when no rank of this engine is live.")
     totals: Totals
     windows: dict[str, Window]
     kernels: dict[str, KernelStats]
@@ -152,7 +163,9 @@ class DispatchStats(_Frozen):
     totals: Totals
     windows: dict[str, Window] = Field(description='Keys "60s", "300s", "900s".')
     ranks: list[RankView]
-    ranks_agree: bool = Field(description="All live ranks applied the same thresholds version.")
+    ranks_agree: bool | None = Field(
+        description="All live ranks applied the same thresholds version; null when no rank is live."
+    )
     live_ranks: int
     kernels: dict[str, KernelStats]
     engines: list[EngineStats]

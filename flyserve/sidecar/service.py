@@ -24,6 +24,7 @@ from flyserve.sidecar.models import (
     DispatchStats,
     EngineStats,
     KeyProvenance,
+    PrefillKernelView,
     RankView,
     Regret,
     ThresholdsView,
@@ -100,6 +101,21 @@ def _int_or_none(x: Any) -> int | None:
         return None
 
 
+def _prefill_kernel_or_none(v: Any) -> PrefillKernelView | None:
+    """A rank report's prefill_kernel, or None when absent or malformed (a report is input)."""
+    if not isinstance(v, Mapping):
+        return None
+
+    def text(key: str, limit: int) -> str | None:
+        x = v.get(key)
+        return x[:limit] if isinstance(x, str) else None
+
+    kernel = text("kernel", 64)
+    if kernel is None:
+        return None
+    return PrefillKernelView(kernel=kernel, revision=text("revision", 200), off_reason=text("off_reason", 400))
+
+
 def rank_views(
     reports: list[Mapping[str, Any]],
     counters: Mapping[int, RankCounters],
@@ -136,6 +152,7 @@ def rank_views(
                 applied_version=_int_or_none(d.get("applied_version")),
                 applied_step=_int_or_none(d.get("applied_step")),
                 circuit_open=d.get("circuit_open") if isinstance(d.get("circuit_open"), bool) else None,
+                prefill_kernel=_prefill_kernel_or_none(d.get("prefill_kernel")),
                 age_s=None if age is None else round(age, 3),
                 stale=age is None or age > stale_after_s,
                 totals=totals_of([c]) if c is not None else None,
@@ -144,8 +161,11 @@ def rank_views(
     return out
 
 
-def _agree(views: list[RankView]) -> bool:
-    return len({v.applied_version for v in views if not v.stale}) <= 1
+def _agree(views: list[RankView]) -> bool | None:
+    """True/False when live ranks run one/several versions; None with no live rank (nothing agrees:
+    "true" there read as "all is well" while no rank was running)."""
+    versions = {v.applied_version for v in views if not v.stale}
+    return len(versions) <= 1 if versions else None
 
 
 def count_priced(p: PricedSample) -> None:

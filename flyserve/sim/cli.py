@@ -55,20 +55,34 @@ def simulate(
             "times, a planted drift for the drift alert. Needs --costs.",
         ),
     ] = None,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="No progress line every 2 s (for `simulate ... &` in a terminal)."
+        ),
+    ] = False,
 ) -> None:
     """Play N vLLM ranks: feed a workload's batch shapes through the real policy, recorder and control."""
-    from flyserve.control import default_state_dir
+    from flyserve.control.initialise import implicit_note, resolve
     from flyserve.sim.simulate import SimulateArgs, parse_drift
     from flyserve.sim.simulate import simulate as run
+    from flyserve.startup_checks import StartupError, check_profile
 
+    try:  # first: a bad profile is the first (and only) line, before any rank starts
+        check_profile(profile, setting="--profile")
+    except StartupError:
+        raise typer.Exit(2) from None
     try:
         planted = parse_drift(drift or [])
         heads = num_heads if num_heads is not None else _table_heads(costs)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    sd, implicit = resolve(state_dir)
+    if implicit:
+        typer.echo(implicit_note(sd), err=True)
     args = SimulateArgs(
-        state_dir=state_dir if state_dir is not None else default_state_dir(),
+        state_dir=sd,
         ranks=ranks,
         workload=workload,
         steps=steps,
@@ -79,7 +93,11 @@ def simulate(
         drift=planted,
     )
     try:
-        code = run(args, echo=lambda s: typer.echo(s, err=False))
+        code = run(
+            args,
+            echo=lambda s: typer.echo(s, err=False),
+            progress_every_s=float("inf") if quiet else 2.0,
+        )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

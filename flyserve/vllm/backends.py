@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from flyserve.vllm.eligibility import PrefillKernelSpec
@@ -40,6 +42,77 @@ CUDA_PREFILL_SPEC = PrefillKernelSpec("FLASH_ATTN")
 ROCM_PREFILL_SPEC = PrefillKernelSpec("flydsl-dualwave", head_sizes=(64, 128))
 
 _BUILT: dict[str, type] = {}
+
+
+@dataclass(frozen=True)
+class PrefillStatus:
+    """The prefill kernel as found at start in this process: what it is and, if off, why.
+
+    ``off_reason`` (the kernel cannot run here at all: FlyDSL missing, not gfx950) and the
+    config problems (``config_problems(vllm_config)``: a --block-size FlyDSL cannot page) turn the
+    prefill path off for every layer group, reason ``unsupported``; the server runs on the unified
+    kernel. ``revision`` is reported in the log and, through the rank report, in /dispatch-stats.
+    """
+
+    kernel: str
+    revision: str | None = None
+    off_reason: str | None = None
+    config_problems: Callable[[Any], list[str]] = field(default=lambda cfg: [], compare=False)
+
+    def report(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "revision": self.revision, "off_reason": self.off_reason}
+
+
+def rocm_prefill_status() -> PrefillStatus:
+    """FlyDSL on this machine: importable, which revision, on a gfx950. Logs one line either way."""
+    from flyserve.vllm.flydsl import forced_block_size_problem, try_load
+    from flyserve.vllm.flydsl_kernel import INSTALL_HINT
+
+    kernel, why = try_load()
+    arch = gpu_arch()
+    off = None
+    if not arch.startswith("gfx950"):
+        off = f"GPU arch {arch or 'unknown'} is not gfx950 (FlyDSL dualwave runs on MI350/MI355 only)"
+    elif kernel is None:
+        off = f"FlyDSL not importable: {why}"
+    if off is not None:
+        log.warning(
+            "flyserve: FlyDSL prefill path unavailable (%s); serving on AITER unified. To enable it on a "
+            "gfx950: %s",
+            off,
+            INSTALL_HINT,
+        )
+        return PrefillStatus(ROCM_PREFILL_SPEC.name, None, off)
+    rev = kernel.revision
+    log.info("flyserve: FlyDSL kernel %s, revision: %s", rev.module_file, rev.label)
+
+    def problems(cfg: Any) -> list[str]:
+        p = forced_block_size_problem(rev, int(cfg.cache_config.block_size))
+        return [p] if p else []
+
+    return PrefillStatus(ROCM_PREFILL_SPEC.name, rev.label, None, problems)
+
+
+def _plain_status(kind: str, spec: PrefillKernelSpec) -> PrefillStatus:
+    """CUDA and CPU: the prefill kernel ships with vLLM. On CPU a test hook can declare it
+    unavailable (FLYSERVE_CPU_PREFILL_UNAVAILABLE), exercising the same start-up refusal as a
+    missing FlyDSL on ROCm inside a real vLLM."""
+    why = os.environ.get("FLYSERVE_CPU_PREFILL_UNAVAILABLE") if kind == "cpu" else None
+    if why:
+        off = f"{spec.name} unavailable (FLYSERVE_CPU_PREFILL_UNAVAILABLE: {why[:200]})"
+        log.warning("flyserve: prefill path unavailable (%s); serving on the unified path", off)
+        return PrefillStatus(spec.name, None, off)
+    return PrefillStatus(spec.name)
+
+
+def gpu_arch() -> str:
+    """gcnArchName of GPU 0 on ROCm ('' when unknown)."""
+    try:
+        import torch
+
+        return str(torch.cuda.get_device_properties(0).gcnArchName).split(":")[0]
+    except Exception:  # noqa: BLE001 - no GPU, or not ROCm
+        return ""
 
 
 def platform_kind() -> str:
@@ -113,6 +186,7 @@ def build_composite(kind: str) -> type:
     from vllm.v1.attention.backends.composite import create_composite_attention_backend
 
     general, causal, spec = _children(kind)
+    status = rocm_prefill_status() if kind == "rocm" else _plain_status(kind, spec)
     routing = routing_class(spec, start_decode_path(), name=f"FlyserveRouting_{kind}")
     base = create_composite_attention_backend(
         general,
@@ -122,14 +196,64 @@ def build_composite(kind: str) -> type:
         module=__name__,
         routing_policy=routing,
     )
-    cls = _with_timed_impl(base, CLASS_NAMES[kind])
+    cls = _with_flyserve_parts(base, CLASS_NAMES[kind], status)
     _BUILT[kind] = cls
     return cls
 
 
-def _with_timed_impl(base: type, name: str) -> type:
-    """The composite with its impl's forward wrapped by the sampled kernel timer."""
+def mark_unsupported(routing: Any, reason: str) -> None:
+    """Turn the prefill path off for this routing's layer group (reason ``unsupported``), once per reason."""
+    if reason in routing.problems:
+        return
+    routing.problems.append(reason)
+    routing.unsupported = True
+    log.warning(
+        "flyserve: layers %s: prefill path off (%s); their prefill batches take the unified path, "
+        "reason 'unsupported'",
+        routing.layer_names[:2] + (["..."] if len(routing.layer_names) > 2 else []),
+        reason,
+    )
+
+
+def _bind_group(builder: Any, vllm_config: Any, status: PrefillStatus) -> None:
+    """Hand the routing to the child builders and layers that need it; apply the start-time verdict.
+
+    The FlyDSL builder reads the LPT flag of the routing's decision (``bind_routing``), and its
+    impl reports a KV layout it cannot address to this routing (``static_off_listeners``): no
+    process global carries either.
+    """
+    routing = builder.routing
+    for child in (builder.general_builder, builder.causal_builder):
+        bind = getattr(child, "bind_routing", None)
+        if bind is not None:
+            bind(routing)
+    for reason in ([status.off_reason] if status.off_reason else []) + status.config_problems(vllm_config):
+        mark_unsupported(routing, reason)
+    ctx = vllm_config.compilation_config.static_forward_context
+    for name in routing.layer_names:
+        causal = getattr(getattr(ctx.get(name), "impl", None), "causal_impl", None)
+        listeners = getattr(causal, "static_off_listeners", None)
+        if listeners is None:
+            continue
+        listeners.append(lambda reason, r=routing: mark_unsupported(r, reason))
+        if causal.static_off is not None:
+            mark_unsupported(routing, causal.static_off)
+    control = getattr(getattr(routing, "rt", None), "control", None)
+    if control is not None:
+        control.prefill_kernel = status.report()
+
+
+def _with_flyserve_parts(base: type, name: str, status: PrefillStatus) -> type:
+    """The composite with the routing bound into its builders and the impl's forward timed."""
     base_impl = base.get_impl_cls()
+    base_builder = base.get_builder_cls()
+
+    class FlyserveCompositeBuilder(base_builder):  # type: ignore[misc, valid-type]
+        """vLLM's composite builder, plus ``_bind_group`` once at construction (never per step)."""
+
+        def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **kwargs):
+            super().__init__(kv_cache_spec, layer_names, vllm_config, device, **kwargs)
+            _bind_group(self, vllm_config, status)
 
     class TimedCompositeImpl(base_impl):  # type: ignore[misc, valid-type]
         """Times 1 in N forwards per path; a prefill kernel that raises trips the circuit breaker.
@@ -179,7 +303,19 @@ def _with_timed_impl(base: type, name: str) -> type:
     def get_impl_cls() -> type:
         return TimedCompositeImpl
 
-    cls = type(name, (base,), {"get_impl_cls": staticmethod(get_impl_cls), "__module__": __name__})
+    def get_builder_cls() -> type:
+        return FlyserveCompositeBuilder
+
+    cls = type(
+        name,
+        (base,),
+        {
+            "get_impl_cls": staticmethod(get_impl_cls),
+            "get_builder_cls": staticmethod(get_builder_cls),
+            "prefill_status": status,
+            "__module__": __name__,
+        },
+    )
     cls.__qualname__ = name
     return cls
 

@@ -55,3 +55,20 @@ def trip(rt: Any, exc: BaseException, *, kernel: str) -> None:
         # The local breaker stays open whatever happens here; the other ranks learn of it when
         # their own prefill path raises.
         log.exception("flyserve rank %d: could not publish the open circuit to the control plane", rt.rank)
+
+
+def warm_up_failed(rt: Any, exc: BaseException, *, kernel: str) -> None:
+    """A prefill kernel failed to compile or launch at start: say why, open the circuit, keep serving.
+
+    Start-up must not abort for the specialist kernel: the unified path serves every batch until an
+    operator has fixed the kernel and closed the circuit.
+    """
+    log.error(
+        "flyserve rank %d: %s warm-up failed (%s: %s); the prefill path is OFF (circuit open), serving on the "
+        "unified path. Fix the kernel, then `flyserve thresholds circuit close`.",
+        rt.rank,
+        kernel,
+        type(exc).__name__,
+        str(exc)[:300],
+    )
+    trip(rt, exc, kernel=f"{kernel} warm-up")

@@ -20,6 +20,11 @@ Test hooks (environment, read once per process):
                                      append {"max_abs": ..., "ref_max": ...} per layer call (JSONL)
   FLYSERVE_CPU_PREFILL_FAIL_AT=<n>   raise on the n-th forward of this path (circuit-breaker tests)
   FLYSERVE_CPU_PREFILL_FAIL_FILE=<p> raise on every forward of this path while file <p> exists
+  FLYSERVE_CPU_PREFILL_WARMUP_FAIL=<msg>  the start-up warm-up raises <msg>: the path's circuit opens
+                                     and the server runs on the general kernel (as a FlyDSL warm-up
+                                     failure does on ROCm; flyserve.vllm.breaker.warm_up_failed)
+  FLYSERVE_CPU_PREFILL_UNAVAILABLE=<why>  the path is declared unavailable at start (as a missing
+                                     FlyDSL is on ROCm): every layer group reports 'unsupported'
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from flyserve.vllm.breaker import trip
 COMPARE_ENV = "FLYSERVE_CPU_COMPARE"
 FAIL_AT_ENV = "FLYSERVE_CPU_PREFILL_FAIL_AT"
 FAIL_FILE_ENV = "FLYSERVE_CPU_PREFILL_FAIL_FILE"
+WARMUP_FAIL_ENV = "FLYSERVE_CPU_PREFILL_WARMUP_FAIL"
+UNAVAILABLE_ENV = "FLYSERVE_CPU_PREFILL_UNAVAILABLE"
 KERNEL_NAME = "cpu-sdpa-prefill"
 
 
@@ -114,6 +121,21 @@ class CpuPrefillImpl(CPUAttentionBackendImpl):
     """Causal prefill with torch SDPA over the paged cache; the general CPU kernel as fallback."""
 
     _calls = 0
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        """Start-up warm-up: one small causal SDPA call (no cache needed); a failure opens the circuit."""
+        super().process_weights_after_loading(act_dtype)
+        try:
+            injected = os.environ.get(WARMUP_FAIL_ENV)
+            if injected:
+                raise RuntimeError(f"injected warm-up failure ({WARMUP_FAIL_ENV}={injected[:80]})")
+            q = torch.randn(1, 1, 4, 8).to(act_dtype)
+            F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        except Exception as exc:  # noqa: BLE001 - any failure: serve on the general kernel instead
+            from flyserve.vllm.breaker import warm_up_failed
+            from flyserve.vllm.runtime import RankRuntime
+
+            warm_up_failed(RankRuntime.get(), exc, kernel=KERNEL_NAME)
 
     def forward(
         self,

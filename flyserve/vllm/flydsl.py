@@ -4,67 +4,40 @@ As in vLLM PR 53335, it subclasses AITER unified attention and reuses its KV cac
 metadata builder and cache-update path, so the two kernels are interchangeable on one cache and
 a batch the FlyDSL kernel fails on can be re-run by the unified kernel unchanged (circuit breaker).
 
-The kernel is ``flydsl_flash_attn_func`` from a FlyDSL source checkout named by
-``VLLM_FLYDSL_KERNELS_PATH`` (as in the seed; its ``kernels`` package is not in the flydsl wheel).
-Differences from the seed, each for a measured or stated reason:
+The kernel call itself lives in ``flyserve.vllm.flydsl_kernel`` (shared with the lab). Here:
 
-* ``max_seqlen_kv`` is passed from the host-side metadata, so the kernel never reads sequence
-  lengths back from the device (a device->host read would stall the step);
-* the ``cu_seqlens_kv`` prefix sum is written into one persistent device buffer per builder
-  (``PrefixSumBuffer``) with ``torch.cumsum(out=...)``: no allocation per step, a stable address;
-* both LPT variants are compiled in ``process_weights_after_loading`` - before vLLM captures any
-  CUDA graph - and never while a stream is capturing;
-* the LPT ordering comes from the routing's decision (``Decision.lpt``), i.e. from the
-  operator-tunable thresholds, instead of module constants.
+* **block sizes**: the backend declares FlyDSL's page sizes (64; 128 where the installed revision
+  takes it) through vLLM's ``get_supported_kernel_block_sizes``, so vLLM picks 64 by itself; with
+  an explicit ``--block-size`` FlyDSL cannot page (16, say) it declares AITER's sizes instead and
+  the prefill path is statically off (reason ``unsupported``, the log names ``--block-size 64``);
+* **the decision**: the builder reads the LPT flag from the routing object the composite bound to
+  it (``bind_routing``), never from a process global; an unbound builder is an error;
+* **KV layout**: checked once, on the first prefill forward, against what the revision addresses
+  in place; a layout FlyDSL would copy on every call switches the path off (``unsupported``);
+* **warm-up**: in ``process_weights_after_loading`` (before any graph capture), with a 512-token
+  query so the dualwave kernel, not the paged light one, compiles, both LPT variants where the
+  revision has the flag; a failure is logged and opens the circuit instead of aborting start-up.
 
-NOT RUN ON HARDWARE here (no gfx950 machine): tests/unit/test_vllm_flydsl_contract.py checks the
-call it makes against a fake kernel module. The keyword names follow FlyDSL's
-``flash_attn_interface`` (varlen ``cu_seqlens_q``/``cu_seqlens_kv``, paged ``block_table``/
-``num_kv_heads``); check them against your FlyDSL checkout before relying on this backend.
+NOT RUN ON HARDWARE (no gfx950 machine here): tests/unit/test_vllm_flydsl_contract.py checks it
+against fakes built from FlyDSL's real signature at two commits (tests/data/contracts/).
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
+import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-KERNELS_PATH_ENV = "VLLM_FLYDSL_KERNELS_PATH"
-MODULE_ENV = "FLYSERVE_FLYDSL_MODULE"
-DEFAULT_MODULES = ("kernels.attention.flash_attn_interface", "kernels.flash_attn_interface")
+from flyserve.vllm.flydsl_kernel import (
+    FlyDSLRevision,
+    call_paged,
+    kv_layout_problem,
+    try_load,
+    warm_up,
+)
+
+log = logging.getLogger("flyserve.vllm")
 KERNEL_NAME = "flydsl-dualwave"
-
-
-class FlyDSLUnavailable(ImportError):
-    """flydsl_flash_attn_func could not be imported; the message says where it was looked for."""
-
-
-def load_flydsl_attn_func() -> Callable[..., Any]:
-    """``flydsl_flash_attn_func`` from $VLLM_FLYDSL_KERNELS_PATH (a FlyDSL checkout)."""
-    root = os.environ.get(KERNELS_PATH_ENV)
-    if root:
-        if not os.path.isdir(root):
-            raise FlyDSLUnavailable(f"{KERNELS_PATH_ENV}={root!r} is not a directory")
-        if root not in sys.path:
-            sys.path.insert(0, root)
-    names = [os.environ[MODULE_ENV]] if os.environ.get(MODULE_ENV) else list(DEFAULT_MODULES)
-    errors = []
-    for name in names:
-        try:
-            mod = importlib.import_module(name)
-        except ImportError as exc:
-            errors.append(f"{name}: {exc}")
-            continue
-        fn = getattr(mod, "flydsl_flash_attn_func", None)
-        if fn is not None:
-            return fn
-        errors.append(f"{name}: has no flydsl_flash_attn_func")
-    raise FlyDSLUnavailable(
-        f"flydsl_flash_attn_func not found (set {KERNELS_PATH_ENV} to a FlyDSL checkout): "
-        + "; ".join(errors)
-    )
 
 
 class PrefixSumBuffer:
@@ -84,81 +57,13 @@ class PrefixSumBuffer:
         return self.buf[: num_reqs + 1]
 
 
-def call_kernel(
-    fn: Callable[..., Any],
-    query: Any,
-    key_cache: Any,
-    value_cache: Any,
-    md: Any,
-    output: Any,
-    *,
-    num_kv_heads: int,
-    scale: float,
-    lpt: bool,
-) -> None:
-    """One causal prefill batch on the paged cache. Host ints only for the max lengths."""
-    n = md.num_actual_tokens
-    fn(
-        query[:n],
-        key_cache,
-        value_cache,
-        causal=True,
-        out=output[:n],
-        cu_seqlens_q=md.query_start_loc,
-        cu_seqlens_kv=md.cu_seqlens_kv,
-        max_seqlen_q=int(md.max_query_len),
-        max_seqlen_kv=int(md.max_seq_len),
-        block_table=md.block_table,
-        num_kv_heads=num_kv_heads,
-        softmax_scale=scale,
-        lpt=bool(lpt),
-    )
+def page_size_for(block_size: int, revision: FlyDSLRevision) -> int | None:
+    """The kernel page size vLLM will use for this KV block size (None: FlyDSL cannot page it).
 
-
-def warm_up(
-    fn: Callable[..., Any],
-    *,
-    dtype: Any,
-    device: Any,
-    num_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    block_size: int,
-    is_capturing: Callable[[], bool],
-) -> None:
-    """Compile both LPT variants with a one-request batch. Refuses to run inside graph capture."""
-    import torch
-
-    if is_capturing():
-        raise RuntimeError("FlyDSL warm-up must run before CUDA-graph capture, not during it")
-    q_len = block_size
-    q = torch.zeros(q_len, num_heads, head_size, dtype=dtype, device=device)
-    k = torch.zeros(1, block_size, num_kv_heads, head_size, dtype=dtype, device=device)
-    v = torch.zeros_like(k)
-    out = torch.empty_like(q)
-    cu_q = torch.tensor([0, q_len], dtype=torch.int32, device=device)
-    md = type(
-        "WarmupMetadata",
-        (),
-        {
-            "num_actual_tokens": q_len,
-            "query_start_loc": cu_q,
-            "cu_seqlens_kv": cu_q.clone(),
-            "max_query_len": q_len,
-            "max_seq_len": q_len,
-            "block_table": torch.zeros(1, 1, dtype=torch.int32, device=device),
-        },
-    )()
-    for lpt in (False, True):
-        call_kernel(fn, q, k, v, md, out, num_kv_heads=num_kv_heads, scale=head_size**-0.5, lpt=lpt)
-
-
-def _last_lpt() -> bool:
-    from flyserve.vllm.runtime import RankRuntime
-
-    inst = RankRuntime._instance
-    d = inst.last_decision if inst is not None else None
-    return bool(d is not None and d.lpt)
+    vLLM splits a manager block into kernel blocks of the largest declared size that divides it.
+    """
+    fits = [p for p in revision.page_sizes if block_size % p == 0]
+    return max(fits) if fits else None
 
 
 # ----------------------------------------------------------------------------- vLLM classes
@@ -172,46 +77,89 @@ from vllm.v1.attention.backends.rocm_aiter_unified_attn import (
 )
 
 
+class DecisionNotBound(RuntimeError):
+    """The FlyDSL builder was asked to build without the routing object that decides its LPT flag."""
+
+
 class FlyDSLDualwaveMetadataBuilder(RocmAiterUnifiedAttentionMetadataBuilder):
     """The unified builder's metadata plus the persistent cu_seqlens_kv and the decision's LPT flag."""
+
+    decision_source: Any = None  # the group's routing object (has .last_decision), set by the composite
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: Any, **kw: Any):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device, **kw)
         self.cu_seqlens_kv = PrefixSumBuffer(vllm_config.scheduler_config.max_num_seqs, device)
 
+    def bind_routing(self, routing: Any) -> None:
+        """The composite hands over its routing: select() runs just before each build()."""
+        self.decision_source = routing
+
     def build(self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False) -> Any:
+        src = self.decision_source
+        if src is None:
+            raise DecisionNotBound(
+                "flyserve: FlyDSL metadata builder has no routing bound (bind_routing); "
+                "it is built by flyserve's composite backend, not on its own"
+            )
         md = super().build(common_prefix_len, common_attn_metadata, fast_build)
         md.cu_seqlens_kv = self.cu_seqlens_kv.fill(
             common_attn_metadata.seq_lens, common_attn_metadata.num_reqs
         )
-        md.lpt = _last_lpt()  # set by FlyserveRouting.select() just before this build
+        md.lpt = bool(src.last_decision.lpt)
         return md
 
 
 class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
-    """FlyDSL dualwave for causal prefill; AITER unified (the parent) re-runs a batch it fails on."""
+    """FlyDSL dualwave for causal prefill; AITER unified (the parent) runs whatever it cannot."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.flydsl_attn = load_flydsl_attn_func()
+        self.kernel, self.unavailable = try_load()
+        self.static_off: str | None = None  # set once: the path cannot run for this layer
+        self.static_off_listeners: list[Callable[[str], None]] = []
+        self._layout_checked = False
+
+    def switch_off(self, reason: str) -> None:
+        """This layer's prefill path is off for good (reason ``unsupported``); tell the routing."""
+        if self.static_off is not None:
+            return
+        self.static_off = reason
+        log.warning(
+            "flyserve: FlyDSL prefill path off for this layer group: %s (reason 'unsupported')", reason
+        )
+        for cb in self.static_off_listeners:
+            cb(reason)
 
     def process_weights_after_loading(self, act_dtype: Any) -> None:
         super().process_weights_after_loading(act_dtype)
+        if self.kernel is None:
+            return
         import torch
         from vllm.config import get_current_vllm_config_or_none
 
         cfg = get_current_vllm_config_or_none()
-        block_size = cfg.cache_config.block_size if cfg is not None else 64
-        warm_up(
-            self.flydsl_attn,
-            dtype=act_dtype,
-            device=torch.device("cuda", torch.cuda.current_device()),
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_size=self.head_size,
-            block_size=block_size,
-            is_capturing=torch.cuda.is_current_stream_capturing,
-        )
+        block_size = int(cfg.cache_config.block_size) if cfg is not None else 64
+        page = page_size_for(block_size, self.kernel.revision)
+        if page is None:
+            return  # the routing already reports the block size (backends.static_problems)
+        self.warm_up(act_dtype, page, torch.device("cuda", torch.cuda.current_device()),
+                     torch.cuda.is_current_stream_capturing)  # fmt: skip
+
+    def warm_up(self, dtype: Any, page_size: int, device: Any, is_capturing: Callable[[], bool]) -> bool:
+        """Compile the dualwave variants now; on failure open the circuit and keep serving."""
+        try:
+            warm_up(
+                self.kernel, dtype=dtype, device=device, num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads, head_size=self.head_size, page_size=page_size,
+                is_capturing=is_capturing,
+            )  # fmt: skip
+            return True
+        except Exception as exc:  # noqa: BLE001 - any compile/launch failure: serve on unified instead
+            from flyserve.vllm.breaker import warm_up_failed
+            from flyserve.vllm.runtime import RankRuntime
+
+            warm_up_failed(RankRuntime.get(), exc, kernel=KERNEL_NAME)
+            return False
 
     def forward(
         self,
@@ -225,22 +173,49 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
         output_scale: Any = None,
         output_block_scale: Any = None,
     ) -> Any:
-        if attn_metadata is None or output_scale is not None or output_block_scale is not None:
+        if (
+            attn_metadata is None
+            or output_scale is not None
+            or output_block_scale is not None
+            or self.kernel is None
+            or self.static_off is not None
+        ):
             return super().forward(
                 layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
             )
+        key_cache, value_cache = self._split_kv_cache(kv_cache)
+        if not self._layout_checked:  # once: the layout is fixed by the backend and the config
+            self._layout_checked = True
+            problem = kv_layout_problem(key_cache, value_cache, self.kernel.revision)
+            if problem is not None:
+                self.switch_off(f"KV cache layout: {problem}")
+                return super().forward(
+                    layer,
+                    query,
+                    key,
+                    value,
+                    kv_cache,
+                    attn_metadata,
+                    output,
+                    output_scale,
+                    output_block_scale,
+                )
+        n = attn_metadata.num_actual_tokens
         try:
-            key_cache, value_cache = self._split_kv_cache(kv_cache)
-            call_kernel(
-                self.flydsl_attn,
-                query,
+            call_paged(
+                self.kernel,
+                query[:n],
                 key_cache,
                 value_cache,
-                attn_metadata,
-                output,
+                output[:n],
+                cu_seqlens_q=attn_metadata.query_start_loc,
+                cu_seqlens_kv=attn_metadata.cu_seqlens_kv,
+                seqlen_k=attn_metadata.seq_lens,
+                block_table=attn_metadata.block_table,
+                max_seqlen_q=int(attn_metadata.max_query_len),
+                max_seqlen_kv=int(attn_metadata.max_seq_len),
                 num_kv_heads=self.num_kv_heads,
-                scale=self.scale,
-                lpt=getattr(attn_metadata, "lpt", False),
+                lpt=attn_metadata.lpt,
             )
             return output
         except Exception as exc:  # noqa: BLE001 - the circuit breaker: any kernel failure
@@ -253,8 +228,16 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
             )
 
 
+def _installed_revision() -> FlyDSLRevision | None:
+    kernel, _ = try_load()
+    return kernel.revision if kernel is not None else None
+
+
 class FlyDSLDualwaveBackend(RocmAiterUnifiedAttentionBackend):
-    """Same cache layout and builder family as AITER unified; the FlyDSL impl."""
+    """Same cache layout and builder family as AITER unified; the FlyDSL impl; FlyDSL's page sizes."""
+
+    # No fp8: the FlyDSL paged path compiles for bf16/f16 KV only.
+    supported_kv_cache_dtypes: ClassVar[list[Any]] = ["auto", "float16", "bfloat16"]
 
     @staticmethod
     def get_name() -> str:
@@ -268,6 +251,34 @@ class FlyDSLDualwaveBackend(RocmAiterUnifiedAttentionBackend):
     def get_builder_cls() -> type[FlyDSLDualwaveMetadataBuilder]:
         return FlyDSLDualwaveMetadataBuilder
 
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec: Any = None) -> list[Any]:
+        """FlyDSL's page sizes; AITER's when FlyDSL is absent or the operator forced a block size
+        FlyDSL cannot page (then the prefill path is off and says so)."""
+        revision = _installed_revision()
+        if revision is None or forced_block_size_problem(revision) is not None:
+            return RocmAiterUnifiedAttentionBackend.get_supported_kernel_block_sizes(kv_cache_spec)
+        return list(revision.page_sizes)
+
     @classmethod
     def supports_head_size(cls, head_size: int) -> bool:
-        return head_size in (64, 128)
+        # The composite needs both children to accept the head size; a head size FlyDSL lacks
+        # must leave the server on AITER with the prefill path 'unsupported', not refuse it.
+        return RocmAiterUnifiedAttentionBackend.supports_head_size(head_size)
+
+
+def forced_block_size_problem(revision: FlyDSLRevision, block_size: int | None = None) -> str | None:
+    """Why the operator's --block-size keeps FlyDSL off (None: fine, or vLLM picks the size)."""
+    if block_size is None:
+        from vllm.config import get_current_vllm_config_or_none
+
+        cfg = get_current_vllm_config_or_none()
+        if cfg is None or not getattr(cfg.cache_config, "user_specified_block_size", False):
+            return None
+        block_size = int(cfg.cache_config.block_size)
+    if page_size_for(block_size, revision) is not None:
+        return None
+    return (
+        f"KV block size {block_size}: FlyDSL pages {list(revision.page_sizes)} only; "
+        f"start vLLM with --block-size 64 (or leave --block-size out)"
+    )

@@ -20,6 +20,21 @@ def register() -> None:
     """Register flyserve's composite attention backend for this platform (when enabled)."""
     if not enabled():
         return
+    _check_profile_or_exit()
     from flyserve.vllm.backends import register_for_current_platform
 
     register_for_current_platform()
+
+
+def _check_profile_or_exit() -> None:
+    """A bad FLYSERVE_PROFILE ends the process here, with one ERROR line naming it and the profiles
+    available. vLLM calls register() while it builds its argument parser, so this is the first
+    thing that fails; found later, it was line 56 of a 275-line log ending in "Engine core
+    initialization failed"."""
+    from flyserve.startup_checks import StartupError, check_profile
+    from flyserve.vllm.runtime import PROFILE_ENV, profile_name
+
+    try:
+        check_profile(profile_name(), setting=PROFILE_ENV)
+    except StartupError:
+        raise SystemExit(2) from None

@@ -76,6 +76,14 @@ def servers():
         yield sa, sb, a, b
 
 
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Default results files go under $XDG_STATE_HOME: keep them in this test's directory."""
+    home = tmp_path / "xdg-state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    return home
+
+
 def cli(*args: str):
     app = typer.Typer()
     register(app)
@@ -115,8 +123,11 @@ def test_compare_writes_table_json_and_plot(servers, tmp_path):
     assert rep["self_divergence_share"] == {"a": 0.0, "b": 0.0}
     assert out_plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert a.calls["a"] == 6 and b.calls["b"] == 6
-    # The default results file sits beside the prompts; a re-run sends nothing.
-    assert (tmp_path / "prompts.jsonl.arms-results.jsonl").is_file()
+    # The default results file is under $XDG_STATE_HOME, not beside the prompts; a re-run sends nothing.
+    from flyserve.arms.results import default_results_path
+
+    assert default_results_path(prompts).is_file()
+    assert not list(tmp_path.glob("*.arms-results.jsonl"))
     r2 = cli("--a", sa.url, "--b", sb.url, "--prompts", str(prompts), "--max-tokens", "8", "--top-logprobs", "2",
              "--no-progress", "--bootstrap", "500")  # fmt: skip
     assert r2.exit_code == 0, r2.output
@@ -193,3 +204,29 @@ def test_registered_in_the_flyserve_command():
         "--extractor",
     ):
         assert flag in r.output
+
+
+def test_a_dns_failure_names_no_results_file_that_does_not_exist(tmp_path, _state_home):
+    """Issue 14: after a DNS failure the command said the results were in a file that did not exist."""
+    prompts = write_prompts(tmp_path, PROMPTS[:1])
+    r = cli(
+        "--a", "http://flyserve-no-such-host.invalid:8000/v1", "--b", "http://flyserve-no-such-host.invalid:8001/v1",
+        "--prompts", str(prompts), "--retries", "0", "--timeout", "5", "--no-progress",
+    )  # fmt: skip
+    assert r.exit_code == 3, r.output
+    assert "no results file was written" in r.output and "so far are in" not in r.output
+    assert not list(tmp_path.rglob("*.arms-results.jsonl"))  # neither beside the prompts nor in the state home
+
+
+def test_default_results_path_is_outside_the_prompts_directory(tmp_path):
+    from flyserve.arms.results import default_results_path
+
+    prompts = write_prompts(tmp_path, PROMPTS)
+    env = {"XDG_STATE_HOME": str(tmp_path / "st")}
+    p = default_results_path(prompts, env)
+    assert p.parent == tmp_path / "st" / "flyserve" / "arms" and p.name.startswith("prompts-")
+    assert default_results_path(prompts, env) == p  # the same command resumes the same file
+    other = tmp_path / "sub"
+    other.mkdir()
+    assert default_results_path(write_prompts(other, PROMPTS), env) != p
+    assert default_results_path(prompts, {"HOME": str(tmp_path / "h")}).is_relative_to(tmp_path / "h" / ".local")

@@ -37,7 +37,10 @@ def shared_metrics_calls(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 @pytest.fixture
 def sd(tmp_path: Path) -> str:
-    return str(tmp_path / "state")
+    """An initialised state directory (what a running server or `flyserve init` leaves)."""
+    path = str(tmp_path / "state")
+    assert runner.invoke(app, ["init", "--state-dir", path]).exit_code == 0
+    return path
 
 
 def test_changing_commands_share_their_metrics_through_the_state_dir(
@@ -116,7 +119,9 @@ def test_reload_and_circuit(sd: str, tmp_path: Path) -> None:
 
 def test_state_dir_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLYSERVE_STATE_DIR", str(tmp_path / "env-state"))
-    run("set", "min_seq_len=3000")
+    assert "env-state" in runner.invoke(app, ["init"]).output
+    out = run("set", "min_seq_len=3000")
+    assert "the default" not in out  # chosen through the environment: not implicit
     assert ControlPlane(tmp_path / "env-state").snapshot().thresholds.min_seq_len == 3000
 
 
@@ -182,3 +187,81 @@ def test_watch_runs_until_sigterm_and_reloads_on_edit_and_sighup(tmp_path: Path)
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+# ----------------------------------------------------------------------------- issue 14: state dir
+
+
+def test_changing_commands_refuse_a_directory_that_was_never_initialised(tmp_path: Path) -> None:
+    """A typo'd --state-dir used to be created, "published version 1 ... effective from engine step
+    8" printed, exit 0, while the real server saw nothing."""
+    typo = tmp_path / "typo"
+    for args in (
+        ["set", "min_seq_len=4096"],
+        ["unset", "lpt"],
+        ["rollback", "1"],
+        ["reload"],
+        ["circuit", "open"],
+    ):
+        out = run(*args, "--state-dir", str(typo), code=2)
+        assert str(typo) in out and "flyserve init" in out, (args, out)
+    assert not typo.exists()  # nothing was created
+    plain = tmp_path / "plain"
+    plain.mkdir()  # exists, but no server or `init` laid it out
+    out = run("set", "min_seq_len=4096", "--state-dir", str(plain), code=2)
+    assert "not a flyserve state directory" in out and list(plain.iterdir()) == []
+
+
+def test_create_flag_and_init_make_a_state_directory(tmp_path: Path) -> None:
+    new = tmp_path / "new"
+    assert "published version 1" in run("set", "min_seq_len=4096", "--state-dir", str(new), "--create")
+    assert ControlPlane(new).snapshot().thresholds.min_seq_len == 4096
+    other = tmp_path / "other"
+    res = runner.invoke(app, ["init", "--state-dir", str(other)])
+    assert res.exit_code == 0 and f"initialised state directory {other}" in res.output
+    assert "already initialised" in runner.invoke(app, ["init", "--state-dir", str(other)]).output
+    run("set", "min_seq_len=4096", "--state-dir", str(other))
+    f = tmp_path / "file"
+    f.write_text("x")
+    res = runner.invoke(app, ["init", "--state-dir", str(f)])
+    assert res.exit_code == 2 and "not a directory" in res.output
+
+
+def test_read_commands_exit_non_zero_on_a_missing_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    for args in (["show"], ["history"], ["audit"]):
+        out = run(*args, "--state-dir", str(missing), code=2)
+        assert str(missing) in out and "does not exist" in out, (args, out)
+    assert not missing.exists()
+
+
+def test_the_default_state_directory_is_printed_when_used_implicitly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import flyserve.control.initialise as init_mod
+
+    monkeypatch.delenv("FLYSERVE_STATE_DIR", raising=False)
+    monkeypatch.setattr(init_mod, "default_state_dir", lambda: tmp_path / "dflt")
+    out = run("show", code=2)
+    assert f"state directory: {tmp_path / 'dflt'} (the default" in out
+    out = run("set", "min_seq_len=4096", "--create")
+    assert f"state directory: {tmp_path / 'dflt'} (the default" in out and "published version 1" in out
+
+
+def test_history_says_what_version_1_changed(sd: str) -> None:
+    """Version 1 showed `changed: -`; it is compared with its profile's defaults (version 0)."""
+    run("set", "min_seq_len=4096", "--state-dir", sd)
+    run("set", "lpt=never", "--state-dir", sd)
+    out = runner.invoke(app, ["thresholds", "history", "--state-dir", sd], env={"COLUMNS": "200"}).output
+    rows = [ln for ln in out.splitlines() if ln.startswith("│ 1 ")]
+    assert rows and "1536->4096" in rows[0], rows
+
+
+def test_json_is_a_flag_in_help() -> None:
+    """`--json <bool>` in --help read as "takes a value"; `--json true` then failed."""
+    from flyserve.cli import app as flyserve_app
+
+    res = runner.invoke(flyserve_app, ["thresholds", "show", "--help"], env={"COLUMNS": "120"})
+    line = next(ln for ln in res.output.splitlines() if "--json" in ln)
+    assert "<bool>" not in line and "Print JSON" in line
+    assert "<path>" in next(ln for ln in res.output.splitlines() if "--state-dir" in ln)

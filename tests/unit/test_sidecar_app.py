@@ -230,6 +230,17 @@ def test_config_file_is_watched_without_a_reload_call(tmp_path: Path):
 # ----------------------------------------------------------------------------- stats / ops
 
 
+def test_dispatch_stats_ranks_agree_is_null_without_a_live_rank(client: TestClient, tmp_path: Path):
+    """Issue 14: with 0 live ranks /dispatch-stats said ranks_agree true ("all is well")."""
+    s = client.get("/dispatch-stats").json()
+    assert (s["live_ranks"], s["ranks_agree"]) == (0, None)
+    write_rank(tmp_path, 0, step=10, version=0, age_s=60)  # only a stale rank: still nobody live
+    s = client.get("/dispatch-stats").json()
+    assert (s["live_ranks"], s["ranks_agree"]) == (0, None)
+    write_rank(tmp_path, 1, step=10, version=0)
+    assert client.get("/dispatch-stats").json()["ranks_agree"] is True
+
+
 def test_dispatch_stats_ranks_stale_and_agreement(client: TestClient, tmp_path: Path):
     write_rank(tmp_path, 0, step=50, version=1)
     write_rank(tmp_path, 1, step=50, version=1)

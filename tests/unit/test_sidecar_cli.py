@@ -59,3 +59,78 @@ def test_simulate_one_rank_runs_the_real_path(tmp_path: Path):
     assert sum(c[0].decisions.values()) == 40
     assert (tmp_path / "ranks" / "0.json").is_file()
     assert [s.step for s in read_shape_samples(tmp_path, limit=5)] == [39, 38, 37, 36, 35]
+
+
+# ----------------------------------------------------------------------------- issue 14: fail fast
+
+
+def _sidecar_proc(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0):
+    """The real command in a subprocess (bounded): its stderr, in order, and exit code."""
+    import os
+    import subprocess
+    import sys
+
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "flyserve.cli", "sidecar", *args],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
+
+
+def test_sidecar_with_an_unknown_profile_fails_first_with_one_error_line(tmp_path: Path):
+    """`--profile gfx955` started and answered /healthz 200; only GET /thresholds (422) told."""
+    p = _sidecar_proc("--profile", "gfx955", "--state-dir", str(tmp_path / "s"), "--port", "1")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("ERROR") and "'gfx955'" in lines[0] and "gfx950" in lines[0]
+    assert "--profile" in lines[0] and not (tmp_path / "s").exists()
+
+
+def test_simulate_with_an_unknown_profile_logs_one_error_line_first(tmp_path: Path):
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-m", "flyserve.cli", "simulate", "--profile", "mi355", "--state-dir", str(tmp_path)],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ERROR") and "'mi355'" in lines[0]
+    assert "cpu-tiny" in lines[0] and list(tmp_path.iterdir()) == []
+
+
+def test_sidecar_port_in_use_names_the_flag_before_any_listening_line(tmp_path: Path):
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        p = _sidecar_proc(
+            "--state-dir", str(tmp_path), "--port", str(port), env={"FLYSERVE_SIDECAR_TOKEN": "t" * 20}
+        )
+    finally:
+        taken.close()
+    assert p.returncode == 2, p.stderr
+    assert f"--port {port}" in p.stderr and "already in use" in p.stderr
+    assert "sidecar on http" not in p.stderr  # never claimed to listen
+
+
+def test_simulate_quiet_prints_no_progress(tmp_path: Path):
+    r = runner.invoke(
+        app,
+        ["simulate", "--state-dir", str(tmp_path), "--ranks", "1", "--steps", "30", "--step-interval", "0.1",
+         "--quiet"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "simulate: done" in r.output and "  step " not in r.output

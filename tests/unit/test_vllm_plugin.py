@@ -49,7 +49,9 @@ def test_enabled_on_cpu_registers_custom_and_cpu_attn(monkeypatch, overrides, tm
     from flyserve.vllm.cpu_prefill import CpuPrefillBackend
 
     assert cls.general_backend_cls is CPUAttentionBackend and cls.causal_backend_cls is CpuPrefillBackend
-    assert cls.get_builder_cls().__name__ == "CompositeAttentionMetadataBuilder"
+    # vLLM's composite builder, subclassed only to hand the routing to the child builders at start
+    assert cls.get_builder_cls().__mro__[1].__name__ == "CompositeAttentionMetadataBuilder"
+    assert cls.prefill_status.off_reason is None and cls.prefill_status.kernel == "cpu-sdpa-prefill"
 
 
 def test_cuda_pair_composes(tmp_path, monkeypatch):
