@@ -59,6 +59,8 @@ def routing(tmp_path, monkeypatch):
         query_start_loc_cpu=np.concatenate([[0], np.cumsum(Q)]).astype(np.int32),
         max_seq_len=int(S.max()),
         num_actual_tokens=int(Q.sum()),
+        num_reqs=int(Q.size),
+        max_query_len=int(Q.max()),
         causal=True,
         seq_lens=S,
         seq_lens_cpu_upper_bound=None,
@@ -71,6 +73,7 @@ def routing(tmp_path, monkeypatch):
 def test_select_unsampled_step(benchmark, routing):
     rt, r, md = routing
     rt.shape_sample_every = 1 << 62  # never sampled: every call is an unsampled step
+    r._next_sample = 1 << 62
     benchmark(r.select, md)
     assert len(rt.shape_sample._ring) == 0
 
@@ -90,7 +93,8 @@ def test_select_sampled_step_before(benchmark, routing):
     rt.shape_sample_every = 1
 
     def old_sample(metadata, step, path):
-        lens = np.diff(np.asarray(metadata.query_start_loc_cpu))
+        qsl = metadata.query_start_loc_cpu
+        lens = qsl[1:] - qsl[:-1]
         rt.shape_sample.add(step, lens, int(metadata.max_seq_len), r.num_heads, metadata.causal is True)
 
     r._add_shape_sample = old_sample

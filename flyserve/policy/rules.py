@@ -61,11 +61,18 @@ def decision_for(path: str, reason: str, lpt: bool | None = None) -> Decision:
     return _INTERNED[(path, reason, lpt if path == PREFILL else None)]
 
 
+class ShortRowsNotCounted(LookupError):
+    """lpt_rule was given a shape whose short-row count was left uncounted (-1, by
+    BatchShape.from_step): count it (``shape.with_short_rows``) and decide again."""
+
+
 def lpt_rule(shape: BatchShape, t: Thresholds) -> bool:
     """The seed's causal q-block LPT ordering rule (overridden by ``t.lpt`` always/never)."""
     if t.lpt != "auto":
         return t.lpt == "always"
     short = shape.num_short_query_rows
+    if short < 0:
+        raise ShortRowsNotCounted("num_short_query_rows was not counted")
     qb = -(-shape.max_query_len // t.block_m)
     return (
         short == 0

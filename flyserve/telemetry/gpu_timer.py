@@ -32,6 +32,20 @@ Use from a step loop (one timer per rank process, bound per path once)::
 
 ``timer.path(p).call(fn, *args)`` wraps one call the same way.
 
+Per-step mode (what a vLLM rank uses): the routing, once per engine step, calls
+``timer.arm(step)`` when ``step >= timer.next_step`` (one int compare per step), and the forward
+wrapper reads one attribute per call::
+
+    tok = timer.forward_start(variant) if timer.armed else None   # the armed forward only
+    out = attention(...)
+    if tok is not None:
+        timer.forward_stop(tok)
+
+so one forward in ``every_steps`` steps is timed and any other forward that reads ``armed`` pays one
+truth test. In vLLM the forward that reads it is installed only on timed or prefill steps
+(flyserve/vllm/forward_switch.py), so the other forwards pay nothing (benchmarks/test_bench_routing.py,
+group forward-per-call).
+
 Notes for an overhead loop: an unsampled call costs one int decrement and a None check (about
 0.2 us on the 2-core CI VM); a sampled one records two events (reused from a pool, so steady
 state allocates none) and first harvests completed ones, so the work is on 1 in ``every`` calls.
@@ -49,13 +63,14 @@ from collections.abc import Callable
 from random import random
 from typing import Any, Final, Protocol
 
-from flyserve.policy.vocabulary import PATHS
+from flyserve.policy.vocabulary import PATHS, VARIANT
 from flyserve.telemetry import metrics
 from flyserve.telemetry._prom_backend import value_of
 from flyserve.telemetry.recorder import HistogramBinding
 from flyserve.telemetry.tracing import KERNEL_SPAN, ROOT_CONTEXT, Tracing
 
 DEFAULT_EVERY: Final = 16
+DEFAULT_EVERY_STEPS: Final = 16
 DEFAULT_MAX_PENDING: Final = 64
 CLOCKS: Final = ("cuda", "host")
 
@@ -136,9 +151,12 @@ class KernelTimer:
         tracing: Tracing | None = None,
         event_factory: Callable[[], TimingEvent] | None = None,
         is_capturing: Callable[[], bool] | None = None,
+        every_steps: int = DEFAULT_EVERY_STEPS,
     ) -> None:
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
+        if every_steps < 1:
+            raise ValueError(f"every_steps must be >= 1, got {every_steps}")
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.rank = int(rank)
@@ -163,6 +181,14 @@ class KernelTimer:
         metrics.precreate_rank_series(self.rank_label)
         self._gen = metrics._BACKEND.generation
         self._paths = {p: _PathTimer(self, p) for p in PATHS}
+        self._by_variant = tuple(self._paths[p] for p in sorted(PATHS, key=VARIANT.__getitem__))
+        # Per-step mode (the vLLM ranks'): the routing arms the timer once per ``every_steps``
+        # engine steps and the forward wrapper reads ``armed`` once per call, nothing else.
+        self.every_steps = int(every_steps)
+        self.forwards_per_step = 1  # the routing sets its layer count: the timed layer rotates
+        self.next_step = 1  # time the first step: the histogram has data from the start
+        self.armed = 0  # 0: no forward of this step is timed; k > 0: the k-th forward from now is
+        self._rotation = 0
 
     @staticmethod
     def _pick_clock(clock: str, event_factory: Any) -> str:
@@ -187,6 +213,35 @@ class KernelTimer:
     @property
     def pending(self) -> int:
         return len(self._pending)
+
+    # -- per-step mode ---------------------------------------------------------------------
+
+    def arm(self, step: int) -> None:
+        """Time one forward of this step (the routing calls this when ``step >= next_step``).
+
+        The timed forward rotates over the first ``forwards_per_step`` forwards of successive
+        timed steps, so every layer of the leader's group is sampled in turn. A step whose armed
+        forward never comes (a CUDA-graph replay calls no forward) hands it on to the next
+        forwards; the next arm() starts over.
+        """
+        self.next_step = step + self.every_steps
+        r = self._rotation
+        self.armed = r + 1
+        r += 1
+        self._rotation = 0 if r >= self.forwards_per_step else r
+
+    def forward_start(self, variant: int) -> Any:
+        """Called by the forward wrapper only while ``armed``: None, or a token for forward_stop."""
+        self.armed -= 1
+        if self.armed:
+            return None
+        p = self._by_variant[variant]
+        tok = self._start(p)
+        return None if tok is None else (p, tok)
+
+    def forward_stop(self, token: Any) -> None:
+        """After the timed forward (enqueued, not finished, on CUDA): never waits for the device."""
+        self._stop(token[0], token[1])
 
     # -- sampled calls only below ----------------------------------------------------------
 

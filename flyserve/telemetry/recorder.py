@@ -125,6 +125,8 @@ class DispatchRecorder:
                 *paths[d.path],
             )
         self._by_id = by_id
+        self._decode_for: Decision | None = None  # record_decode()'s one-entry cache, re-filled on use
+        self._decode_cells: tuple[Any, ...] = ()
         self._step_buf, self._step_i = value_cell(metrics.ENGINE_STEP.labels(r))
         self._version_value = value_of(metrics.THRESHOLDS_VERSION.labels(r))
         self._circuit_value = value_of(metrics.CIRCUIT_OPEN.labels(r))
@@ -134,6 +136,7 @@ class DispatchRecorder:
     def _invalidate(self) -> None:
         """The metrics backend changed: the next record() misses its lookup and re-binds."""
         self._by_id = {}
+        self._decode_for = None
 
     def _lookup_slow(self, decision: Decision) -> tuple[Any, ...]:
         """A lookup miss: cells invalidated by a backend change, or a Decision that is not the
@@ -203,7 +206,80 @@ class DispatchRecorder:
         if s is not None and s.ratio and random() < s.ratio:
             self._span(decision, shape, step, thresholds_version)
 
+    def record_decode(
+        self,
+        decision: Decision,
+        num_reqs: int,
+        num_tokens: int,
+        max_query_len: int,
+        max_seq_len: int,
+        num_heads: int,
+        step: int,
+        thresholds_version: int,
+    ) -> None:
+        """record() for a decode-only step (every row a decode row), from the step's host ints.
+
+        Only the sampled span reads ``max_query_len`` and ``num_heads``; its shape says causal,
+        and leaves the short-row count out (-1: not counted).
+
+        The same series move by the same amounts as ``record(decision, shape, ...)`` of that step's
+        BatchShape (tests/unit/test_telemetry_recorder_decode.py), without building the shape: no
+        prefill-row cell (it would add 0), and the decision's cells come from a one-entry cache, so
+        a decode-only step is a dict-free run of bound stores.
+        """
+        if decision is not self._decode_for:
+            self._bind_decode(decision)
+        (
+            db,
+            di,
+            lb,
+            li,
+            tb,
+            ti,
+            rb,
+            ri,
+            qbounds,
+            qbufs,
+            qidx,
+            qsb,
+            qsi,
+            mbounds,
+            mbufs,
+            midx,
+            msb,
+            msi,
+        ) = self._decode_cells
+        db[di] += 1
+        lb[li] += 1
+        tb[ti] += num_tokens
+        rb[ri] += num_reqs
+        k = bisect_left(qbounds, num_tokens)
+        qbufs[k][qidx[k]] += 1
+        qsb[qsi] += num_tokens
+        k = bisect_left(mbounds, max_seq_len)
+        mbufs[k][midx[k]] += 1
+        msb[msi] += max_seq_len
+        self._step_buf[self._step_i] = step
+        if thresholds_version != self._version:
+            self._version = thresholds_version
+            self._version_value.set(float(thresholds_version), time())
+        s = self._sampler
+        if s is not None and s.ratio and random() < s.ratio:
+            shape = BatchShape(
+                num_reqs, num_tokens, max_query_len, max_seq_len, num_heads, True, num_reqs, -1
+            )
+            self._span(decision, shape, step, thresholds_version)
+
     # -- rare paths ------------------------------------------------------------------------
+
+    def _bind_decode(self, decision: Decision) -> None:
+        """The cells record_decode() writes for ``decision`` (a new decision, or a backend change)."""
+        b = self._by_id.get(id(decision))
+        if b is None:
+            b = self._lookup_slow(decision)
+        # record()'s tuple without the prefill-row cell (items 6 and 7): decode steps add none.
+        self._decode_cells = b[:6] + b[8:]
+        self._decode_for = decision
 
     def _span(self, decision: Decision, shape: BatchShape, step: int, thresholds_version: int) -> None:
         attrs: dict[str, Any] = {
@@ -221,8 +297,9 @@ class DispatchRecorder:
             "flyserve.causal": shape.causal,
             "flyserve.num_decode_rows": shape.num_decode_rows,
             "flyserve.num_prefill_rows": shape.num_reqs - shape.num_decode_rows,
-            "flyserve.num_short_query_rows": shape.num_short_query_rows,
         }
+        if shape.num_short_query_rows >= 0:  # -1: not counted (no rule read it this step)
+            attrs["flyserve.num_short_query_rows"] = shape.num_short_query_rows
         if decision.lpt is not None:
             attrs["flyserve.lpt"] = decision.lpt
         assert self._tracer is not None

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flyserve.vllm.eligibility import PrefillKernelSpec
+from flyserve.vllm.flydsl_kernel import FLYDSL_SPEC
+from flyserve.vllm.forward_switch import SWITCH
 from flyserve.vllm.routing import routing_class
 
 log = logging.getLogger("flyserve.vllm")
@@ -39,7 +41,7 @@ CLASS_NAMES = {
 
 CPU_PREFILL_SPEC = PrefillKernelSpec("cpu-sdpa-prefill")
 CUDA_PREFILL_SPEC = PrefillKernelSpec("FLASH_ATTN")
-ROCM_PREFILL_SPEC = PrefillKernelSpec("flydsl-dualwave", head_sizes=(64, 128))
+ROCM_PREFILL_SPEC = FLYDSL_SPEC
 
 _BUILT: dict[str, type] = {}
 
@@ -201,12 +203,17 @@ def build_composite(kind: str) -> type:
     return cls
 
 
-def mark_unsupported(routing: Any, reason: str) -> None:
-    """Turn the prefill path off for this routing's layer group (reason ``unsupported``), once per reason."""
+def mark_unsupported(routing: Any, reason: str, *, quiet: bool = False) -> None:
+    """Turn the prefill path off for this routing's layer group (reason ``unsupported``), once per reason.
+
+    ``quiet``: the reason was logged already, once for the process (a kernel missing at start).
+    """
     if reason in routing.problems:
         return
     routing.problems.append(reason)
     routing.unsupported = True
+    if quiet:
+        return
     log.warning(
         "flyserve: layers %s: prefill path off (%s); their prefill batches take the unified path, "
         "reason 'unsupported'",
@@ -227,7 +234,9 @@ def _bind_group(builder: Any, vllm_config: Any, status: PrefillStatus) -> None:
         bind = getattr(child, "bind_routing", None)
         if bind is not None:
             bind(routing)
-    for reason in ([status.off_reason] if status.off_reason else []) + status.config_problems(vllm_config):
+    if status.off_reason:
+        mark_unsupported(routing, status.off_reason, quiet=True)
+    for reason in status.config_problems(vllm_config):
         mark_unsupported(routing, reason)
     ctx = vllm_config.compilation_config.static_forward_context
     for name in routing.layer_names:
@@ -244,7 +253,8 @@ def _bind_group(builder: Any, vllm_config: Any, status: PrefillStatus) -> None:
 
 
 def _with_flyserve_parts(base: type, name: str, status: PrefillStatus) -> type:
-    """The composite with the routing bound into its builders and the impl's forward timed."""
+    """The composite with the routing bound into its builders and the impl's checked forward
+    (timer, breaker) registered with the forward switch."""
     base_impl = base.get_impl_cls()
     base_builder = base.get_builder_cls()
 
@@ -255,14 +265,19 @@ def _with_flyserve_parts(base: type, name: str, status: PrefillStatus) -> type:
             super().__init__(kv_cache_spec, layer_names, vllm_config, device, **kwargs)
             _bind_group(self, vllm_config, status)
 
+    plain = base_impl.forward
+
     class TimedCompositeImpl(base_impl):  # type: ignore[misc, valid-type]
-        """Times 1 in N forwards per path; a prefill kernel that raises trips the circuit breaker.
+        """vLLM's composite impl, plus a checked forward that the routing installs for the steps
+        that need it (forward_switch.py): it times the armed forward (KernelTimer per-step mode)
+        and trips the circuit breaker when the prefill kernel raises. On other steps ``forward``
+        is vLLM's own: no flyserve frame per attention forward.
 
         (The CPU and ROCm prefill impls catch their own failures and re-run the batch on the
         unified kernel; one that cannot - FLASH_ATTN's metadata is not TRITON_ATTN's - lands here.)
         """
 
-        def forward(
+        def checked_forward(
             self,
             layer,
             query,
@@ -275,13 +290,13 @@ def _with_flyserve_parts(base: type, name: str, status: PrefillStatus) -> type:
             output_block_scale=None,
         ):
             variant = getattr(attn_metadata, "_attention_backend_variant", 0)
-            timers = _path_timers()
+            timer = SWITCH.timer
             tok = None
-            if timers is not None and attn_metadata is not None:
-                t = timers[variant]
-                tok = t.start()  # None unless this call is sampled (never while a graph is captured)
+            if timer is not None and timer.armed and attn_metadata is not None:
+                tok = timer.forward_start(variant)  # None unless this is the armed forward
             try:
-                out = super().forward(
+                out = plain(
+                    self,
                     layer,
                     query,
                     key,
@@ -297,8 +312,10 @@ def _with_flyserve_parts(base: type, name: str, status: PrefillStatus) -> type:
                     _prefill_failed(exc)
                 raise
             if tok is not None:
-                t.stop(tok)
+                timer.forward_stop(tok)
             return out
+
+    SWITCH.register(TimedCompositeImpl, plain, TimedCompositeImpl.checked_forward)
 
     def get_impl_cls() -> type:
         return TimedCompositeImpl
@@ -318,14 +335,6 @@ def _with_flyserve_parts(base: type, name: str, status: PrefillStatus) -> type:
     )
     cls.__qualname__ = name
     return cls
-
-
-def _path_timers() -> Any:
-    """(unified, prefill) pre-bound kernel timers of this process, or None."""
-    from flyserve.vllm.runtime import RankRuntime
-
-    inst = RankRuntime._instance
-    return inst.path_timers if inst is not None else None
 
 
 def _prefill_failed(exc: BaseException) -> None:

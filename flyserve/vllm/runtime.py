@@ -10,7 +10,8 @@ Environment (read once, at set-up):
                                           (default gfx950); its decode_path is the capture variant
   FLYSERVE_SHAPE_LOG                      append one JSON line per engine step (shape-log format of
                                           flyserve.lab.workloads) to this path; "{rank}" is replaced
-  FLYSERVE_KERNEL_TIMER_EVERY             time 1 in N attention forwards per path (default 256; 0: off)
+  FLYSERVE_KERNEL_TIMER_EVERY             time one attention forward every N engine steps (default 16;
+                                          0: off)
   FLYSERVE_FORCE_PATH                     unified | prefill: tests and A/B runs only; every batch that
                                           has a prefill row takes this path (reason stays decide()'s)
 """
@@ -25,7 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from flyserve.policy import PATHS, PREFILL, UNIFIED
+from flyserve.policy import PREFILL, UNIFIED
 from flyserve.telemetry.shape_sample import ShapeSampleWriter
 
 log = logging.getLogger("flyserve.vllm")
@@ -34,12 +35,13 @@ PROFILE_ENV = "FLYSERVE_PROFILE"
 SHAPE_LOG_ENV = "FLYSERVE_SHAPE_LOG"
 FORCE_PATH_ENV = "FLYSERVE_FORCE_PATH"
 TIMER_EVERY_ENV = "FLYSERVE_KERNEL_TIMER_EVERY"
-# Serving default: 1 attention forward in 256 per path is timed. On the H200 a timed call cost the
-# host 21-37 us (42-74 us per step at 1 in 16 with 32 layers, i.e. two timed calls per step;
-# docs/performance.md section 6), about 1.3% of a launch-bound 3.5 ms decode step. At 1 in 256 a
-# 32-layer model times one call every 8 steps: measured there, 6.4 us of timer host time per step
-# (10.0 us with the recorder), still several samples a second for the p50/p99 panels.
-SERVING_TIMER_EVERY = 256
+# Serving default: one attention forward every 16 engine steps is timed, decided once per step by
+# the routing (KernelTimer.arm); every other forward costs the wrapper one int truth test. Before
+# (1 forward in 256 per path, counted on every forward) the H200 step loop measured 6.4 us of timer
+# host time per step, most of it the 32 per-forward countdowns; a timed call itself cost the host
+# 21-37 us there (docs/performance.md sections 6 and 10). 16 steps keeps several samples a second
+# for the p50/p99 panels at serving step rates.
+SERVING_TIMER_EVERY = 16
 # 1 step in 8 goes into the dry-run shape sample: enough to fill its 256 entries in a few seconds of
 # serving, while the copy of the row lengths it needs stays off 7 steps in 8.
 SHAPE_SAMPLE_EVERY = 8
@@ -212,9 +214,6 @@ class RankRuntime:
         self._sample_stop = threading.Event()
         self._sample_thread: threading.Thread | None = None
         self.kernel_timer = _kernel_timer(rank, self.tracing)
-        self.path_timers = (
-            tuple(self.kernel_timer.path(p) for p in PATHS) if self.kernel_timer is not None else None
-        )
         if start:
             self.control.start()
             self._sample_thread = threading.Thread(
@@ -222,11 +221,13 @@ class RankRuntime:
             )
             self._sample_thread.start()
         log.info(
-            "flyserve routing: rank %d, state dir %s, profile %s, thresholds version %d%s",
+            "flyserve routing: rank %d, state dir %s, profile %s, thresholds version %d, mode %s "
+            "(until an engine channel attaches)%s",
             rank,
             self.state_dir.path,
             self.profile,
             self.control.snapshot.version,
+            self.control.mode,
             f", FORCED path {self.forced}" if self.forced else "",
         )
 
@@ -259,11 +260,11 @@ class RankRuntime:
 
 
 def _kernel_timer(rank: int, tracing: Any) -> Any:
-    """flyserve.telemetry.gpu_timer's KernelTimer for this rank (1 in $FLYSERVE_KERNEL_TIMER_EVERY
-    forwards per path, default SERVING_TIMER_EVERY; 0 turns timing off)."""
+    """flyserve.telemetry.gpu_timer's KernelTimer for this rank, in per-step mode: one forward in
+    $FLYSERVE_KERNEL_TIMER_EVERY engine steps (default SERVING_TIMER_EVERY; 0 turns timing off)."""
     from flyserve.telemetry.gpu_timer import KernelTimer
 
     every = int(os.environ.get(TIMER_EVERY_ENV) or SERVING_TIMER_EVERY)
     if every <= 0:
         return None
-    return KernelTimer(rank, every=every, tracing=tracing)
+    return KernelTimer(rank, every_steps=every, tracing=tracing)

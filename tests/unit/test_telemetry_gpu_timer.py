@@ -220,3 +220,62 @@ def test_cuda_clock_on_a_machine_without_cuda_uses_torch_lazily() -> None:
     assert timer._is_capturing is torch.cuda.is_current_stream_capturing
     if not torch.cuda.is_available():
         assert KernelTimer(67, clock="auto").clock == "host"
+
+
+# ----------------------------------------------------------------- per-step mode (vLLM ranks)
+
+
+def _serve_steps(timer: KernelTimer, steps: int, layers: int, variant_of_step) -> list[tuple[int, int]]:
+    """What a rank does: the routing arms the timer (one compare per step), the forward wrapper
+    reads ``armed`` once per forward. Returns the (step, layer) of every timed forward."""
+    timed = []
+    for step in range(1, steps + 1):
+        if step >= timer.next_step:
+            timer.arm(step)
+        v = variant_of_step(step)
+        for layer in range(layers):
+            tok = timer.forward_start(v) if timer.armed else None
+            if tok is not None:
+                timer.forward_stop(tok)
+                timed.append((step, layer))
+    return timed
+
+
+def test_per_step_mode_times_one_forward_every_n_steps_rotating_over_layers() -> None:
+    log: list[FakeEvent] = []
+    timer = _timer(66, log, every_steps=4)
+    timer.forwards_per_step = 3
+    timed = _serve_steps(timer, 24, 3, lambda step: 1 if step % 8 == 1 else 0)
+    # steps 1, 5, 9, ... timed (the first step too), one forward each, the layer rotating 0, 1, 2, 0, ...
+    assert timed == [(1, 0), (5, 1), (9, 2), (13, 0), (17, 1), (21, 2)]
+    assert timer.pending == 6 and len(log) == 12  # one event pair per timed forward, nothing else
+    for e in log:
+        e.ready = True
+    assert timer.harvest() == 6
+    assert _count(PREFILL, 66) == 3.0  # steps 1, 9 and 17 ran the prefill path (variant 1)
+    assert _count(UNIFIED, 66) == 3.0
+
+
+def test_per_step_mode_an_armed_forward_that_never_comes_is_taken_by_the_next() -> None:
+    """A step that calls no forward (a CUDA-graph replay) leaves the timer armed: the next step's
+    forward is timed instead, once; the next arm() starts over."""
+    log: list[FakeEvent] = []
+    timer = _timer(67, log, every_steps=3, max_pending=64)
+    timer.arm(1)
+    assert timer.armed == 1  # no forward in step 1
+    tok = timer.forward_start(0)  # step 2's first forward
+    assert tok is not None and timer.armed == 0
+    timer.forward_stop(tok)
+    assert timer.pending == 1 and timer.next_step == 4
+
+
+def test_per_step_mode_records_nothing_while_capturing() -> None:
+    log: list[FakeEvent] = []
+    timer = _timer(68, log, capturing=[True], every_steps=1)
+    timed = _serve_steps(timer, 5, 2, lambda step: 0)
+    assert timed == [] and log == [] and timer.pending == 0
+
+
+def test_every_steps_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="every_steps"):
+        KernelTimer(0, clock="host", every_steps=0)

@@ -40,6 +40,11 @@ class FakeRecorder:
     def record(self, decision, shape, step, version) -> None:
         self.calls.append((decision, shape, step, version))
 
+    def record_decode(self, decision, num_reqs, num_tokens, max_query_len, max_seq_len, heads, step, version):
+        """A decode-only step, kept as the BatchShape it stands for (every row a decode row)."""
+        shape = BatchShape(num_reqs, num_tokens, max_query_len, max_seq_len, heads, True, num_reqs, num_reqs)
+        self.calls.append((decision, shape, step, version))
+
     def set_circuit_open(self, is_open: bool) -> None:
         self.circuit.append(is_open)
 
@@ -71,8 +76,10 @@ def metadata(query_lens, seq_lens, causal=True):
     q = np.asarray(query_lens, dtype=np.int32)
     qsl = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
     s = np.asarray(seq_lens, dtype=np.int32)
-    return SimpleNamespace(
+    return SimpleNamespace(  # the fields of vLLM's CommonAttentionMetadata that the routing reads
         query_start_loc_cpu=qsl,
+        num_reqs=int(q.size),
+        max_query_len=int(q.max()) if q.size else 0,
         max_seq_len=int(s.max()),
         num_actual_tokens=int(q.sum()),
         causal=causal,
