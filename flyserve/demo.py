@@ -87,7 +87,8 @@ def _start_vllm(model: Path, work: Path, state: Path, stack: Stack, echo: Any) -
 
     # The tiny model has 2 layers: time 1 forward in 16 (not the serving default, 1 in 256) so the
     # kernel panel fills within the demo's minutes.
-    env = flyserve_env(state, PROFILE, FLYSERVE_KERNEL_TIMER_EVERY="16")
+    # Every step into the shape sample: the sidecar prices the demo's few hundred steps (regret, advice).
+    env = flyserve_env(state, PROFILE, FLYSERVE_KERNEL_TIMER_EVERY="16", FLYSERVE_SHAPE_SAMPLE_EVERY="1")
     server = VllmServer(model, SERVE_ARGS, env=env, log_path=work / "vllm.log")
     stack.push("vllm serve", server.stop)
     server.start(

@@ -56,7 +56,7 @@ def advice_phase(
     before = priced_seconds(sidecar_url)
     regret_before = regret_between(priced_at_start, before)
     echo(
-        f"[+] what the thresholds cost so far (sampled steps priced by the measured CPU table): "
+        f"[+] what the thresholds cost in both halves (steps priced by the measured CPU table): "
         f"regret {_pct(regret_before)} over the per-batch best"
     )
     r = httpx.get(f"{sidecar_url}/thresholds/advice", params={"shapes": 0}, timeout=120)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from flyserve.policy import PATHS, PREFILL, UNIFIED, BatchShape, Thresholds, decide
+from flyserve.policy import PATHS, PREFILL, UNIFIED, BatchShape, Thresholds, ThresholdsError, decide
 from flyserve.pricing.costs import CostEntry, CostModel, CostTable, CostTableError
 from flyserve.pricing.fit import PREFILL_KNOBS, fit_thresholds
 from flyserve.telemetry.shape_sample import ShapeSample
@@ -336,6 +336,30 @@ def _rerouted(samples: Sequence[PricedSample], paths: Sequence[str]) -> RegretSu
     return summarize(re, span)
 
 
+def _routed_s(samples: Sequence[PricedSample], t: Thresholds) -> float:
+    return sum(p.predicted(path) for p, path in zip(samples, route(samples, t), strict=True))
+
+
+def minimal_change(samples: Sequence[PricedSample], current: Thresholds, fitted: Thresholds) -> Thresholds:
+    """The fitted values only where they pay: nothing unless they are strictly cheaper on
+    ``samples``, then each changed knob put back while that costs nothing. The fitter breaks ties
+    toward the most permissive value (right for a calibration grid); live advice must not widen a
+    knob the window cannot tell anything about (seen in the CPU demo: four "free" changes)."""
+    eps = 1e-12
+    best = _routed_s(samples, fitted)
+    if not best < _routed_s(samples, current) - eps:
+        return current
+    out = fitted
+    for knob, (old, _new) in current.diff(fitted).items():
+        try:
+            cand = out.merged({knob: old})
+        except ThresholdsError:  # e.g. min_seq_len back above a max_seq_len that moved
+            continue
+        if _routed_s(samples, cand) <= best + eps:
+            out = cand
+    return out
+
+
 def advise(samples: Sequence[PricedSample], current: Thresholds) -> AdviceResult:
     """Calibrate's fitter on live shapes. Before and after are both decide() under the thresholds
     (not the recorded paths), so the comparison is like for like."""
@@ -363,7 +387,7 @@ def advise(samples: Sequence[PricedSample], current: Thresholds) -> AdviceResult
     else:
         fit = current
     keep = {k: v for k, v in fit.model_dump().items() if k not in ADVICE_KNOBS}
-    proposed = fit.merged({k: getattr(current, k) for k in keep})
+    proposed = minimal_change(routable, current, fit.merged({k: getattr(current, k) for k in keep}))
     before_paths, after_paths = route(samples, current), route(samples, proposed)
     return AdviceResult(
         list(samples),

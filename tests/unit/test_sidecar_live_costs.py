@@ -200,3 +200,30 @@ def test_no_kernel_times_no_drift(tmp_path):
     write_trace(tmp_path, trace, Thresholds.load("gfx950"))
     lp = pricing(tmp_path, len(trace))
     assert lp.regret_drift() == {"unified": None, "prefill": None}
+
+
+def test_advice_changes_nothing_the_window_cannot_pay_for(tmp_path):
+    """Thresholds that already route every sampled batch to its faster path get no advice, even
+    where the fitter's tie-break would widen knobs (the h200 profile on the h200 table)."""
+    trace = prefix("seed-8k-c32", 600)
+    h200 = Thresholds.load("h200")
+    write_trace(tmp_path, trace, h200)
+    res = pricing(tmp_path, len(trace)).advise(h200)
+    assert res.changes == {} and res.proposed == h200
+
+
+def test_advice_keeps_only_the_knobs_that_pay(tmp_path, h200_model):
+    trace = workload("seed-8k-c32")
+    gfx = Thresholds.load("gfx950")
+    write_trace(tmp_path, trace, gfx)
+    res = pricing(tmp_path, len(trace)).advise(gfx, max_shapes=len(trace))
+    for knob, (old, _new) in res.changes.items():  # putting any one back costs attention time
+        try:
+            back = res.proposed.merged({knob: old})
+        except ValueError:
+            continue
+        costs = price_trace(trace, model_price(h200_model))
+        assert (
+            replay(trace, back, costs, num_heads=H200_HEADS).routed_s
+            > replay(trace, res.proposed, costs, num_heads=H200_HEADS).routed_s
+        ), knob
