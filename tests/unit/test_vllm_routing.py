@@ -304,3 +304,16 @@ def test_shape_sample_feeds_the_sidecars_dry_run(state):
     change = routing_change(samples, t, t.merged({"prefill_enabled": False}))
     assert change["current"] == {"unified": 0, "prefill": 4}
     assert change["proposed"] == {"unified": 4, "prefill": 0}
+
+
+def test_shape_sample_rate_from_the_environment(state, monkeypatch):
+    from flyserve.vllm.runtime import _shape_sample_every
+
+    monkeypatch.setenv("FLYSERVE_SHAPE_SAMPLE_EVERY", "1")
+    assert _shape_sample_every() == 1
+    monkeypatch.delenv("FLYSERVE_SHAPE_SAMPLE_EVERY")
+    assert _shape_sample_every() == 8
+    for bad in ("0", "-3", "eight"):
+        monkeypatch.setenv("FLYSERVE_SHAPE_SAMPLE_EVERY", bad)
+        with pytest.raises(ValueError, match="FLYSERVE_SHAPE_SAMPLE_EVERY"):
+            _shape_sample_every()
