@@ -34,16 +34,18 @@ class StreamHub:
         self._payload = b""
         self._cond: asyncio.Condition | None = None
         self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def subscribe(self) -> None:
         """Take a stream slot; raise StreamsFull when none is left."""
         if self.clients >= self.max_streams:
             raise StreamsFull(f"{self.max_streams} streams already open")
         self.clients += 1
-        if self._cond is None:
-            self._cond = asyncio.Condition()
+        loop = asyncio.get_running_loop()
+        if self._cond is None or self._loop is not loop:  # a new event loop (a test client's portal)
+            self._cond, self._loop, self._task = asyncio.Condition(), loop, None
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task = loop.create_task(self._run())
 
     def unsubscribe(self) -> None:
         self.clients = max(0, self.clients - 1)
