@@ -190,7 +190,7 @@ def test_thresholds_advise_cli_against_a_real_sidecar(simulated: Path, tmp_path:
             assert r.exit_code == 0, r.output
             assert "routed/oracle, batches with prefill:" in r.output
             knobs = r.output.split("fixed at start):\n")[1].split("apply")[0]
-            assert "min_seq_len" in knobs and "decode_path" not in knobs
+            assert "min_qblock_rows" in knobs and "decode_path" not in knobs
             assert "curl -X PATCH" in r.output and 'If-Match: "' in r.output
             assert "newest 3 of" in r.output
             r = runner.invoke(cli, ["thresholds", "advise", "--url", url, "--json"])
