@@ -35,7 +35,8 @@ def regret_between(start: dict[str, float], end: dict[str, float]) -> float | No
     """routed / oracle - 1 over the counters' increase from ``start`` to ``end``; None if nothing priced."""
     routed = end.get("routed", 0.0) - start.get("routed", 0.0)
     oracle = end.get("oracle", 0.0) - start.get("oracle", 0.0)
-    return routed / oracle - 1.0 if oracle > 0 else None
+    # routed >= oracle step by step; a difference of sums can still come out -1e-16.
+    return max(0.0, routed / oracle - 1.0) if oracle > 0 else None
 
 
 def _pct(x: float | None) -> str:
