@@ -302,7 +302,23 @@ def test_shape_sample_feeds_the_sidecars_dry_run(state):
     assert [s.step for s in samples] == [32, 24, 16, 8]
     assert all(s.query_lens == tuple(MIXED[0]) and s.max_seq_len == max(MIXED[1]) for s in samples)
     assert all(s.num_heads == HEADS for s in samples)
+    # What the sidecar's live pricing needs: the rows' context lengths, the path run, when, the layer.
+    assert all(s.seq_lens == tuple(MIXED[1]) and s.path == PREFILL for s in samples)
+    assert all(s.time is not None and s.head_size == HEAD_SIZE for s in samples)
     t = Thresholds.load("cpu-tiny")
     change = routing_change(samples, t, t.merged({"prefill_enabled": False}))
     assert change["current"] == {"unified": 0, "prefill": 4}
     assert change["proposed"] == {"unified": 4, "prefill": 0}
+
+
+def test_shape_sample_rate_from_the_environment(state, monkeypatch):
+    from flyserve.vllm.runtime import _shape_sample_every
+
+    monkeypatch.setenv("FLYSERVE_SHAPE_SAMPLE_EVERY", "1")
+    assert _shape_sample_every() == 1
+    monkeypatch.delenv("FLYSERVE_SHAPE_SAMPLE_EVERY")
+    assert _shape_sample_every() == 8
+    for bad in ("0", "-3", "eight"):
+        monkeypatch.setenv("FLYSERVE_SHAPE_SAMPLE_EVERY", bad)
+        with pytest.raises(ValueError, match="FLYSERVE_SHAPE_SAMPLE_EVERY"):
+            _shape_sample_every()
