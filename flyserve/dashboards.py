@@ -53,6 +53,7 @@ ENGINE_STEP = tm.exposed_name(tm.ENGINE_STEP)
 THRESHOLDS_VERSION = tm.exposed_name(tm.THRESHOLDS_VERSION)
 CIRCUIT_OPEN = tm.exposed_name(tm.CIRCUIT_OPEN)
 LATE_APPLIES = tm.exposed_name(tm.LATE_APPLIES)
+COST_DRIFT = tm.exposed_name(tm.COST_DRIFT)
 CONFIG_RELOADS = tm.exposed_name(tm.CONFIG_RELOADS)
 CONFIG_LAST_SUCCESS = tm.exposed_name(tm.CONFIG_LAST_SUCCESS)
 SIDECAR_REQUESTS = tm.exposed_name(tm.SIDECAR_REQUESTS)
@@ -401,7 +402,7 @@ def _kernel_time_by_path() -> str:
 # --------------------------------------------------------------------------- dashboards
 
 
-PRICED = "flyserve_priced_attention_seconds_total"
+PRICED = tm.exposed_name(tm.PRICED_SECONDS)
 
 
 def _over_oracle(policy: str, window: str = RATE) -> str:
@@ -451,7 +452,7 @@ def _what_the_thresholds_cost(d: dash.Dashboard) -> dash.Dashboard:
             "Median measured / predicted kernel time per path over 15 minutes, from the shape samples "
             "that carry a kernel time of their step (docs/operations.md). Inside [0.7, 1.4] the cost table still describes this GPU "
             "and kernel build; outside it for 30 minutes is the CostTableDrift alert: re-run calibrate.",
-            [_target(f"max by (path) (flyserve_cost_drift_ratio{{{INSTANCE_SEL}}})", "{{path}}")],
+            [_target(f"max by (path) ({COST_DRIFT}{{{INSTANCE_SEL}}})", "{{path}}")],
             unit="none",
             legend_calcs=["lastNotNull", "max"],
             w=8,
