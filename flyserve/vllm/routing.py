@@ -25,6 +25,7 @@ import numpy as np
 from flyserve.policy import (
     CIRCUIT_OPEN,
     NO_PREFILL_ROWS,
+    NOT_CAUSAL,
     PREFILL,
     UNIFIED,
     UNSUPPORTED,
@@ -196,7 +197,8 @@ class FlyserveRouting:
             if d.variant != self.capture_variant:
                 d = decision_for(PREFILL if self.capture_variant else UNIFIED, d.reason, lpt_rule(shape, t))
             return d
-        if rt.forced is not None and rt.forced != d.path:
+        if rt.forced is not None and rt.forced != d.path and d.reason != NOT_CAUSAL:
+            # Forcing overrides thresholds, never what the causal kernel cannot do (below too).
             d = decision_for(rt.forced, d.reason, lpt_rule(shape, t))
         if d.path == PREFILL:
             if self.unsupported:

@@ -301,3 +301,17 @@ def test_shape_sample_feeds_the_sidecars_dry_run(state):
     change = routing_change(samples, t, t.merged({"prefill_enabled": False}))
     assert change["current"] == {"unified": 0, "prefill": 4}
     assert change["proposed"] == {"unified": 4, "prefill": 0}
+
+
+def test_forced_prefill_keeps_non_causal_and_unsupported_batches_on_unified(state, monkeypatch):
+    """FLYSERVE_FORCE_PATH=prefill overrides thresholds, never what the causal kernel cannot do:
+    the FlyDSL forward has no causal guard, so a forced non-causal batch would get causal attention."""
+    monkeypatch.setenv("FLYSERVE_FORCE_PATH", "prefill")
+    _rt, r = make(state)
+    r.select(metadata(*MIXED, causal=False))
+    assert (r.last_decision.path, r.last_decision.reason) == (UNIFIED, "not_causal")
+    r.select(metadata(*MIXED))  # a causal batch is still forced
+    assert r.last_decision.path == PREFILL
+    _, bad = make(state, layers={"l0": layer(alibi_slopes=[1.0])})
+    bad.select(metadata(*MIXED))
+    assert (bad.last_decision.path, bad.last_decision.reason) == (UNIFIED, UNSUPPORTED)
