@@ -43,8 +43,6 @@ DEFAULT_MODULE = "kernels.attention.flash_attn_interface"
 FUNCTION_NAME = "flydsl_flash_attn_func"
 LPT_PARAM = "causal_lpt"
 HEAD_SIZES = (64, 128)
-# What static eligibility checks for the FlyDSL path (dtypes: bf16/f16; the scale check is generic).
-FLYDSL_SPEC = PrefillKernelSpec("flydsl-dualwave", head_sizes=HEAD_SIZES)
 # The paged path walks KV in 64-token tiles (flash_attn_interface._PAGED_TILE).
 PAGED_TILE = 64
 # flash_attn_interface._VARLEN_LIGHT_MAX_SEQ: at page 64, a paged batch whose max_seqlen_q is at
@@ -52,8 +50,14 @@ PAGED_TILE = 64
 LIGHT_MAX_QUERY = 256
 # Warm-up query length: two of the dualwave kernel's 256-row q-blocks, past the light kernel.
 WARMUP_QUERY_LEN = 512
-# 2048 KV tiles staged in LDS per split (flash_attn_interface._PAGED_BT_LDS_SIZE), num_kv_splits=1.
+# 2048 KV tiles staged in LDS per split (flash_attn_interface._PAGED_BT_LDS_SIZE), num_kv_splits=1
+# (varlen paged has no split-K): a longer max_seqlen_kv raises NotImplementedError. 131072 tokens
+# at every page size: #1056 (943152de, lines 527-537) counts 64-token tiles, not pages (a 128 page
+# is two tiles); main 11c4174d counts pages, and its only page size is 64.
 MAX_KV_LEN = 2048 * PAGED_TILE
+# What the routing checks for the FlyDSL path: static eligibility (dtypes bf16/f16; the scale check
+# is generic) and, per batch, the kernel's KV limit (reason context_too_long).
+FLYDSL_SPEC = PrefillKernelSpec("flydsl-dualwave", head_sizes=HEAD_SIZES, max_kv_len=MAX_KV_LEN)
 INSTALL_HINT = (
     f"set {KERNELS_PATH_ENV} to a FlyDSL source checkout (git clone https://github.com/ROCm/FlyDSL; "
     "its kernels/ package is not in the flydsl wheel)"

@@ -24,6 +24,7 @@ import numpy as np
 
 from flyserve.policy import (
     CIRCUIT_OPEN,
+    CONTEXT_TOO_LONG,
     NO_PREFILL_ROWS,
     NOT_CAUSAL,
     PREFILL,
@@ -99,6 +100,7 @@ class FlyserveRouting:
         self.num_heads = _num_heads(vllm_config, layers)
         self.problems = group_problems(layers, vllm_config.model_config.dtype, self.prefill_spec)
         self.unsupported = bool(self.problems)
+        self.max_kv_len = self.prefill_spec.max_kv_len
         if self.unsupported:
             log.warning(
                 "flyserve: layers %s cannot use the %s kernel (%s): their prefill batches take the "
@@ -203,6 +205,8 @@ class FlyserveRouting:
         if d.path == PREFILL:
             if self.unsupported:
                 d = decision_for(UNIFIED, UNSUPPORTED)
+            elif self.max_kv_len and shape.max_seq_len > self.max_kv_len:  # the kernel would raise
+                d = decision_for(UNIFIED, CONTEXT_TOO_LONG)
             elif snap.circuit_open or rt.local_circuit_open:
                 d = decision_for(UNIFIED, CIRCUIT_OPEN)
         return d
