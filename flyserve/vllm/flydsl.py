@@ -279,7 +279,7 @@ class FlyDSLDualwaveBackend(RocmAiterUnifiedAttentionBackend):
         """FlyDSL's page sizes; AITER's when FlyDSL is absent or the operator forced a block size
         FlyDSL cannot page (then the prefill path is off and says so)."""
         revision = _installed_revision()
-        if revision is None or forced_block_size_problem(revision) is not None:
+        if revision is None or not revision.page_sizes or forced_block_size_problem(revision) is not None:
             return RocmAiterUnifiedAttentionBackend.get_supported_kernel_block_sizes(kv_cache_spec)
         return list(revision.page_sizes)
 

@@ -43,6 +43,10 @@ DEFAULT_MODULE = "kernels.attention.flash_attn_interface"
 FUNCTION_NAME = "flydsl_flash_attn_func"
 LPT_PARAM = "causal_lpt"
 HEAD_SIZES = (64, 128)
+# The page sizes the dualwave path runs (64; 128 from #1056). The module's private page-size constant
+# is intersected with these: FlyDSL's open PR #1055 sets _PAGED_PAGE_SIZES = (16, 64) for the
+# paged path as a whole, and 16 must never be declared to vLLM for dualwave.
+DUALWAVE_PAGE_SIZES = (64, 128)
 # The paged path walks KV in 64-token tiles (flash_attn_interface._PAGED_TILE).
 PAGED_TILE = 64
 # flash_attn_interface._VARLEN_LIGHT_MAX_SEQ: at page 64, a paged batch whose max_seqlen_q is at
@@ -102,7 +106,8 @@ class FlyDSLKernel:
 
 
 def detect_revision(fn: Callable[..., Any]) -> FlyDSLRevision:
-    """Read the revision off the real function: its parameters, and its module's page constants."""
+    """Read the revision off the real function: its parameters, and its module's page constants
+    (only those dualwave runs: ``page_sizes`` may be empty, and then the path stays off)."""
     params = inspect.signature(fn).parameters
     mod = sys.modules.get(getattr(fn, "__module__", "") or "")
     sizes = getattr(mod, "_PAGED_PAGE_SIZES", None)  # PR #1056: (64, 128)
@@ -111,7 +116,7 @@ def detect_revision(fn: Callable[..., Any]) -> FlyDSLRevision:
         sizes = (int(one),)
     return FlyDSLRevision(
         has_causal_lpt=LPT_PARAM in params,
-        page_sizes=tuple(int(s) for s in sizes),
+        page_sizes=tuple(p for p in sorted({int(s) for s in sizes}) if p in DUALWAVE_PAGE_SIZES),
         strided_kv=hasattr(mod, "_paged_kv_row_stride"),
         module_file=str(getattr(mod, "__file__", "") or ""),
     )

@@ -107,6 +107,22 @@ def test_revision_is_detected_from_the_real_function(fake):
         assert "#1056" in rev.label
 
 
+def test_page_sizes_dualwave_cannot_run_are_never_declared(fake, monkeypatch):
+    """FlyDSL's open PR #1055 sets ``_PAGED_PAGE_SIZES = (16, 64)`` (a private constant of the
+    paged path as a whole); dualwave needs 64 or 128, so 16 must not reach vLLM's block sizes."""
+    import sys
+
+    from flyserve.vllm.flydsl import FlyDSLDualwaveBackend
+
+    mod = sys.modules["kernels.attention.flash_attn_interface"]
+    monkeypatch.setattr(mod, "_PAGED_PAGE_SIZES", (16, 64), raising=False)
+    rev = fk.load_flydsl_kernel().revision
+    assert rev.page_sizes == (64,)
+    assert FlyDSLDualwaveBackend.get_supported_kernel_block_sizes() == [64]
+    monkeypatch.setattr(mod, "_PAGED_PAGE_SIZES", (16, 32), raising=False)
+    assert fk.load_flydsl_kernel().revision.page_sizes == ()  # nothing dualwave pages: path off
+
+
 def test_the_call_made_before_this_contract_is_rejected_by_the_real_signature(fake):
     b = batch([40], [40])
     kw = dict.fromkeys(OLD_SERVING_KEYWORDS)
