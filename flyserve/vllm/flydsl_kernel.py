@@ -12,7 +12,9 @@ descriptions are committed in tests/data/contracts/ with the commit each was rea
 * no softmax-scale parameter: the kernel uses 1/sqrt(head_dim), so a layer with another scale is
   statically ineligible (``flyserve.vllm.eligibility``, reason ``unsupported``);
 * the native paged-KV path needs ``block_table`` and ``seqlen_k``, and with packed varlen Q
-  (``cu_seqlens_q``) also ``cu_seqlens_kv``, ``max_seqlen_q`` and ``cross_seqlen``;
+  (``cu_seqlens_q``) also ``cu_seqlens_kv`` and ``max_seqlen_q``; ``cross_seqlen`` defaults to
+  None, which the paged varlen path reads as True (bottom-right masking): flyserve passes True
+  anyway, so the call does not lean on that default;
 * page size 64 on ``main`` 11c4174d (2026-08-21); 64 or 128 on pull request #1056 (943152de,
   2026-08-22), which also adds ``causal_lpt`` and addresses strided K/V views in place;
 * a paged batch with ``max_seqlen_q <= 256`` at page 64 takes the "paged light" kernel, which has
