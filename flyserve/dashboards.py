@@ -378,6 +378,65 @@ def _kernel_time_by_path() -> str:
 # --------------------------------------------------------------------------- dashboards
 
 
+PRICED = "flyserve_priced_attention_seconds_total"
+
+
+def _over_oracle(policy: str, window: str = RATE) -> str:
+    return (
+        f'sum(rate({PRICED}{{{INSTANCE_SEL}, policy="{policy}"}}[{window}]))'
+        f' / sum(rate({PRICED}{{{INSTANCE_SEL}, policy="oracle"}}[{window}]))'
+    )
+
+
+def _what_the_thresholds_cost(d: dash.Dashboard) -> dash.Dashboard:
+    """Live regret and cost-table drift (the sidecar started with --costs; empty without it)."""
+    d = d.with_row(dash.Row("What the thresholds cost"))
+    d = d.with_panel(
+        _stat(
+            "Routing regret (15 min)",
+            "Attention time the routed paths cost beyond the faster path per batch, over 15 minutes, as a "
+            "share of that best (the oracle): sampled steps priced by the sidecar's cost table (--costs). "
+            "Above 5% for 30 minutes is the RoutingRegretHigh alert: ask `flyserve thresholds advise`.",
+            _target(_over_oracle("routed", "15m") + " - 1", "regret"),
+            unit="percentunit",
+            decimals=1,
+            thresholds=[(None, "green"), (0.05, "orange"), (0.2, "red")],
+            w=6,
+            h=8,
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Attention time relative to the oracle",
+            "Priced attention time of the paths the steps ran (routed), and of always-unified and "
+            "always-prefill, each over the per-batch best (1.0 = the oracle). routed near 1.0: the "
+            "thresholds pick the faster kernel; a gap that opens after an orange mark is that change's cost.",
+            [
+                _target(_over_oracle("routed"), "routed / oracle", "A"),
+                _target(_over_oracle("always_unified"), "always unified / oracle", "B"),
+                _target(_over_oracle("always_prefill"), "always prefill / oracle", "C"),
+            ],
+            unit="none",
+            min_val=1,
+            legend_calcs=["mean", "lastNotNull"],
+            w=10,
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Cost-table drift",
+            "Median measured / predicted kernel time per path over 15 minutes, from the shape samples "
+            "that carry a kernel time of their step (docs/operations.md). Inside [0.7, 1.4] the cost table still describes this GPU "
+            "and kernel build; outside it for 30 minutes is the CostTableDrift alert: re-run calibrate.",
+            [_target(f"max by (path) (flyserve_cost_drift_ratio{{{INSTANCE_SEL}}})", "{{path}}")],
+            unit="none",
+            legend_calcs=["lastNotNull", "max"],
+            w=8,
+        )
+    )
+    return d
+
+
 def dispatch_overview() -> dash.Dashboard:
     d = _dashboard(
         "flyserve-dispatch",
@@ -508,6 +567,8 @@ def dispatch_overview() -> dash.Dashboard:
             max_val=1,
         )
     )
+
+    d = _what_the_thresholds_cost(d)
 
     d = d.with_row(dash.Row("Configuration"))
     d = d.with_panel(

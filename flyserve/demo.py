@@ -6,7 +6,9 @@
 4. drives a bounded mixed workload with vLLM's own ``vllm bench serve`` (random dataset) in two
    halves, printing a live summary of /dispatch-stats; between the halves it changes a threshold
    through the sidecar (PATCH /thresholds) and shows the prefill ratio move;
-5. prints where the sidecar is (kept up for --hold seconds), shuts everything down (also on
+5. prices what the thresholds cost (regret), asks the sidecar for advice, applies it and runs one
+   more round of traffic to show the regret after (flyserve.demo_advice);
+6. prints where the sidecar is (kept up for --hold seconds), shuts everything down (also on
    Ctrl-C) and optionally writes a JSON summary.
 
 On the CPU the prefill path is a deliberately simple stand-in (flyserve/vllm/cpu_prefill.py): its
@@ -32,6 +34,7 @@ from typing import Annotated, Any
 
 import typer
 
+from flyserve.demo_advice import DEMO_COSTS, advice_phase, priced_seconds
 from flyserve.demo_procs import Stack, get_json, stop_popen, wait_http
 from flyserve.demo_report import CPU_KERNEL_NOTE, closing_lines, live_line, phase_done_line, phase_figures
 from flyserve.vllm.launch import TINY_SERVE_ARGS
@@ -70,7 +73,8 @@ def _start_sidecar(work: Path, state: Path, stack: Stack) -> Sidecar:
     log = open(work / "sidecar.log", "wb")  # noqa: SIM115 - closed with the stack
     proc = subprocess.Popen(
         [sys.executable, "-m", "flyserve.cli", "sidecar", "--state-dir", str(state), "--port", str(port),
-         "--profile", PROFILE, "--token-file", str(token_file), "--stale-after", "30", "--log-level", "warning"],
+         "--profile", PROFILE, "--token-file", str(token_file), "--stale-after", "30", "--log-level", "warning",
+         "--costs", DEMO_COSTS],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     stack.push("sidecar", lambda: (stop_popen(proc), log.close()))
@@ -83,7 +87,8 @@ def _start_vllm(model: Path, work: Path, state: Path, stack: Stack, echo: Any) -
 
     # The tiny model has 2 layers: time 1 forward in 16 (not the serving default, 1 in 256) so the
     # kernel panel fills within the demo's minutes.
-    env = flyserve_env(state, PROFILE, FLYSERVE_KERNEL_TIMER_EVERY="16")
+    # Every step into the shape sample: the sidecar prices the demo's few hundred steps (regret, advice).
+    env = flyserve_env(state, PROFILE, FLYSERVE_KERNEL_TIMER_EVERY="16", FLYSERVE_SHAPE_SAMPLE_EVERY="1")
     server = VllmServer(model, SERVE_ARGS, env=env, log_path=work / "vllm.log")
     stack.push("vllm serve", server.stop)
     server.start(
@@ -241,6 +246,7 @@ def demo(
         echo(f"      {CPU_KERNEL_NOTE}")
         phases: list[dict[str, Any]] = []
         t_work = time.monotonic()
+        priced_at_start = priced_seconds(sidecar.url)
         for i, (name, change) in enumerate((("before", None), ("after", FLIP))):
             if change is not None:
                 _change_thresholds(sidecar, change, echo)
@@ -249,6 +255,14 @@ def demo(
                 state=state, stack=stack, t_work=t_work, echo=echo,
             )  # fmt: skip
             phases.append(phase)
+        advised = advice_phase(
+            sidecar.url, sidecar.token, priced_at_start, echo=echo,
+            run_traffic=lambda: _run_phase(
+                2, "advised", None, bench_base=bench_base, n=n, half=half, sidecar=sidecar, work=work,
+                state=state, stack=stack, t_work=t_work, echo=echo,
+            ),
+        )  # fmt: skip
+        phases.append(advised)
         final = get_json(f"{sidecar.url}/dispatch-stats")
         summary.update(
             {

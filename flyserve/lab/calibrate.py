@@ -1,19 +1,10 @@
 """``flyserve calibrate``: measure both kernel paths over a grid of batch shapes on this GPU, fit
 the dispatch thresholds to the measurements, write the profile and the cost table.
 
-The fit (``fit_thresholds``, pure numpy, no GPU) minimises the total routed time over the
-measured grid: for every measured batch the routing picks a path under the candidate thresholds
-and is charged that path's measured time.
-
-* ``decode_path`` is fitted on the batches with no prefill row alone (it is the only knob they
-  read): the path with the smaller total.
-* The prefill-side knobs (prefill_enabled, min_seq_len, max_seq_len, min_qblock_rows,
-  decode_rows_base, decode_ctx_unit) by coordinate descent over candidate values: every
-  boundary the grid can tell apart (geometric midpoints between neighbouring measured values)
-  plus "check off" (0). Each knob in turn takes the value with the least total; ties go to the
-  most permissive value (the check off, the widest range), so a knob the measurements cannot
-  tell anything about stays out of the way. Rounds repeat until nothing changes.
-* Knobs the grid does not measure (block_m, the LPT rule) come from the base profile or flags.
+The fit (``fit_thresholds``, pure numpy, no GPU; flyserve.pricing.fit, shared with the
+sidecar's live advice) minimises the total routed time over the measured grid: for every measured
+batch the routing picks a path under the candidate thresholds and is charged that path's measured
+time. Knobs the grid does not measure (block_m, the LPT rule) come from the base profile or flags.
 
 Generalisation is checked separately: ``flyserve replay --workload all`` on the six seed
 workloads (docs/performance.md).
@@ -22,19 +13,16 @@ workloads (docs/performance.md).
 from __future__ import annotations
 
 import datetime as _dt
-import itertools
 import json
-import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from flyserve.lab.costs import CostEntry, CostTable
-from flyserve.policy import PREFILL, UNIFIED, BatchShape, Thresholds, ThresholdsError, decide
+from flyserve.policy import PREFILL, UNIFIED, Thresholds
+from flyserve.pricing.costs import CostEntry, CostTable
+from flyserve.pricing.fit import fit_thresholds
 
 # ----------------------------------------------------------------------------- grids
 
@@ -123,107 +111,6 @@ def load_grid(name_or_path: str) -> list[GridPoint]:
             f"nor a readable grid JSON ({exc})",
             2,
         ) from exc
-
-
-# ----------------------------------------------------------------------------- the fit
-
-
-PREFILL_KNOBS = (
-    "prefill_enabled",
-    "min_seq_len",
-    "max_seq_len",
-    "min_qblock_rows",
-    "decode_rows_base",
-    "decode_ctx_unit",
-)
-
-
-def _midpoints(values: Iterable[float]) -> list[int]:
-    vs = sorted({float(v) for v in values if v > 0})
-    return [m for a, b in itertools.pairwise(vs) if (m := round(math.sqrt(a * b))) > 0]
-
-
-@dataclass(frozen=True)
-class FitReport:
-    thresholds: Thresholds
-    routed_s: float
-    oracle_s: float
-    unified_s: float
-    prefill_s: float
-    decode_unified_s: float
-    decode_prefill_s: float
-    entries: int
-    wrong: int
-
-    @property
-    def routed_over_oracle(self) -> float:
-        return self.routed_s / self.oracle_s if self.oracle_s else 1.0
-
-
-def fit_thresholds(entries: Sequence[CostEntry], *, num_heads: int, base: Thresholds) -> FitReport:
-    """Fit the knobs to minimise total routed time over ``entries`` (see the module docstring)."""
-    if not entries:
-        raise ValueError("no entries to fit on")
-    qls = [np.asarray(e.query_lens) for e in entries]
-    sls = [np.asarray(e.seq_lens) for e in entries]
-    tu = np.array([e.seconds[UNIFIED] for e in entries])
-    tp = np.array([e.seconds[PREFILL] for e in entries])
-    no_prefill = np.array([int(q.max()) < base.min_query_len for q in qls])
-    dec_u, dec_p = float(tu[no_prefill].sum()), float(tp[no_prefill].sum())
-    t = base.merged({"decode_path": PREFILL if dec_p < dec_u else UNIFIED})
-
-    def total(th: Thresholds) -> float:
-        acc = 0.0
-        for q, s, a, b in zip(qls, sls, tu, tp, strict=True):
-            shape = BatchShape.from_query_lens(
-                q, max_seq_len=int(s.max()), num_heads=num_heads, thresholds=th
-            )
-            acc += b if decide(shape, th).path == PREFILL else a
-        return acc
-
-    max_lens = [int(s.max()) for s in sls]
-    occupancy = [num_heads * int(q.sum()) / t.block_m for q in qls]
-    candidates: dict[str, list[Any]] = {
-        "prefill_enabled": [True, False],
-        "min_seq_len": [0, *_midpoints(max_lens)],
-        "max_seq_len": [0, *sorted(_midpoints(max_lens), reverse=True)],
-        "min_qblock_rows": [0, *_midpoints(occupancy)],
-        "decode_rows_base": [4096, 1024, 256, 128, 64, 32, 16, 8, 4, 2, 1, 0],
-        "decode_ctx_unit": [1024, 2048, 4096, 8192, 16384, 32768, 65536],
-    }
-    best = total(t)
-    for _ in range(6):
-        changed = False
-        for knob in PREFILL_KNOBS:
-            for v in candidates[knob]:
-                if v == getattr(t, knob):
-                    continue
-                try:
-                    cand = t.merged({knob: v})
-                except ThresholdsError:  # an invalid combination (e.g. min_seq_len > max_seq_len)
-                    continue
-                cost = total(cand)
-                cur_rank = _rank(candidates[knob], getattr(t, knob))
-                if cost < best - 1e-12 or (
-                    abs(cost - best) <= 1e-12 and _rank(candidates[knob], v) < cur_rank
-                ):
-                    t, best, changed = cand, cost, True
-        if not changed:
-            break
-    oracle = float(np.minimum(tu, tp).sum())
-    wrong = 0
-    for q, s, a, b in zip(qls, sls, tu, tp, strict=True):
-        shape = BatchShape.from_query_lens(q, max_seq_len=int(s.max()), num_heads=num_heads, thresholds=t)
-        chosen = b if decide(shape, t).path == PREFILL else a
-        wrong += int(chosen > min(a, b))
-    return FitReport(t, best, oracle, float(tu.sum()), float(tp.sum()), dec_u, dec_p, len(entries), wrong)
-
-
-def _rank(cands: list[Any], v: Any) -> int:
-    try:
-        return cands.index(v)
-    except ValueError:
-        return len(cands)
 
 
 # ----------------------------------------------------------------------------- writing

@@ -184,13 +184,27 @@ def calibrate_cmd(
     ] = "default",
     block_size: Annotated[
         list[int] | None,
-        typer.Option("--block-size", help="KV block size(s) to measure (repeat). Default: 16."),
+        typer.Option(
+            "--block-size", help="KV block size(s) to measure (repeat). Default: 16; cpu: 128 (one only)."
+        ),
     ] = None,
-    num_heads: Annotated[int, typer.Option("--num-heads", help="Query heads (Llama-3.1-8B: 32).")] = 32,
-    num_kv_heads: Annotated[int, typer.Option("--num-kv-heads", help="KV heads (Llama-3.1-8B: 8).")] = 8,
-    head_size: Annotated[int, typer.Option("--head-size")] = 128,
+    num_heads: Annotated[
+        int | None,
+        typer.Option(
+            "--num-heads", help="Query heads (default: Llama-3.1-8B's 32; cpu: the tiny model's 4)."
+        ),
+    ] = None,
+    num_kv_heads: Annotated[
+        int | None, typer.Option("--num-kv-heads", help="KV heads (default 8; cpu: 2).")
+    ] = None,
+    head_size: Annotated[int | None, typer.Option("--head-size", help="Default 128; cpu: 32.")] = None,
     platform: Annotated[
-        str, typer.Option("--platform", help="Kernel pair: cuda (Triton unified + FA3) or rocm.")
+        str,
+        typer.Option(
+            "--platform",
+            help="Kernel pair: cuda (Triton unified + FA3), rocm, or cpu (vLLM's CPU attention + "
+            "flyserve's CPU SDPA prefill path; grids 'cpu', 'cpu-quick').",
+        ),
     ] = "cuda",
     base_profile: Annotated[
         str, typer.Option("--base-profile", help="Profile whose unfitted knobs (block_m, lpt) are kept.")
@@ -215,21 +229,44 @@ def calibrate_cmd(
     """
     from flyserve.lab.calibrate import CalibrationError, run_calibration
 
+    command = "flyserve calibrate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    if platform == "cpu":
+        from flyserve.lab.cpu_calibrate import CPU_LAYER, run_cpu_calibration
+
+        if block_size and len(block_size) > 1:
+            _fail("--block-size: the CPU calibration measures one block size", 2)
+        try:
+            summary = run_cpu_calibration(
+                out_profile=out_profile,
+                out_costs=out_costs,
+                grid="cpu" if grid == "default" else grid,
+                block_size=block_size[0] if block_size else CPU_LAYER["block_size"],
+                num_heads=num_heads or CPU_LAYER["num_heads"],
+                num_kv_heads=num_kv_heads or CPU_LAYER["num_kv_heads"],
+                head_size=head_size or CPU_LAYER["head_size"],
+                base_profile=base_profile if base_profile != "gfx950" else "cpu-tiny",
+                command=command,
+                echo=typer.echo,
+            )
+        except CalibrationError as exc:
+            _fail(str(exc), exc.exit_code)
+        typer.echo(summary)
+        return
     try:
         summary = run_calibration(
             out_profile=out_profile,
             out_costs=out_costs,
             grid=grid,
             block_sizes=tuple(block_size or [16]),
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_size=head_size,
+            num_heads=num_heads or 32,
+            num_kv_heads=num_kv_heads or 8,
+            head_size=head_size or 128,
             platform=platform,
             base_profile=base_profile,
             block_m=block_m,
             resume=resume,
             partial=partial,
-            command="flyserve calibrate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else []),
+            command=command,
         )
     except CalibrationError as exc:
         _fail(str(exc), exc.exit_code)

@@ -121,6 +121,12 @@ def replay(
     for _, r in decisions:
         reasons[r] += 1
     n = len(trace)
+    # Batches with a prefill row: the ones run-time thresholds route (the rest take decode_path,
+    # fixed at start), so their routed/oracle is what live advice can move.
+    has_prefill = np.fromiter(
+        (s.max_query_len >= thresholds.min_query_len for s in trace), dtype=bool, count=n
+    )
+    pr, po = float(routed[has_prefill].sum()), float(oracle[has_prefill].sum())
     return ReplayResult(
         trace=trace.name,
         profile=profile,
@@ -133,6 +139,10 @@ def replay(
         reasons={k: v for k, v in reasons.items() if v},
         prefill_steps=int(to_prefill.sum()),
         wrong_steps=int(np.count_nonzero(routed > oracle)),
+        extra={
+            "prefill_batches": int(has_prefill.sum()),
+            "prefill_batches_routed_over_oracle": pr / po if po > 0 else 1.0,
+        },
     )
 
 

@@ -1,4 +1,4 @@
-"""`flyserve sidecar`."""
+"""`flyserve sidecar` (and `flyserve thresholds advise`, which reads it)."""
 
 from __future__ import annotations
 
@@ -78,6 +78,15 @@ def sidecar(
             "--metrics-ttl", min=0.0, max=60.0, help="Seconds a /metrics exposition is reused (0: never)."
         ),
     ] = 1.0,
+    costs: Annotated[
+        str | None,
+        typer.Option(
+            "--costs",
+            help="Cost table (name under config/costs, e.g. h200, or a JSON path) measured for the "
+            "serving layer (heads, head size, block size): prices the sampled shapes live for the "
+            "regret section of /dispatch-stats, GET /thresholds/advice and the drift gauge.",
+        ),
+    ] = None,
     stream_min_interval: Annotated[
         float,
         typer.Option(
@@ -126,6 +135,14 @@ def sidecar(
     except TokenError as exc:
         err(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if costs is not None:
+        from flyserve.pricing.costs import CostModel, CostTableError, load_costs
+
+        try:
+            CostModel(load_costs(costs))  # a table that cannot build a model is refused now, not per request
+        except CostTableError as exc:
+            err(f"error: --costs: {exc}", err=True)
+            raise typer.Exit(2) from None
     try:  # before saying where it listens: a port in use is the message, naming --port
         sock = bind(host, port)
     except BindError as exc:
@@ -154,6 +171,7 @@ def sidecar(
         step_margin=step_margin,
         stats_ttl_s=stats_ttl,
         metrics_ttl_s=metrics_ttl,
+        costs=costs,
     )
     if token is None:
         err("warning: no token (--token-file or $FLYSERVE_SIDECAR_TOKEN): mutations are disabled", err=True)
@@ -183,4 +201,8 @@ def sidecar(
 
 
 def register(app: typer.Typer) -> None:
+    from flyserve.control.cli import thresholds_app
+    from flyserve.sidecar.advise_cli import advise
+
     app.command("sidecar")(sidecar)
+    thresholds_app.command("advise")(advise)  # reads the sidecar's live window, so it lives here

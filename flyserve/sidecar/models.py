@@ -129,6 +129,44 @@ class EngineStats(_Frozen):
     kernels: dict[str, KernelStats]
 
 
+class PathDrift(_Frozen):
+    samples: int = Field(description="Samples of this path that carry a measured kernel time.")
+    median_ratio: float | None = Field(description="Median measured / predicted; 1.0 = the table holds.")
+
+
+class RegretWindow(_Frozen):
+    """Priced sampled steps of one window (seconds of one attention call per sampled step)."""
+
+    samples: int
+    span_s: float
+    routed_s: float = Field(description="The path each step ran.")
+    oracle_s: float = Field(description="The faster path for each step.")
+    always_unified_s: float
+    always_prefill_s: float
+    routed_over_oracle: float | None = Field(description="1.0: no batch went to the slower kernel.")
+    regret: float | None = Field(
+        description="routed_over_oracle - 1: the share of time spent beyond the oracle."
+    )
+    always_unified_over_oracle: float | None
+    always_prefill_over_oracle: float | None
+    wrong_samples: int = Field(description="Sampled steps that ran the slower path.")
+    prefill_batches: dict[str, Any] = Field(
+        description="The same over the batches with a prefill row (what run-time thresholds route; "
+        "the rest take decode_path, fixed at start): samples, routed_s, oracle_s, routed_over_oracle."
+    )
+    drift: dict[str, PathDrift]
+
+
+class Regret(_Frozen):
+    """What the thresholds cost, priced with the cost table the sidecar was started with (--costs)."""
+
+    costs: str = Field(description="The cost table's name.")
+    measured_on: dict[str, Any] = Field(description="GPU, platform, kernels and layer of the table.")
+    unpriceable: str | None = Field(description="Why the latest unpriced sample could not be priced.")
+    unpriceable_samples: int
+    windows: dict[str, RegretWindow] = Field(description='Keys "60s", "900s".')
+
+
 class DispatchStats(_Frozen):
     """GET /dispatch-stats: everything about dispatch, totals over all engines."""
 
@@ -152,6 +190,7 @@ class DispatchStats(_Frozen):
     kernels: dict[str, KernelStats]
     engines: list[EngineStats]
     errors: list[str] = Field(default_factory=list, description="Problems reading the state directory.")
+    regret: Regret | None = Field(None, description="Null unless the sidecar was started with --costs.")
 
 
 class RoutingChange(_Frozen):
@@ -215,3 +254,41 @@ class ErrorDetail(_Frozen):
     detail: str
     field: str | None = None
     errors: list[dict[str, str]] = Field(default_factory=list)
+
+
+class AdviceShape(_Frozen):
+    """One sampled step the advice was fitted on, with its path before and after."""
+
+    engine: int
+    step: int
+    query_lens: list[int]
+    seq_lens: list[int]
+    unified_ms: float
+    prefill_ms: float
+    before: str
+    after: str
+
+
+class AdvicePatch(_Frozen):
+    """The request that applies the advice (an operator action): PATCH /thresholds with If-Match."""
+
+    method: str = "PATCH"
+    path: str = "/thresholds"
+    headers: dict[str, str]
+    body: dict[str, ThresholdValue]
+
+
+class Advice(_Frozen):
+    """Threshold values that would have routed the window's sampled batches best (calibrate's fitter)."""
+
+    window: str
+    samples: int = Field(description="Priced shapes the fit used.")
+    thresholds_version: int
+    changes: dict[str, list[ThresholdValue]] = Field(
+        description="Only the run-time knobs that change: {knob: [in force, advised]}. Never decode_path."
+    )
+    before: RegretWindow = Field(description="The window's shapes routed by the thresholds in force.")
+    after: RegretWindow = Field(description="The same shapes routed by the advised thresholds.")
+    patch: AdvicePatch | None = Field(description="Null when nothing would change.")
+    shapes_total: int
+    shapes: list[AdviceShape] = Field(description="The newest fitted shapes (at most ?shapes=N).")

@@ -17,7 +17,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from flyserve.control import ChangeResult, ControlPlane
 from flyserve.policy.thresholds import Thresholds, ThresholdsError
 from flyserve.sidecar.auth import require_token
+from flyserve.sidecar.live_costs import REGRET_WINDOWS, AdviceResult, RegretSummary
 from flyserve.sidecar.models import (
+    Advice,
+    AdvicePatch,
+    AdviceShape,
     ChangeResponse,
     DispatchStats,
     ErrorDetail,
@@ -25,6 +29,7 @@ from flyserve.sidecar.models import (
     History,
     HistoryEntry,
     Readiness,
+    RegretWindow,
     RollbackRequest,
     RoutingChange,
     ThresholdsView,
@@ -287,6 +292,77 @@ def reload_config(
     # Counted in flyserve_config_reloads_total by the control plane.
     r = _plane(request).reload(actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run)
     return _respond(request, r, dry_run)
+
+
+@router.get(
+    "/thresholds/advice",
+    response_model=Advice,
+    tags=["thresholds"],
+    responses={409: {"model": ErrorDetail, "description": "No cost table (--costs), or nothing priced yet."}},
+)
+def get_advice(
+    request: Request,
+    window: Annotated[
+        str, Query(pattern=r"^(60s|900s)$", description="Which window's sampled shapes to fit: 60s or 900s.")
+    ] = "900s",
+    shapes: Annotated[int, Query(ge=0, le=10_000, description="Newest fitted shapes to list.")] = 100,
+) -> Advice:
+    """Threshold values that would have routed this window's sampled batches best (calibrate's fitter
+    on live shapes priced by the cost table), routed/oracle before and after, and the PATCH that
+    applies them. Applying stays an operator action; decode_path is never proposed."""
+    service = _service(request)
+    if service.pricing is None:
+        return _conflict("the sidecar was started without --costs: nothing to price advice with", "costs")
+    service.price_new_samples()
+    snap = service.snapshot()
+    try:
+        res = service.pricing.advise(
+            snap.thresholds,
+            window_s=REGRET_WINDOWS[window],
+            max_shapes=request.app.state.settings.advice_shape_limit,
+        )
+    except ValueError as exc:
+        why = service.pricing.unpriceable
+        return _conflict(f"{exc}" + (f" ({why})" if why else ""), "window")
+    return advice_view(res, window, snap.version, shapes)
+
+
+def _conflict(detail: str, field: str) -> JSONResponse:
+    return JSONResponse({"detail": detail, "field": field}, status_code=409)
+
+
+def _window_view(s: RegretSummary) -> RegretWindow:
+    return RegretWindow(**s.to_json())
+
+
+def advice_view(res: AdviceResult, window: str, version: int, shapes: int) -> Advice:
+    changes = res.changes
+    body = {k: new for k, (_old, new) in changes.items()}
+    listed = res.samples[-shapes:] if shapes else []
+    offset = len(res.samples) - len(listed)
+    return Advice(
+        window=window,
+        samples=len(res.samples),
+        thresholds_version=version,
+        changes={k: [a, b] for k, (a, b) in changes.items()},
+        before=_window_view(res.before),
+        after=_window_view(res.after),
+        patch=AdvicePatch(headers={"If-Match": f'"{version}"'}, body=body) if body else None,
+        shapes_total=len(res.samples),
+        shapes=[
+            AdviceShape(
+                engine=p.sample.engine,
+                step=p.sample.step,
+                query_lens=list(p.sample.query_lens),
+                seq_lens=list(p.sample.seq_lens or ()),
+                unified_ms=p.unified_s * 1e3,
+                prefill_ms=p.prefill_s * 1e3,
+                before=res.paths_before[offset + i],
+                after=res.paths_after[offset + i],
+            )
+            for i, p in enumerate(listed)
+        ],
+    )
 
 
 # ----------------------------------------------------------------------------- ops

@@ -20,12 +20,14 @@ from flyserve.control.rank import CONTROL_MODES
 from flyserve.policy.profiles import load_profile, profile_path
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
+from flyserve.sidecar.live_costs import LivePricing, PricedSample
 from flyserve.sidecar.models import (
     DispatchStats,
     EngineStats,
     KeyProvenance,
     PrefillKernelView,
     RankView,
+    Regret,
     ThresholdsView,
 )
 from flyserve.sidecar.settings import SidecarSettings
@@ -40,6 +42,8 @@ from flyserve.sidecar.stats import (
     totals_of,
     window_of,
 )
+from flyserve.telemetry import metrics as tm
+from flyserve.telemetry.shape_sample import read_shape_samples
 
 log = logging.getLogger("flyserve.sidecar")
 
@@ -177,6 +181,14 @@ def _agree(views: list[RankView]) -> bool | None:
     return len(versions) <= 1 if versions else None
 
 
+def count_priced(p: PricedSample) -> None:
+    """flyserve_priced_attention_seconds_total: one sampled step priced under each policy."""
+    tm.PRICED_SECONDS.labels("routed").inc(p.routed_s)
+    tm.PRICED_SECONDS.labels("oracle").inc(p.oracle_s)
+    tm.PRICED_SECONDS.labels("always_unified").inc(p.unified_s)
+    tm.PRICED_SECONDS.labels("always_prefill").inc(p.prefill_s)
+
+
 class StatsService:
     """Computes DispatchStats; thread-safe; owns the sampler thread (start/stop)."""
 
@@ -202,6 +214,12 @@ class StatsService:
         self._snap: tuple[tuple | None, ConfigSnapshot] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.pricing: LivePricing | None = None
+        if settings.costs is not None:
+            from flyserve.pricing.costs import load_costs
+
+            self.pricing = LivePricing(load_costs(settings.costs), clock=wall, on_priced=count_priced)
+        self._next_pricing = 0.0
 
     # ------------------------------------------------------------------ control snapshot
 
@@ -246,6 +264,17 @@ class StatsService:
         except OSError:
             pass  # no metrics dir yet (no rank started): nothing to remember
 
+    def price_new_samples(self) -> int:
+        """Read the ranks' shape samples and price the new ones (a no-op without --costs)."""
+        if self.pricing is None:
+            return 0
+        # Every rank file's ring (256 lines each): more than a second's worth at any real step rate.
+        n = self.pricing.ingest(read_shape_samples(self.settings.state_dir, limit=1 << 16))
+        drift = self.pricing.regret_drift()
+        for path, ratio in drift.items():
+            tm.COST_DRIFT.labels(path).set(float("nan") if ratio is None else ratio)
+        return n
+
     def _run(self) -> None:
         """Counter snapshots every counter_snapshot_interval_s; between them, keep the cached
         payloads fresh while they are being read (so no request pays for a computation)."""
@@ -256,6 +285,12 @@ class StatsService:
             if now >= next_snapshot:
                 self.sample_once()
                 next_snapshot = now + self.settings.counter_snapshot_interval_s
+            if self.pricing is not None and now >= self._next_pricing:
+                self._next_pricing = now + self.settings.pricing_interval_s
+                try:
+                    self.price_new_samples()
+                except Exception:
+                    log.exception("live pricing failed")
             for cache in (self._cache, *self.extra_caches):
                 try:
                     cache.refresh_if_used(idle_s=30.0)
@@ -329,6 +364,13 @@ class StatsService:
                 )
             )
         reps = [es.representative_rank for es in engine_stats]
+        regret = None
+        if self.pricing is not None:
+            try:
+                self.price_new_samples()
+                regret = Regret(**self.pricing.regret())
+            except Exception as exc:  # noqa: BLE001 - the page must show what it can
+                errors.append(f"regret: {exc}")
         return DispatchStats(
             time=wall,
             thresholds=view,
@@ -344,4 +386,5 @@ class StatsService:
             kernels=kernels_of(counters.values()),
             engines=engine_stats,
             errors=errors,
+            regret=regret,
         )

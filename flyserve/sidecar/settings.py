@@ -84,6 +84,20 @@ class SidecarSettings(BaseModel):
         "process-wide metrics backend is left alone.",
     )
     max_body_bytes: int = Field(64 * 1024, gt=0, description="Larger request bodies get 413.")
+    costs: str | None = Field(
+        None,
+        description="Cost table (a name under config/costs, or a JSON path) that prices the sampled "
+        "shapes live: regret in /dispatch-stats, GET /thresholds/advice, drift. None: no pricing.",
+    )
+    pricing_interval_s: float = Field(
+        1.0, gt=0, description="How often the ranks' shape samples are read and the new ones priced."
+    )
+    advice_shape_limit: int = Field(
+        2048,
+        gt=0,
+        description="Advice fits at most this many of the window's newest priced batches that have a "
+        "prefill row (decode-only batches take decode_path whatever the knobs say).",
+    )
     dry_run_shape_limit: int = Field(
         2048, gt=0, description="At most this many recent shapes are replayed for a dry run's routing change."
     )

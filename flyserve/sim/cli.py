@@ -32,8 +32,29 @@ def simulate(
     ] = 0.05,
     profile: Annotated[str, typer.Option("--profile", help="Threshold profile of the ranks.")] = "gfx950",
     num_heads: Annotated[
-        int, typer.Option("--num-heads", min=1, help="Query heads per rank (the seed: 16).")
-    ] = 16,
+        int | None,
+        typer.Option(
+            "--num-heads",
+            min=1,
+            help="Query heads per rank (default: the --costs table's, else the seed's 16).",
+        ),
+    ] = None,
+    costs: Annotated[
+        str | None,
+        typer.Option(
+            "--costs",
+            help="Cost table (name or JSON path): each rank's shape samples carry a kernel time from its "
+            "model, so `flyserve sidecar --costs` can check drift without a GPU.",
+        ),
+    ] = None,
+    drift: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--drift",
+            help="PATH=FACTOR (repeatable, e.g. prefill=1.5): multiply that path's modelled kernel "
+            "times, a planted drift for the drift alert. Needs --costs.",
+        ),
+    ] = None,
     quiet: Annotated[
         bool,
         typer.Option(
@@ -43,13 +64,19 @@ def simulate(
 ) -> None:
     """Play N vLLM ranks: feed a workload's batch shapes through the real policy, recorder and control."""
     from flyserve.control.initialise import implicit_note, resolve
-    from flyserve.sim.simulate import SimulateArgs
+    from flyserve.sim.simulate import SimulateArgs, parse_drift
     from flyserve.sim.simulate import simulate as run
     from flyserve.startup_checks import StartupError, check_profile
 
     try:  # first: a bad profile is the first (and only) line, before any rank starts
         check_profile(profile, setting="--profile")
     except StartupError:
+        raise typer.Exit(2) from None
+    try:
+        planted = parse_drift(drift or [])
+        heads = num_heads if num_heads is not None else _table_heads(costs)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     sd, implicit = resolve(state_dir)
     if implicit:
@@ -61,7 +88,9 @@ def simulate(
         steps=steps,
         step_interval_s=step_interval,
         profile=profile,
-        num_heads=num_heads,
+        num_heads=heads,
+        costs=costs,
+        drift=planted,
     )
     try:
         code = run(
@@ -73,6 +102,18 @@ def simulate(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+def _table_heads(costs: str | None) -> int:
+    """The default --num-heads: the cost table's layer, so its model prices what the ranks run."""
+    if costs is None:
+        return 16
+    from flyserve.pricing.costs import CostTableError, load_costs
+
+    try:
+        return load_costs(costs).num_heads
+    except CostTableError as exc:
+        raise ValueError(f"--costs: {exc}") from None
 
 
 def register(app: typer.Typer) -> None:

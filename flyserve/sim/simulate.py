@@ -13,8 +13,12 @@ trace step ``s % len(trace)``: the decisions of a run can be recomputed from (wo
 thresholds history), which is what the integration tests do.
 
 Ranks also keep a bounded sample of recent shapes in ``<state>/shapes/`` (flyserve.telemetry.shape_sample)
-for the sidecar's dry runs. Kernel times are NOT simulated: there is no kernel here, so
-``kernels`` in /dispatch-stats stays at count 0 (a made-up number would be a fake measurement).
+for the sidecar's dry runs and live pricing: every step, with its rows' query and context lengths
+and the path it ran. Kernel times are not measured: there is no kernel here, so ``kernels`` in
+/dispatch-stats stays at count 0. With ``--costs NAME`` each sample carries a kernel time from that
+cost model, times ``--drift PATH=FACTOR`` if given: a planted, known drift, so the sidecar's drift
+check and its alert can be exercised end to end without a GPU (it is labelled a model, not a
+measurement, in docs/operations.md).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RANK_MODULE = "flyserve.sim.simulate"
+SAMPLE_CAPACITY = 1024
+"""Shape-sample lines a simulated rank keeps (it samples every step and flushes once a second)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,8 @@ class SimulateArgs:
     profile: str = "gfx950"
     num_heads: int = 16
     engine: int = 0
+    costs: str | None = None
+    drift: tuple[tuple[str, float], ...] = ()
 
 
 # ----------------------------------------------------------------------------- one rank
@@ -70,7 +78,15 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float) -> int:
     trace = workload(args.workload)
     control = RankControl(state, rank, engine=args.engine, profile=args.profile).start()
     recorder = DispatchRecorder(rank)
-    shapes = ShapeSampleWriter(state.path, rank=rank, engine=args.engine)
+    shapes = ShapeSampleWriter(state.path, rank=rank, engine=args.engine, capacity=SAMPLE_CAPACITY)
+    model = None
+    if args.costs is not None:
+        from flyserve.pricing.costs import CostModel, load_costs
+
+        table = load_costs(args.costs)
+        model = CostModel(table)
+        shapes.set_layer(head_size=table.meta.get("head_size"), block_size=model.block_size)
+    drift = dict(args.drift)
     circuit = decision_for(UNIFIED, CIRCUIT_OPEN)
     circuit_state: bool | None = None  # what flyserve_circuit_open{rank} says now
     n = len(trace)
@@ -98,7 +114,12 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float) -> int:
             if snap.circuit_open and d.path == PREFILL and d.reason != NO_PREFILL_ROWS:
                 d = circuit  # what the vLLM routing does while its breaker is open
             recorder.record(d, shape, step, snap.version)
-            shapes.add(step, ts.query_lens, ts.max_seq_len, heads)
+            kernel_s = None
+            if model is not None:  # the modelled kernel time of the path this step ran
+                kernel_s = model.predict(ts.query_lens, ts.seq_lens, d.path) * drift.get(d.path, 1.0)
+            shapes.add(
+                step, ts.query_lens, ts.max_seq_len, heads, True, ts.seq_lens, d.path, time.time(), kernel_s
+            )
             now = time.monotonic()
             if now >= next_flush:
                 shapes.flush()
@@ -129,12 +150,46 @@ def _rank_main(argv: list[str]) -> int:
     p.add_argument("--profile", required=True)
     p.add_argument("--num-heads", type=int, required=True)
     p.add_argument("--start-at", type=float, required=True)
+    p.add_argument("--costs", default=None)
+    p.add_argument("--drift", action="append", default=[])
     a = p.parse_args(argv)
-    args = SimulateArgs(a.state_dir, a.ranks, a.workload, a.steps, a.step_interval, a.profile, a.num_heads)
+    args = SimulateArgs(
+        a.state_dir,
+        a.ranks,
+        a.workload,
+        a.steps,
+        a.step_interval,
+        a.profile,
+        a.num_heads,
+        costs=a.costs,
+        drift=parse_drift(a.drift),
+    )
     return run_rank(args, a.rank, a.start_at)
 
 
 # ----------------------------------------------------------------------------- the parent
+
+
+def parse_drift(items: list[str]) -> tuple[tuple[str, float], ...]:
+    """``["prefill=1.5"]`` -> ``(("prefill", 1.5),)``; ValueError naming --drift otherwise."""
+    import math
+
+    from flyserve.policy.vocabulary import PATHS
+
+    out: dict[str, float] = {}
+    for item in items:
+        path, sep, factor = item.partition("=")
+        try:
+            f = float(factor)
+        except ValueError:
+            f = math.nan
+        if not sep or path not in PATHS or not math.isfinite(f) or f <= 0:
+            raise ValueError(
+                f"--drift {item!r}: expected PATH=FACTOR with PATH one of {', '.join(PATHS)} "
+                "and FACTOR a positive number (e.g. prefill=1.5)"
+            )
+        out[path] = f
+    return tuple(sorted(out.items()))
 
 
 def validate(args: SimulateArgs) -> None:
@@ -159,6 +214,21 @@ def validate(args: SimulateArgs) -> None:
         load_profile(args.profile)
     except ThresholdsError as exc:  # names the profile
         raise ValueError(f"--profile: {exc}") from None
+    if args.drift and args.costs is None:
+        raise ValueError("--drift needs --costs (the drift multiplies the cost model's kernel times)")
+    if args.costs is not None:
+        from flyserve.pricing.costs import CostModel, CostTableError, load_costs
+
+        try:
+            table = load_costs(args.costs)
+            CostModel(table)
+        except CostTableError as exc:
+            raise ValueError(f"--costs: {exc}") from None
+        if table.num_heads != args.num_heads:
+            raise ValueError(
+                f"--num-heads {args.num_heads} does not match cost table {table.name!r} "
+                f"({table.num_heads} query heads per rank): the model would price another layer"
+            )
 
 
 def prepare_state_dir(state_dir: Path) -> None:
@@ -179,6 +249,8 @@ def rank_command(args: SimulateArgs, rank: int, start_at: float) -> list[str]:
         "--workload", args.workload, "--steps", str(args.steps),
         "--step-interval", repr(args.step_interval_s), "--profile", args.profile,
         "--num-heads", str(args.num_heads), "--start-at", repr(start_at),
+        *(["--costs", args.costs] if args.costs is not None else []),
+        *(a for path, f in args.drift for a in ("--drift", f"{path}={f!r}")),
     ]  # fmt: skip
 
 
@@ -200,6 +272,8 @@ def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -
     echo(
         f"simulate: {args.ranks} rank(s) of engine {args.engine}, workload {args.workload}, {args.steps} steps "
         f"every {args.step_interval_s}s, profile {args.profile}, {args.num_heads} heads; state {args.state_dir}"
+        + (f"; kernel times from cost table {args.costs}" if args.costs else "")
+        + (f", drift {', '.join(f'{p}={f}' for p, f in args.drift)}" if args.drift else "")
     )
     echo("  pids: " + " ".join(str(p.pid) for p in procs))
     deadline = time.monotonic() + 1.5 + 0.25 * args.ranks + args.steps * args.step_interval_s + 120.0

@@ -262,6 +262,25 @@ RANKS_AGREE: Final = FlyGauge(
     scope=SIDECAR,
 )
 
+# live pricing (the sidecar started with --costs; flyserve.sidecar.live_costs) -----------------
+PRICED_SECONDS: Final = FlyCounter(
+    "flyserve_priced_attention_seconds",
+    "Sampled steps priced by the cost table: seconds of one attention call under each policy "
+    "(routed = the path each step ran, oracle = the faster path per step, always_unified, "
+    "always_prefill). Ratios of their rates are the routing regret.",
+    ["policy"],
+    registry=None,
+    scope=SIDECAR,
+)
+COST_DRIFT: Final = FlyGauge(
+    "flyserve_cost_drift_ratio",
+    "Median of measured / cost-table-predicted kernel time per path over the last 15 minutes "
+    "(NaN without measured samples). Outside [0.7, 1.4]: re-run flyserve calibrate.",
+    ["path"],
+    registry=None,
+    scope=SIDECAR,
+)
+
 RANK_METRICS: Final = (
     DISPATCH_DECISIONS,
     DISPATCH_TOKENS,
@@ -277,7 +296,15 @@ RANK_METRICS: Final = (
     LATE_APPLIES,
 )
 CONTROL_METRICS: Final = (CONFIG_RELOADS, CONFIG_LAST_SUCCESS)
-SIDECAR_METRICS: Final = (SIDECAR_REQUESTS, SIDECAR_REQUEST_SECONDS, RANK_UP, RANK_REPORT_AGE, RANKS_AGREE)
+SIDECAR_METRICS: Final = (
+    SIDECAR_REQUESTS,
+    SIDECAR_REQUEST_SECONDS,
+    RANK_UP,
+    RANK_REPORT_AGE,
+    RANKS_AGREE,
+    PRICED_SECONDS,
+    COST_DRIFT,
+)
 SHARED_METRICS: Final = RANK_METRICS + CONTROL_METRICS
 ALL_METRICS: Final = SHARED_METRICS + SIDECAR_METRICS
 

@@ -4,10 +4,19 @@ File format (documented in docs/sidecar.md for the vLLM routing): ``<state>/shap
 one JSON object per line, newest last, at most ``capacity`` lines, rewritten whole and atomically
 (temp file + os.replace) by the rank from time to time, never per step::
 
-    {"step": 1234, "query_lens": [1, 1, 2048, ...], "max_seq_len": 8192, "num_heads": 16, "causal": true}
+    {"step": 1234, "query_lens": [1, 1, 2048, ...], "max_seq_len": 8192, "num_heads": 16, "causal": true,
+     "seq_lens": [8000, 301, 2048, ...], "path": "prefill", "time": 1764547200.5,
+     "head_size": 128, "block_size": 16, "kernel_s": 0.0061}
 
 Query lengths are kept (not a BatchShape) so a dry run that changes ``block_m`` or
-``decode_query_len_max`` re-derives the row counts exactly as a rank would.
+``decode_query_len_max`` re-derives the row counts exactly as a rank would. The rest is what the
+sidecar's live pricing needs (flyserve.sidecar.live_costs), each field optional so an older
+rank's file still reads: ``seq_lens`` (per-row context including the query: the cost model
+prices rows, not the batch), ``path`` (the kernel the step actually ran, breaker and forced path
+included), ``time`` (the rank's wall clock, for the 1 min / 15 min windows), ``head_size`` and
+``block_size`` (the layer, checked against the cost table), ``kernel_s`` (a measured time of one
+call of ``path`` in that step, when the rank has one: the drift check compares it with the
+model's prediction).
 
 The writer's ``add`` is one deque append of a tuple the caller already holds; the JSON encoding and
 the file write happen in ``flush``, which the rank calls off its step path (the simulator calls it
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections import deque
@@ -41,6 +51,13 @@ class ShapeSample:
     max_seq_len: int
     num_heads: int
     causal: bool = True
+    seq_lens: tuple[int, ...] | None = None
+    path: str | None = None
+    time: float | None = None
+    head_size: int | None = None
+    block_size: int | None = None
+    kernel_s: float | None = None
+    engine: int = 0
 
     def shape(self, t: Thresholds) -> BatchShape:
         return BatchShape.from_query_lens(
@@ -61,29 +78,53 @@ class ShapeSampleWriter:
 
     def __init__(self, state_dir: Path, *, rank: int, engine: int = 0, capacity: int = 256) -> None:
         self.path = shapes_dir(state_dir) / f"{engine}-{rank}.jsonl"
-        self._ring: deque[tuple[int, Sequence[int], int, int, bool]] = deque(maxlen=capacity)
+        self._ring: deque[tuple] = deque(maxlen=capacity)
+        self.layer: dict[str, int] = {}  # head_size, block_size once known (set off the step path)
+
+    def set_layer(self, *, head_size: int | None = None, block_size: int | None = None) -> None:
+        """What the cost table must match; written on every line (the sidecar reads any one)."""
+        self.layer = {
+            k: int(v) for k, v in (("head_size", head_size), ("block_size", block_size)) if v is not None
+        }
 
     def add(
-        self, step: int, query_lens: Sequence[int], max_seq_len: int, num_heads: int, causal: bool = True
+        self,
+        step: int,
+        query_lens: Sequence[int],
+        max_seq_len: int,
+        num_heads: int,
+        causal: bool = True,
+        seq_lens: Sequence[int] | None = None,
+        path: str | None = None,
+        time: float | None = None,
+        kernel_s: float | None = None,
     ) -> None:
-        self._ring.append((step, query_lens, max_seq_len, num_heads, causal))
+        """One deque append of what the caller holds; encoding waits for flush()."""
+        self._ring.append((step, query_lens, max_seq_len, num_heads, causal, seq_lens, path, time, kernel_s))
 
     def flush(self) -> None:
         """Rewrite the file atomically. Errors are swallowed: a missing sample only weakens a dry run."""
         items = list(self._ring)
-        lines = [
-            json.dumps(
-                {
-                    "step": s,
-                    "query_lens": [int(x) for x in q],
-                    "max_seq_len": int(m),
-                    "num_heads": int(h),
-                    "causal": bool(c),
-                },
-                separators=(",", ":"),
-            )
-            for s, q, m, h, c in items
-        ]
+        layer = self.layer
+        lines = []
+        for s, q, m, h, c, sl, p, t, k in items:
+            d: dict = {
+                "step": s,
+                "query_lens": [int(x) for x in q],
+                "max_seq_len": int(m),
+                "num_heads": int(h),
+                "causal": bool(c),
+            }
+            if sl is not None:
+                d["seq_lens"] = [int(x) for x in sl]
+            if p is not None:
+                d["path"] = p
+            if t is not None:
+                d["time"] = round(float(t), 3)
+            if k is not None:
+                d["kernel_s"] = float(k)
+            d.update(layer)
+            lines.append(json.dumps(d, separators=(",", ":")))
         with contextlib.suppress(OSError):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".jsonl")
@@ -112,7 +153,7 @@ def read_shape_samples(state_dir: Path, *, limit: int) -> list[ShapeSample]:
     out: list[ShapeSample] = []
     for name in names:
         engine = name.split("-", 1)[0]
-        for s in _read_file(d / name):
+        for s in _read_file(d / name, engine=_int_or(engine, 0)):
             key = (engine, s.step)
             if key in seen:
                 continue
@@ -122,7 +163,21 @@ def read_shape_samples(state_dir: Path, *, limit: int) -> list[ShapeSample]:
     return out[:limit]
 
 
-def _read_file(path: Path) -> Iterator[ShapeSample]:
+def _int_or(s: str, default: int) -> int:
+    try:
+        return int(s)
+    except ValueError:
+        return default
+
+
+def _opt(d: dict, key: str, conv):
+    v = d.get(key)
+    return None if v is None else conv(v)
+
+
+def _read_file(path: Path, *, engine: int = 0) -> Iterator[ShapeSample]:
+    """A rank file's samples; a line that does not parse, or whose lengths do not pair up, is skipped
+    (rank files are input: one bad line must not hide the others or poison a price)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError:
@@ -130,12 +185,28 @@ def _read_file(path: Path) -> Iterator[ShapeSample]:
     for line in text.splitlines():
         try:
             d = json.loads(line)
+            q = tuple(int(x) for x in d["query_lens"])
+            sl = _opt(d, "seq_lens", lambda v: tuple(int(x) for x in v))
+            if any(x < 0 for x in q) or (
+                sl is not None and (len(sl) != len(q) or any(b < a for a, b in zip(q, sl, strict=True)))
+            ):
+                continue
+            path_ = d.get("path")
+            t = _opt(d, "time", float)
+            k = _opt(d, "kernel_s", float)
             yield ShapeSample(
                 step=int(d["step"]),
-                query_lens=tuple(int(x) for x in d["query_lens"]),
+                query_lens=q,
                 max_seq_len=int(d["max_seq_len"]),
                 num_heads=int(d["num_heads"]),
                 causal=bool(d.get("causal", True)),
+                seq_lens=sl,
+                path=path_ if path_ in ("unified", "prefill") else None,
+                time=t if t is not None and math.isfinite(t) else None,
+                head_size=_opt(d, "head_size", int),
+                block_size=_opt(d, "block_size", int),
+                kernel_s=k if k is not None and math.isfinite(k) and k > 0 else None,
+                engine=engine,
             )
         except (ValueError, KeyError, TypeError):
             continue

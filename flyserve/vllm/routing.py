@@ -18,6 +18,7 @@ attention groups the model has.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, ClassVar
 
 import numpy as np
@@ -73,6 +74,17 @@ def decode_fast_path(t: Any, capture_variant: int) -> tuple[int, Any]:
     return t.decode_query_len_max + 1, decision_for(PREFILL, NO_PREFILL_ROWS, t.lpt == "always")
 
 
+def _host_seq_lens(metadata: Any) -> np.ndarray | None:
+    """Per-row context lengths from host memory (never a device read), or None if this vLLM keeps
+    none: ``seq_lens_cpu_upper_bound`` where it exists, else ``seq_lens`` when it is on the CPU."""
+    seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)
+    if seq is None:
+        seq = metadata.seq_lens
+        if getattr(getattr(seq, "device", None), "type", "cpu") != "cpu":
+            return None
+    return seq.numpy() if hasattr(seq, "numpy") else np.asarray(seq)
+
+
 class FlyserveRouting:
     """Implements vLLM's ``CompositeAttentionRouting`` protocol (structurally).
 
@@ -108,6 +120,13 @@ class FlyserveRouting:
                 self.layer_names[:2] + (["..."] if len(self.layer_names) > 2 else []),
                 self.prefill_spec.name,
                 "; ".join(self.problems),
+            )
+        if self.is_leader:  # what a cost table must match (the sidecar checks it before pricing)
+            head_sizes = {getattr(getattr(x, "impl", x), "head_size", None) for x in layers} - {None}
+            cache = getattr(vllm_config, "cache_config", None)
+            self.rt.shape_sample.set_layer(
+                head_size=head_sizes.pop() if len(head_sizes) == 1 else None,
+                block_size=getattr(cache, "block_size", None),
             )
         self._last_snapshot: Any = None
         self._decode_below = 0  # max_query_len below this: the decode fast path (set per snapshot)
@@ -173,7 +192,7 @@ class FlyserveRouting:
                 rt.recorder.record(d, shape, step, snap.version)
             if step >= self._next_sample:  # the one check for the 1-in-N dry-run shape sample
                 self._next_sample = step + rt.shape_sample_every
-                self._add_shape_sample(metadata, step)
+                self._add_shape_sample(metadata, step, d.path)
             if rt.shape_log is not None:
                 self._log_shape(metadata, step, d, snap.version)
             timer = rt.kernel_timer
@@ -246,13 +265,25 @@ class FlyserveRouting:
         rt.recorder.set_circuit_open(snap.circuit_open or rt.local_circuit_open)
         self._decode_below, self._decode_decision = decode_fast_path(snap.thresholds, self.capture_variant)
 
-    def _add_shape_sample(self, metadata: Any, step: int) -> None:
+    def _add_shape_sample(self, metadata: Any, step: int, path: str) -> None:
+        """1 step in N: the rows' query and context lengths (what the sidecar's cost model prices),
+        the path the step ran and when. Host copies only; unsampled steps never get here."""
         qsl = metadata.query_start_loc_cpu
         if qsl.__class__ is not np.ndarray:
             qsl = self._qsl_view(qsl, metadata.num_reqs + 1)
         lens = qsl[1:] - qsl[:-1]  # a new array (np.diff's result, without its 1.5 us of set-up)
+        seq = _host_seq_lens(metadata)
         causal = metadata.causal
-        self.rt.shape_sample.add(step, lens, int(metadata.max_seq_len), self.num_heads, causal is True)
+        self.rt.shape_sample.add(
+            step,
+            lens,
+            int(metadata.max_seq_len),
+            self.num_heads,
+            causal is True,
+            None if seq is None else seq[: lens.size].copy(),
+            path,
+            time.time(),
+        )
 
     def _log_shape(self, metadata: Any, step: int, d: Any, version: int) -> None:
         seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)

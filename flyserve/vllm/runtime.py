@@ -45,6 +45,7 @@ SERVING_TIMER_EVERY = 16
 # 1 step in 8 goes into the dry-run shape sample: enough to fill its 256 entries in a few seconds of
 # serving, while the copy of the row lengths it needs stays off 7 steps in 8.
 SHAPE_SAMPLE_EVERY = 8
+SHAPE_SAMPLE_EVERY_ENV = "FLYSERVE_SHAPE_SAMPLE_EVERY"  # e.g. 1 for a tiny demo engine's few steps
 SHAPE_SAMPLE_FLUSH_S = 1.0
 DEFAULT_PROFILE = "gfx950"
 
@@ -210,7 +211,7 @@ class RankRuntime:
         # A bounded sample of recent shapes (1 step in SHAPE_SAMPLE_EVERY) for the sidecar's dry runs
         # (PUT/PATCH /thresholds?dry_run=true replays them through decide()); written by a thread.
         self.shape_sample = ShapeSampleWriter(self.state_dir.path, rank=rank, engine=engine)
-        self.shape_sample_every = SHAPE_SAMPLE_EVERY
+        self.shape_sample_every = _shape_sample_every()
         self._sample_stop = threading.Event()
         self._sample_thread: threading.Thread | None = None
         self.kernel_timer = _kernel_timer(rank, self.tracing)
@@ -257,6 +258,20 @@ class RankRuntime:
             inst.control.stop(timeout_s=1.0)
             if inst.shape_log is not None:
                 inst.shape_log.close()
+
+
+def _shape_sample_every() -> int:
+    """1 step in N into the shape sample ($FLYSERVE_SHAPE_SAMPLE_EVERY, default SHAPE_SAMPLE_EVERY)."""
+    raw = os.environ.get(SHAPE_SAMPLE_EVERY_ENV)
+    if not raw:
+        return SHAPE_SAMPLE_EVERY
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"${SHAPE_SAMPLE_EVERY_ENV} must be an integer >= 1 (got {raw[:20]!r})")
+    return n
 
 
 def _kernel_timer(rank: int, tracing: Any) -> Any:

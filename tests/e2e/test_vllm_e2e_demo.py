@@ -29,8 +29,17 @@ def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_mode
     assert s["requests"]["sent"] == s["requests"]["completed"] > 0 and s["requests"]["failed"] == 0
     assert s["decisions_by_path"]["prefill"] > 0 and s["decisions_by_path"]["unified"] > 0
     stats = s["dispatch_stats"]
-    assert stats["thresholds"]["version"] == 2 and stats["thresholds"]["values"]["min_seq_len"] == 256
     assert stats["totals"]["batches"] == sum(s["decisions_by_path"].values())
-    before, after = s["phases"]
+    before, after, advised = s["phases"]
+    # The advice phase (flyserve.demo_advice): the sidecar priced the engine's sampled steps with the
+    # measured CPU table; cpu-tiny sends prefill batches to the slower SDPA stand-in, so there was
+    # regret; advice was applied through PATCH with If-Match (version 3) and the round after it
+    # had less.
+    assert stats["thresholds"]["version"] == 3 and advised["advice"]["thresholds_version"] == 2
+    assert advised["advice"]["changes"] and "decode_path" not in advised["advice"]["changes"]
+    assert advised["regret_before"] > 0.05
+    assert advised["regret_after"] is not None and advised["regret_after"] < advised["regret_before"]
+    assert "[+] regret with the advice in force" in out
+    assert stats["regret"]["costs"] == "cpu" and stats["regret"]["unpriceable"] is None
     assert before["prefill_ratio_of_prefill_batches"] > after["prefill_ratio_of_prefill_batches"]
     assert after["reasons"].get("short_context", 0) > before["reasons"].get("short_context", 0)

@@ -166,3 +166,42 @@ def test_failing_prefill_kernel_opens_the_circuit_without_losing_a_batch(engine)
     v = ph["closed"]["version"]
     after = [s for s in phase_rows(engine, "closed") if max(s["query_lens"]) > 1 and s["version"] == v]
     assert after and {(s["path"], s["reason"]) for s in after} == {("prefill", "admitted")}
+
+
+def test_shape_samples_carry_what_live_pricing_needs(engine):
+    """The 1-in-8 samples the sidecar prices hold, for their step, exactly the rows' query and
+    context lengths and the path the shape log (every step) recorded, and the layer vLLM runs."""
+    from flyserve.telemetry.shape_sample import read_shape_samples
+
+    samples = read_shape_samples(engine["state"], limit=100_000)
+    logged = {s["step"]: s for s in engine["shapes"]}
+    assert len(samples) >= 10
+    for s in samples:
+        row = logged[s.step]
+        assert list(s.query_lens) == row["query_lens"] and list(s.seq_lens) == row["seq_lens"], s.step
+        assert s.path == row["path"], s.step
+        assert s.head_size is not None and s.block_size is not None and s.time is not None
+
+
+def test_live_regret_and_advice_on_the_real_cpu_engine(engine):
+    """The sidecar prices the real engine's sampled steps with the measured CPU table (its layer
+    matches: 4 heads, head size 32, block 128): cpu-tiny sends prefill batches to the SDPA stand-in,
+    which the table measured slower, so there is regret; advice routes those batches to vLLM's CPU
+    kernel and, on the same shapes, leaves none."""
+    from fastapi.testclient import TestClient
+
+    from flyserve.sidecar.app import create_app
+    from flyserve.sidecar.settings import SidecarSettings
+
+    s = SidecarSettings(
+        state_dir=engine["state"], profile="cpu-tiny", share_control_metrics=False, costs="cpu"
+    )
+    with TestClient(create_app(s)) as c:
+        reg = c.get("/dispatch-stats").json()["regret"]
+        assert reg["unpriceable"] is None, reg
+        w = reg["windows"]["900s"]
+        assert w["samples"] >= 10 and w["routed_over_oracle"] > 1.0
+        adv = c.get("/thresholds/advice").json()
+        assert adv["changes"] and "decode_path" not in adv["changes"]
+        assert adv["before"]["routed_over_oracle"] > 1.0
+        assert adv["after"]["routed_over_oracle"] == pytest.approx(1.0)

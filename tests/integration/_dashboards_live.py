@@ -17,6 +17,7 @@ not GPU kernel measurements, and are labelled as such wherever they are shown.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
@@ -151,6 +152,14 @@ class LiveStack:
         cli = [sys.executable, "-m", "flyserve.cli"]
 
         self.sidecar_port = free_port()
+        # The "What the thresholds cost" panels need a sidecar that prices samples (--costs). The
+        # scenario's ranks play a 16-head layer; the H200 table was measured with 32, so the sidecar
+        # would rightly refuse it: a copy relabelled for 16 heads checks the panels' plumbing only
+        # (the simulator prices its kernel times with it too, so the drift panel has its 1.0).
+        costs_doc = json.loads((REPO / "config" / "costs" / "h200.json").read_text())
+        costs_doc["meta"]["num_heads"] = 16
+        costs_file = self.root / "costs-plumbing-16-heads.json"
+        costs_file.write_text(json.dumps(costs_doc))
         sidecar = self._spawn(
             "sidecar",
             [
@@ -166,6 +175,8 @@ class LiveStack:
                 str(token_file),
                 "--stale-after",
                 "3",
+                "--costs",
+                str(costs_file),
                 "--log-level",
                 "warning",
             ],
@@ -195,6 +206,8 @@ class LiveStack:
                 str(self.steps),
                 "--step-interval",
                 str(self.step_interval_s),
+                "--costs",  # samples carry modelled kernel times: the drift panel's input
+                str(costs_file),
             ],
             env,
         )

@@ -199,7 +199,7 @@ def test_kernel_panels_show_both_paths(live, models):
 def test_alert_rules_evaluate_on_live_data(live):
     stack, scenario = live
     rules = stack.rules()
-    assert len(rules) == 6
+    assert len(rules) == 8
     bad = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not bad, bad
     # Real alerts on real series: the refused change fires at once (no `for`); the open circuit

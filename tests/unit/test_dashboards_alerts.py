@@ -61,6 +61,8 @@ def test_the_alerts_the_issue_asks_for():
         "FlyserveCircuitOpen",
         "FlyserveRankStale",
         "FlyserveKernelTimeRegression",
+        "FlyserveRoutingRegretHigh",
+        "FlyserveCostTableDrift",
     }
 
 
@@ -119,6 +121,11 @@ MUTANTS = [
     ("FlyserveKernelTimeRegression", "> 1.5", "> 2"),
     ("FlyserveKernelTimeRegression", ">= 20", ">= 0"),
     ("FlyserveKernelTimeRegression", "for: 10m", "for: 5m"),
+    ("FlyserveRoutingRegretHigh", ") > 1.05", ") > 1.2"),
+    ("FlyserveRoutingRegretHigh", ") > 1.05\n        for: 30m", ") > 1.05\n        for: 20m"),
+    ("FlyserveCostTableDrift", "(flyserve_cost_drift_ratio) > 1.4)", "(flyserve_cost_drift_ratio) > 1.6)"),
+    ("FlyserveCostTableDrift", "(flyserve_cost_drift_ratio) < 0.7)", "(flyserve_cost_drift_ratio) < 0.4)"),
+    ("FlyserveCostTableDrift", "< 0.7)\n        for: 30m", "< 0.7)\n        for: 10m"),
 ]
 
 

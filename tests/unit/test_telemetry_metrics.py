@@ -47,6 +47,8 @@ def test_metric_names_are_the_agreed_ones() -> None:
         "flyserve_rank_up",
         "flyserve_rank_report_age_seconds",
         "flyserve_ranks_agree",
+        "flyserve_priced_attention_seconds_total",
+        "flyserve_cost_drift_ratio",
     )
     assert all(":" not in n and n.startswith("flyserve_") for n in metrics.METRIC_NAMES)
     assert metrics.METRIC_TYPES["flyserve_kernel_seconds"] == "histogram"

@@ -297,6 +297,9 @@ def test_shape_sample_feeds_the_sidecars_dry_run(state):
     assert [s.step for s in samples] == [32, 24, 16, 8]
     assert all(s.query_lens == tuple(MIXED[0]) and s.max_seq_len == max(MIXED[1]) for s in samples)
     assert all(s.num_heads == HEADS for s in samples)
+    # What the sidecar's live pricing needs: the rows' context lengths, the path run, when, the layer.
+    assert all(s.seq_lens == tuple(MIXED[1]) and s.path == PREFILL for s in samples)
+    assert all(s.time is not None and s.head_size == HEAD_SIZE for s in samples)
     t = Thresholds.load("cpu-tiny")
     change = routing_change(samples, t, t.merged({"prefill_enabled": False}))
     assert change["current"] == {"unified": 0, "prefill": 4}
@@ -335,3 +338,16 @@ def test_batches_past_the_kernels_kv_limit_take_unified_whatever_max_seq_len_say
     assert r.last_decision.path == PREFILL
     r.select(metadata([1, 1, 200], [300, 120, MAX_KV_LEN + 1]))
     assert (r.last_decision.path, r.last_decision.reason) == (UNIFIED, "context_too_long")
+
+
+def test_shape_sample_rate_from_the_environment(state, monkeypatch):
+    from flyserve.vllm.runtime import _shape_sample_every
+
+    monkeypatch.setenv("FLYSERVE_SHAPE_SAMPLE_EVERY", "1")
+    assert _shape_sample_every() == 1
+    monkeypatch.delenv("FLYSERVE_SHAPE_SAMPLE_EVERY")
+    assert _shape_sample_every() == 8
+    for bad in ("0", "-3", "eight"):
+        monkeypatch.setenv("FLYSERVE_SHAPE_SAMPLE_EVERY", bad)
+        with pytest.raises(ValueError, match="FLYSERVE_SHAPE_SAMPLE_EVERY"):
+            _shape_sample_every()

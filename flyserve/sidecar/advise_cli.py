@@ -1,0 +1,109 @@
+"""`flyserve thresholds advise`: ask a running sidecar (started with --costs) for threshold advice.
+
+Advice lives in the sidecar because the window of priced live shapes does (flyserve.sidecar.live_costs);
+this command is a reader of GET /thresholds/advice that prints it for a person. It changes nothing:
+applying the advice is the PATCH it prints, an operator action guarded by If-Match.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Annotated, Any
+
+import typer
+
+DEFAULT_URL = "http://127.0.0.1:9400"
+
+
+def _ratio(w: dict[str, Any], key: str = "routed_over_oracle") -> str:
+    v = w.get(key)
+    return "-" if v is None else f"{v:.4f}"
+
+
+def render(adv: dict[str, Any], url: str, shapes: int) -> str:
+    """The advice as text: changes, routed/oracle before and after, the PATCH to apply it."""
+    b, a = adv["before"], adv["after"]
+    lines = [
+        (
+            f"advice from {adv['samples']} sampled steps ({adv['window']} window), "
+            f"thresholds version {adv['thresholds_version']}"
+        ),
+        f"  routed/oracle, all batches:          {_ratio(b)} -> {_ratio(a)}",
+        (
+            f"  routed/oracle, batches with prefill: {_ratio(b['prefill_batches'])} -> "
+            f"{_ratio(a['prefill_batches'])} ({b['prefill_batches']['samples']} batches)"
+        ),
+    ]
+    if not adv["changes"]:
+        lines.append(
+            "no change advised: the thresholds in force route these batches as well as any values would"
+        )
+    else:
+        lines.append("changes (run-time knobs only; decode_path is fixed at start):")
+        width = max(len(k) for k in adv["changes"])
+        for k, (old, new) in adv["changes"].items():
+            lines.append(f"  {k:<{width}}  {old} -> {new}")
+        p = adv["patch"]
+        body = json.dumps(p["body"], separators=(",", ":"))
+        lines += [
+            "apply (an operator action; 409 if the thresholds changed since):",
+            (
+                f"  curl -X {p['method']} {shlex.quote(url.rstrip('/') + p['path'])} "
+                f"-H {shlex.quote('If-Match: ' + p['headers']['If-Match'])} "
+                '-H "Authorization: Bearer $FLYSERVE_SIDECAR_TOKEN" '
+                f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
+            ),
+        ]
+    listed = adv["shapes"][-shapes:] if shapes else []
+    if listed:
+        lines.append(
+            f"newest {len(listed)} of {adv['shapes_total']} fitted shapes (rows, max ctx, ms per path):"
+        )
+        for s in listed:
+            moved = "" if s["before"] == s["after"] else f"  {s['before']} -> {s['after']}"
+            lines.append(
+                f"  step {s['step']:>8}: {len(s['query_lens']):>4} rows, {max(s['seq_lens'], default=0):>7} ctx, "
+                f"unified {s['unified_ms']:.3f} prefill {s['prefill_ms']:.3f}{moved}"
+            )
+    return "\n".join(lines)
+
+
+def advise(
+    url: Annotated[
+        str,
+        typer.Option("--url", envvar="FLYSERVE_SIDECAR_URL", help="The sidecar ($FLYSERVE_SIDECAR_URL)."),
+    ] = DEFAULT_URL,
+    window: Annotated[
+        str, typer.Option("--window", help="Which window's sampled shapes to fit: 60s or 900s.")
+    ] = "900s",
+    shapes: Annotated[
+        int, typer.Option("--shapes", min=0, max=10_000, help="How many fitted shapes to list.")
+    ] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the sidecar's JSON as is.")] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the sidecar.")
+    ] = 60.0,
+) -> None:
+    """Threshold values that would have routed the last window's real batches best, priced by the
+    sidecar's cost table: routed/oracle before and after, and the PATCH (with If-Match) to apply them."""
+    import httpx
+
+    if window not in ("60s", "900s"):
+        typer.echo(f"error: --window must be 60s or 900s (got {window!r})", err=True)
+        raise typer.Exit(2)
+    endpoint = url.rstrip("/") + "/thresholds/advice"
+    try:
+        r = httpx.get(endpoint, params={"window": window, "shapes": max(shapes, 100)}, timeout=timeout)
+    except httpx.HTTPError as exc:
+        typer.echo(f"error: cannot reach the sidecar at {url}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if r.status_code != 200:
+        try:
+            detail = r.json().get("detail", r.text)
+        except ValueError:
+            detail = r.text
+        typer.echo(f"error: {endpoint}: HTTP {r.status_code}: {str(detail)[:300]}", err=True)
+        raise typer.Exit(1)
+    adv = r.json()
+    typer.echo(json.dumps(adv, indent=1) if as_json else render(adv, url, shapes))

@@ -1,0 +1,404 @@
+"""What the thresholds cost, live: regret, advice and cost-table drift from the ranks' shape samples.
+
+The ranks sample 1 engine step in N (flyserve.telemetry.shape_sample): the rows' query and context
+lengths, the path the step ran, when, and (where the rank has one) a measured kernel time. The
+sidecar reads those files every second, prices each new sample ONCE with the cost table named at
+start (``--costs``), and keeps the priced samples of the last 15 minutes. From them:
+
+* regret per window (1 min, 15 min): the priced seconds of the path each step ran (routed), of the
+  faster path per step (oracle), and of always-unified / always-prefill; ``routed/oracle - 1`` is
+  the share of attention time the thresholds spent beyond the best per-batch choice. The same
+  arithmetic as ``flyserve replay`` (flyserve.lab.replay), over live samples instead of a trace.
+* advice: calibrate's fitter (flyserve.pricing.fit) run on the window's priced shapes, starting
+  from the thresholds in force; only the run-time knobs it changes, never decode_path.
+* drift: per path, the median over the window of measured / predicted for the samples that carry
+  a kernel time. 1.0: the table still describes this GPU and kernel build.
+
+Prices are per attention-layer call of a sampled step: the ratios are what mean something, the
+absolute sums are a 1-in-N sample. A table measured for another layer (heads, head size, block
+size) prices nothing and says why: pricing 16-head batches with a 32-head table would be a
+confident wrong answer.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flyserve.policy import PATHS, PREFILL, UNIFIED, BatchShape, Thresholds, ThresholdsError, decide
+from flyserve.pricing.costs import CostEntry, CostModel, CostTable, CostTableError
+from flyserve.pricing.fit import PREFILL_KNOBS, fit_thresholds
+from flyserve.telemetry.shape_sample import ShapeSample
+
+FIT_CANDIDATES = 48
+"""Candidate values per knob in a live fit (see flyserve.pricing.fit._thin)."""
+REGRET_WINDOWS: dict[str, float] = {"60s": 60.0, "900s": 900.0}
+HORIZON_S = max(REGRET_WINDOWS.values())
+POLICIES = ("routed", "oracle", "always_unified", "always_prefill")
+PREFILL_ROW_MIN_QUERY = 2
+"""Thresholds.min_query_len's default: a batch with a row this long has a prefill row."""
+ADVICE_KNOBS = PREFILL_KNOBS
+"""What advice may change: the knobs the fitter informs, all changeable while serving
+(decode_path is fixed at start: the engine captured its CUDA graphs with it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PricedSample:
+    """One sampled step, priced once: seconds of one attention call on each path."""
+
+    time: float
+    sample: ShapeSample
+    unified_s: float
+    prefill_s: float
+    routed_path: str
+    routed_s: float
+
+    @property
+    def oracle_s(self) -> float:
+        return min(self.unified_s, self.prefill_s)
+
+    @property
+    def has_prefill_row(self) -> bool:
+        """A row of 2+ query tokens: the batches run-time thresholds route. The others (decode only)
+        always take decode_path, fixed at start; their share of regret needs a restart to change."""
+        return max(self.sample.query_lens, default=0) >= PREFILL_ROW_MIN_QUERY
+
+    def predicted(self, path: str) -> float:
+        return self.prefill_s if path == PREFILL else self.unified_s
+
+
+def layer_mismatch(table: CostTable, s: ShapeSample) -> str | None:
+    """Why ``table`` cannot price ``s``'s layer, or None. A field the sample does not carry is not
+    checked (an older rank); heads are always known."""
+    meta = table.meta
+    if "num_heads" in meta and int(meta["num_heads"]) != s.num_heads:
+        return (
+            f"cost table {table.name!r} was measured with {meta['num_heads']} query heads per rank; "
+            f"the ranks run {s.num_heads}"
+        )
+    if s.head_size is not None and "head_size" in meta and int(meta["head_size"]) != s.head_size:
+        return f"cost table {table.name!r} was measured with head size {meta['head_size']}; the ranks run {s.head_size}"
+    if s.block_size is not None and s.block_size not in table.block_sizes:
+        return (
+            f"cost table {table.name!r} has no entries for block size {s.block_size} "
+            f"(measured: {', '.join(map(str, table.block_sizes))})"
+        )
+    if s.seq_lens is None:
+        return "the ranks' shape samples carry no seq_lens (a rank older than this sidecar): nothing to price"
+    return None
+
+
+@dataclass(frozen=True)
+class RegretSummary:
+    """Priced totals over one window. Seconds are sums of one attention call per sampled step."""
+
+    samples: int
+    span_s: float
+    routed_s: float
+    oracle_s: float
+    always_unified_s: float
+    always_prefill_s: float
+    wrong_samples: int
+    drift: dict[str, dict[str, Any]]
+    prefill_batches: dict[str, Any]
+
+    def ratio(self, num: float) -> float | None:
+        return num / self.oracle_s if self.oracle_s > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.ratio(self.routed_s)
+        return {
+            "samples": self.samples,
+            "span_s": round(self.span_s, 3),
+            "routed_s": self.routed_s,
+            "oracle_s": self.oracle_s,
+            "always_unified_s": self.always_unified_s,
+            "always_prefill_s": self.always_prefill_s,
+            "routed_over_oracle": r,
+            "regret": None if r is None else r - 1.0,
+            "always_unified_over_oracle": self.ratio(self.always_unified_s),
+            "always_prefill_over_oracle": self.ratio(self.always_prefill_s),
+            "wrong_samples": self.wrong_samples,
+            "prefill_batches": self.prefill_batches,
+            "drift": self.drift,
+        }
+
+
+def summarize(priced: Sequence[PricedSample], span_s: float) -> RegretSummary:
+    """Totals of ``priced``, summed in sample order (so the same samples give the same floats as
+    ``flyserve replay`` summing the same steps)."""
+    n = len(priced)
+    u = np.fromiter((p.unified_s for p in priced), dtype=np.float64, count=n)
+    pf = np.fromiter((p.prefill_s for p in priced), dtype=np.float64, count=n)
+    routed = np.fromiter((p.routed_s for p in priced), dtype=np.float64, count=n)
+    oracle = np.minimum(u, pf)
+    has_prefill = np.fromiter((p.has_prefill_row for p in priced), dtype=bool, count=n)
+    pr, po = float(routed[has_prefill].sum()), float(oracle[has_prefill].sum())
+    return RegretSummary(
+        samples=n,
+        span_s=span_s,
+        routed_s=float(routed.sum()),
+        oracle_s=float(oracle.sum()),
+        always_unified_s=float(u.sum()),
+        always_prefill_s=float(pf.sum()),
+        wrong_samples=int(np.count_nonzero(routed > oracle)),
+        drift=drift_of(priced),
+        prefill_batches={
+            "samples": int(has_prefill.sum()),
+            "routed_s": pr,
+            "oracle_s": po,
+            "routed_over_oracle": pr / po if po > 0 else None,
+        },
+    )
+
+
+def drift_of(priced: Iterable[PricedSample]) -> dict[str, dict[str, Any]]:
+    """Per path: how many samples carry a measured kernel time, and the median measured/predicted."""
+    ratios: dict[str, list[float]] = {p: [] for p in PATHS}
+    for p in priced:
+        k = p.sample.kernel_s
+        pred = p.predicted(p.routed_path)
+        if k is not None and pred > 0:
+            ratios[p.routed_path].append(k / pred)
+    return {
+        path: {"samples": len(rs), "median_ratio": statistics.median(rs) if rs else None}
+        for path, rs in ratios.items()
+    }
+
+
+class LivePricing:
+    """Priced samples of the last 15 minutes; thread-safe (the sampler thread ingests, requests read).
+
+    ``on_priced`` is called with each newly priced sample (the sidecar adds it to the Prometheus
+    counters). Samples are keyed by (engine, step): TP ranks sample the same steps, and a file is
+    re-read every second; a key seen again with a time more than 5 s apart is a restarted engine.
+    """
+
+    def __init__(
+        self,
+        table: CostTable,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_priced: Callable[[PricedSample], None] | None = None,
+    ) -> None:
+        self.table = table
+        self._clock = clock
+        self._on_priced = on_priced
+        self._models: dict[int, CostModel] = {}
+        self._priced: deque[PricedSample] = deque()
+        self._seen: dict[tuple[int, int], float] = {}
+        self._lock = threading.Lock()
+        self.unpriceable: str | None = None  # the latest reason a sample could not be priced
+        self.unpriceable_count = 0
+
+    def _model(self, block_size: int | None) -> CostModel:
+        bs = self.table.block_sizes[0] if block_size is None else block_size
+        m = self._models.get(bs)
+        if m is None:
+            m = self._models[bs] = CostModel(self.table, block_size=bs)
+        return m
+
+    def price(self, s: ShapeSample, now: float) -> PricedSample | str:
+        """The priced sample, or the reason it cannot be priced."""
+        why = layer_mismatch(self.table, s)
+        if why is not None:
+            return why
+        try:
+            model = self._model(s.block_size)
+        except CostTableError as exc:
+            return str(exc)
+        q = np.asarray(s.query_lens, dtype=np.int64)
+        sl = np.asarray(s.seq_lens, dtype=np.int64)
+        u = model.predict(q, sl, UNIFIED)
+        p = model.predict(q, sl, PREFILL)
+        path = s.path if s.path is not None else UNIFIED
+        t = s.time if s.time is not None else now
+        return PricedSample(t, s, u, p, path, p if path == PREFILL else u)
+
+    def ingest(self, samples: Iterable[ShapeSample]) -> int:
+        """Price the samples not seen before (oldest step first); drop what left the horizon."""
+        now = self._clock()
+        new: list[PricedSample] = []
+        with self._lock:
+            for s in sorted(samples, key=lambda x: (x.engine, x.step)):
+                key = (s.engine, s.step)
+                t = s.time if s.time is not None else now
+                seen = self._seen.get(key)
+                if seen is not None and (s.time is None or abs(seen - t) <= 5.0):
+                    continue
+                self._seen[key] = t
+                if t < now - HORIZON_S:
+                    continue
+                got = self.price(s, now)
+                if isinstance(got, str):
+                    self.unpriceable, self.unpriceable_count = got, self.unpriceable_count + 1
+                    continue
+                new.append(got)
+            new.sort(key=lambda p: p.time)
+            self._priced.extend(new)
+            if new and len(self._priced) > len(new) and self._priced[-len(new) - 1].time > new[0].time:
+                self._priced = deque(sorted(self._priced, key=lambda p: p.time))
+            self._expire(now)
+        if self._on_priced is not None:
+            for p in new:
+                self._on_priced(p)
+        return len(new)
+
+    def _expire(self, now: float) -> None:
+        cutoff = now - HORIZON_S
+        while self._priced and self._priced[0].time < cutoff:
+            self._priced.popleft()
+        if len(self._seen) > 4 * max(len(self._priced), 1024):
+            self._seen = {k: t for k, t in self._seen.items() if t >= cutoff - 10.0}
+
+    def window(self, seconds: float) -> list[PricedSample]:
+        now = self._clock()
+        with self._lock:
+            return [p for p in self._priced if p.time >= now - seconds]
+
+    def regret_drift(self) -> dict[str, float | None]:
+        """Per path, the 15-minute median measured / predicted (the drift gauge's value)."""
+        d = drift_of(self.window(HORIZON_S))
+        return {path: v["median_ratio"] for path, v in d.items()}
+
+    def regret(self) -> dict[str, Any]:
+        """The ``regret`` section of /dispatch-stats."""
+        windows = {}
+        for name, secs in REGRET_WINDOWS.items():
+            w = self.window(secs)
+            span = (w[-1].time - w[0].time) if len(w) > 1 else 0.0
+            windows[name] = summarize(w, span).to_json()
+        return {
+            "costs": self.table.name,
+            "measured_on": {
+                k: self.table.meta[k]
+                for k in ("gpu", "platform", "kernels", "num_heads", "head_size", "block_size")
+                if k in self.table.meta
+            },
+            "unpriceable": self.unpriceable,
+            "unpriceable_samples": self.unpriceable_count,
+            "windows": windows,
+        }
+
+    def advise(self, current: Thresholds, *, window_s: float = 900.0, max_shapes: int = 2048) -> AdviceResult:
+        """Fit the run-time knobs to the window's priced shapes: the newest ``max_shapes`` batches
+        with a prefill row (the ones the knobs route) and every decode-only batch of the window."""
+        w = self.window(window_s)
+        keep = {id(p) for p in [p for p in w if p.has_prefill_row][-max_shapes:]}
+        return advise([p for p in w if not p.has_prefill_row or id(p) in keep], current)
+
+
+@dataclass(frozen=True)
+class AdviceResult:
+    samples: list[PricedSample]
+    current: Thresholds
+    proposed: Thresholds
+    before: RegretSummary
+    after: RegretSummary
+    paths_before: list[str]
+    paths_after: list[str]
+
+    @property
+    def changes(self) -> dict[str, tuple[Any, Any]]:
+        return {k: v for k, v in self.current.diff(self.proposed).items() if k in ADVICE_KNOBS}
+
+
+def route(samples: Sequence[PricedSample], t: Thresholds) -> list[str]:
+    """The path decide() picks for each sample under ``t`` (as a rank would, breaker closed)."""
+    out = []
+    for p in samples:
+        s = p.sample
+        shape = BatchShape.from_query_lens(
+            np.asarray(s.query_lens, dtype=np.int64),
+            max_seq_len=s.max_seq_len,
+            num_heads=s.num_heads,
+            causal=s.causal,
+            thresholds=t,
+        )
+        out.append(decide(shape, t).path)
+    return out
+
+
+def _rerouted(samples: Sequence[PricedSample], paths: Sequence[str]) -> RegretSummary:
+    re = [
+        PricedSample(p.time, p.sample, p.unified_s, p.prefill_s, path, p.predicted(path))
+        for p, path in zip(samples, paths, strict=True)
+    ]
+    span = (samples[-1].time - samples[0].time) if len(samples) > 1 else 0.0
+    return summarize(re, span)
+
+
+def _routed_s(samples: Sequence[PricedSample], t: Thresholds) -> float:
+    return sum(p.predicted(path) for p, path in zip(samples, route(samples, t), strict=True))
+
+
+def minimal_change(samples: Sequence[PricedSample], current: Thresholds, fitted: Thresholds) -> Thresholds:
+    """The fitted values only where they pay: nothing unless they are strictly cheaper on
+    ``samples``, then each changed knob put back while that costs nothing. The fitter breaks ties
+    toward the most permissive value (right for a calibration grid); live advice must not widen a
+    knob the window cannot tell anything about (seen in the CPU demo: four "free" changes)."""
+    eps = 1e-12
+    best = _routed_s(samples, fitted)
+    if not best < _routed_s(samples, current) - eps:
+        return current
+    out = fitted
+    for knob, (old, _new) in current.diff(fitted).items():
+        try:
+            cand = out.merged({knob: old})
+        except ThresholdsError:  # e.g. min_seq_len back above a max_seq_len that moved
+            continue
+        if _routed_s(samples, cand) <= best + eps:
+            out = cand
+    return out
+
+
+def advise(samples: Sequence[PricedSample], current: Thresholds) -> AdviceResult:
+    """Calibrate's fitter on live shapes. Before and after are both decide() under the thresholds
+    (not the recorded paths), so the comparison is like for like."""
+    if not samples:
+        raise ValueError("no priced shapes in the window")
+    heads = {p.sample.num_heads for p in samples}
+    # Batches without a prefill row take decode_path whatever the run-time knobs say: a constant
+    # in every candidate's total, so the fit runs on the others only (the bulk of a window is decode).
+    routable = [p for p in samples if p.has_prefill_row]
+    if len(heads) != 1:
+        raise ValueError(f"the window mixes ranks with {sorted(heads)} query heads: advice needs one layer")
+    entries = [
+        CostEntry(
+            "mixed",
+            p.sample.query_lens,
+            p.sample.seq_lens or (),
+            {UNIFIED: p.unified_s, PREFILL: p.prefill_s},
+        )
+        for p in routable
+    ]
+    if entries:
+        fit = fit_thresholds(
+            entries, num_heads=heads.pop(), base=current, fit_decode_path=False, max_candidates=FIT_CANDIDATES
+        ).thresholds
+    else:
+        fit = current
+    keep = {k: v for k, v in fit.model_dump().items() if k not in ADVICE_KNOBS}
+    proposed = minimal_change(routable, current, fit.merged({k: getattr(current, k) for k in keep}))
+    before_paths, after_paths = route(samples, current), route(samples, proposed)
+    return AdviceResult(
+        list(samples),
+        current,
+        proposed,
+        _rerouted(samples, before_paths),
+        _rerouted(samples, after_paths),
+        before_paths,
+        after_paths,
+    )
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else x
