@@ -210,7 +210,8 @@ class FlyserveRouting:
 
     def _adjust(self, d: Any, shape: BatchShape, t: Any, snap: Any) -> Any:
         """decide()'s decision, then what this process knows that the policy does not: the capture
-        variant for batches with no prefill row, a forced path, static ineligibility, an open circuit.
+        variant for batches with no prefill row, a forced path (never for a non-causal batch),
+        static ineligibility, the kernel's own KV limit, an open circuit.
         (A unified decision for a batch with a prefill row, not forced, skips this call.)"""
         rt = self.rt
         if shape.max_query_len < t.min_query_len:
