@@ -67,11 +67,12 @@ class PrefillStatus:
 
 def rocm_prefill_status() -> PrefillStatus:
     """FlyDSL on this machine: importable, which revision, on a gfx950. Logs one line either way."""
+    from flyserve.vllm import device
     from flyserve.vllm.flydsl import forced_block_size_problem, try_load
     from flyserve.vllm.flydsl_kernel import INSTALL_HINT
 
     kernel, why = try_load()
-    arch = gpu_arch()
+    arch = device.gpu_arch()
     off = None
     if not arch.startswith("gfx950"):
         off = f"GPU arch {arch or 'unknown'} is not gfx950 (FlyDSL dualwave runs on MI350/MI355 only)"
@@ -107,16 +108,6 @@ def _plain_status(kind: str, spec: PrefillKernelSpec) -> PrefillStatus:
         log.warning("flyserve: prefill path unavailable (%s); serving on the unified path", off)
         return PrefillStatus(spec.name, None, off)
     return PrefillStatus(spec.name)
-
-
-def gpu_arch() -> str:
-    """gcnArchName of GPU 0 on ROCm ('' when unknown)."""
-    try:
-        import torch
-
-        return str(torch.cuda.get_device_properties(0).gcnArchName).split(":")[0]
-    except Exception:  # noqa: BLE001 - no GPU, or not ROCm
-        return ""
 
 
 def platform_kind() -> str:

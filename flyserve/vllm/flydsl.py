@@ -277,9 +277,9 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
 
 def _on_gfx950() -> bool:
     """GPU 0 is a gfx950 (MI350/MI355), the only arch the dualwave kernel runs on."""
-    from flyserve.vllm.backends import gpu_arch
+    from flyserve.vllm import device
 
-    return gpu_arch().startswith("gfx950")
+    return device.gpu_arch().startswith("gfx950")
 
 
 def _installed_revision() -> FlyDSLRevision | None:

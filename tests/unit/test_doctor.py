@@ -93,10 +93,10 @@ def test_missing_flydsl_fails_naming_the_variable(monkeypatch, tmp_path):
 
 
 def test_block_size_checks(monkeypatch):
-    from flyserve.vllm import backends
+    from flyserve.vllm import device
 
     FakeFlyDSL("pr1056-943152de").install(monkeypatch)
-    monkeypatch.setattr(backends, "gpu_arch", lambda: "gfx950")  # FlyDSL's sizes are declared on gfx950 only
+    monkeypatch.setattr(device, "gpu_arch", lambda: "gfx950")  # FlyDSL's sizes are declared on gfx950 only
     assert "vLLM picks 64" in checks.check_block_size("rocm", None).detail
     bad = checks.check_block_size("rocm", 16)
     assert bad.status == "warn" and "--block-size 64" in bad.fix

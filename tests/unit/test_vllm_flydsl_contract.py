@@ -301,9 +301,9 @@ def flydsl():
 @pytest.fixture
 def gfx950(monkeypatch):
     """GPU 0 reads as a gfx950 (the only arch FlyDSL's page sizes are declared on)."""
-    from flyserve.vllm import backends
+    from flyserve.vllm import device
 
-    monkeypatch.setattr(backends, "gpu_arch", lambda: "gfx950")
+    monkeypatch.setattr(device, "gpu_arch", lambda: "gfx950")
 
 
 @pytest.fixture
@@ -511,9 +511,9 @@ def test_forced_block_size_problem_names_the_flag(flydsl, fake):
 
 
 def test_missing_flydsl_declines_with_one_line_naming_the_variable(flydsl, monkeypatch, caplog, tmp_path):
-    from flyserve.vllm import backends
+    from flyserve.vllm import backends, device
 
-    monkeypatch.setattr(backends, "gpu_arch", lambda: "gfx950")
+    monkeypatch.setattr(device, "gpu_arch", lambda: "gfx950")
     monkeypatch.setenv("VLLM_FLYDSL_KERNELS_PATH", str(tmp_path / "absent"))
     with caplog.at_level(logging.INFO, logger="flyserve.vllm"):
         st = backends.rocm_prefill_status()
@@ -524,13 +524,13 @@ def test_missing_flydsl_declines_with_one_line_naming_the_variable(flydsl, monke
 
 
 def test_non_gfx950_declines(fake, monkeypatch, caplog):
-    from flyserve.vllm import backends
+    from flyserve.vllm import backends, device
 
-    monkeypatch.setattr(backends, "gpu_arch", lambda: "gfx942")
+    monkeypatch.setattr(device, "gpu_arch", lambda: "gfx942")
     with caplog.at_level(logging.INFO, logger="flyserve.vllm"):
         st = backends.rocm_prefill_status()
     assert "gfx942" in st.off_reason and st.revision is None
-    monkeypatch.setattr(backends, "gpu_arch", lambda: "gfx950")
+    monkeypatch.setattr(device, "gpu_arch", lambda: "gfx950")
     st = backends.rocm_prefill_status()
     assert st.off_reason is None and st.revision == fk.load_flydsl_kernel().revision.label
     assert st.config_problems(SimpleNamespace(cache_config=SimpleNamespace(block_size=16)))[0].count(
@@ -656,9 +656,9 @@ def test_warm_up_runs_only_where_the_layout_lets_the_path_run(flydsl, fake, runt
 def test_no_warm_up_and_aiters_block_sizes_on_another_gpu(flydsl, fake, runtime, monkeypatch):
     """FlyDSL importable on a gfx942: the path is declined at start, so neither warm-up nor FlyDSL's
     page sizes (docs/vllm.md: a non-gfx950 GPU gets AITER's sizes)."""
-    from flyserve.vllm import backends
+    from flyserve.vllm import device
 
-    monkeypatch.setattr(backends, "gpu_arch", lambda: "gfx942")
+    monkeypatch.setattr(device, "gpu_arch", lambda: "gfx942")
     warmed = []
     monkeypatch.setattr(flydsl.FlyDSLDualwaveImpl, "warm_up", lambda self, *a: warmed.append(a) or True)
     impl = _loaded_impl(flydsl, 1, monkeypatch)
@@ -666,5 +666,5 @@ def test_no_warm_up_and_aiters_block_sizes_on_another_gpu(flydsl, fake, runtime,
     assert not warmed and not fake.calls
     sizes = flydsl.FlyDSLDualwaveBackend.get_supported_kernel_block_sizes()
     assert len(sizes) == 1 and sizes[0].base == 16  # AITER's MultipleOf(16)
-    monkeypatch.setattr(backends, "gpu_arch", lambda: "gfx950")
+    monkeypatch.setattr(device, "gpu_arch", lambda: "gfx950")
     assert flydsl.FlyDSLDualwaveBackend.get_supported_kernel_block_sizes()[0] == 64
