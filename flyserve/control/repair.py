@@ -4,7 +4,8 @@ Run by the sidecar at start and by `flyserve thresholds repair`. Under the write
 
 1. removes temp files a killed writer left (``control/.*.tmp``, ``history/.*.tmp``);
 2. sets aside history files that fail their checks (renamed ``*.json.bad``: their version numbers
-   still count, so no later version reuses one);
+   still count, so no later version reuses one) and names that carry no valid version number
+   (renamed ``*.stray``: they never count);
 3. rebuilds a missing or damaged current.json from the newest intact history entry, or, with none,
    publishes the profile's values above every version on record (the overrides are then lost, and
    the report says so);
@@ -59,6 +60,16 @@ def _remove_temp_files(plane: Any, dropped: list[str]) -> None:
                 with contextlib.suppress(OSError):
                     os.unlink(d / n)
                     dropped.append(f"temp file {d.name}/{n}")
+
+
+def _set_aside_stray_names(plane: Any, dropped: list[str]) -> None:
+    """history/*.json names that carry no valid version ('²³.json', a 30-digit number) are renamed
+    '*.stray': they were never versions and never count as one (issue 13)."""
+    hist = plane.state_dir.history_dir
+    for n in plane.store.stray_history_names():
+        with contextlib.suppress(OSError):
+            os.replace(hist / n, hist / (n + ".stray"))
+            dropped.append(f"history file {ascii(n)[1:-1][:80]} (not a version number), kept as *.stray")
 
 
 def _set_aside_bad_history(plane: Any, dropped: list[str]) -> list[ConfigSnapshot]:
@@ -140,6 +151,7 @@ def repair(plane: Any, *, actor: str = "repair") -> RepairReport:
     dropped: list[str] = []
     with plane.store.lock(timeout_s=plane.lock_timeout_s):
         _remove_temp_files(plane, dropped)
+        _set_aside_stray_names(plane, dropped)
         good = _set_aside_bad_history(plane, dropped)
         cur = _current(plane, good, actions, dropped)
         _remove_orphans(plane, cur, dropped)

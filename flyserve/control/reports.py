@@ -15,6 +15,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from flyserve.control.paths import MAX_VERSION
+
 MAX_PLAUSIBLE_STEPS_PER_S = 10_000.0
 """No engine steps faster than this (vLLM: ~10/s long prefills to ~200/s small decode batches)."""
 MAX_RANK = 65_535
@@ -104,7 +106,7 @@ def parse_report(d: Any, *, now: float) -> RankReport | None:
         if rate is None:
             return None
     applied = d.get("applied_version")
-    applied = _int(d, "applied_version", 0, 1 << 62) if applied is not None else None
+    applied = _int(d, "applied_version", 0, MAX_VERSION) if applied is not None else None
     late = _int(d, "late_applies", 0, 1 << 62) or 0
     host = d.get("host") if isinstance(d.get("host"), str) else ""
     pidns = d.get("pidns") if isinstance(d.get("pidns"), str) else ""
