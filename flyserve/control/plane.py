@@ -20,7 +20,8 @@ from typing import Any
 from flyserve.control._metrics import count_reload
 from flyserve.control.effective import ASSUMED_STEPS_PER_S, plan_steps
 from flyserve.control.errors import ControlIOError, DecodePathChangeRefused, VersionConflict
-from flyserve.control.paths import StateDir, default_state_dir
+from flyserve.control.paths import MAX_VERSION, StateDir, default_state_dir
+from flyserve.control.reports import RankReport
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
 from flyserve.policy.errors import describe_value
@@ -222,11 +223,26 @@ class ControlPlane:
     def audit_log(self, limit: int | None = None) -> list[dict[str, Any]]:
         return self.store.read_audit(limit)
 
-    def next_version(self, cur: ConfigSnapshot) -> int:
-        """Above the current version and above every history file name: versions only go up, so a
-        rank (which ignores versions it has already passed) never misses one, and history is never
-        overwritten."""
-        return max(cur.version, self.store.version_floor()) + 1
+    def next_version(self, cur: ConfigSnapshot, reports: Iterable[RankReport] = ()) -> int:
+        """Above the current version, above every history file name and above every version a live
+        rank has applied: versions only go up, so a rank (which ignores versions it has already
+        passed) never misses one, and history is never overwritten. The ranks' applied versions
+        matter when current.json, history and the audit log are all lost: versions once restarted
+        at 1 there and every rank ignored the new ones (issue 13). Raises ControlIOError past
+        MAX_VERSION."""
+        now = self._clock()
+        applied = (
+            r.applied_version
+            for r in reports
+            if r.applied_version is not None and r.is_live(now, self.rank_stale_after_s)
+        )
+        v = max(cur.version, self.store.version_floor(), max(applied, default=0)) + 1
+        if v > MAX_VERSION:
+            raise ControlIOError(
+                f"version numbers exhausted (next would be {v}); inspect control/history",
+                path=str(self.state_dir.history_dir),
+            )
+        return v
 
     def _initial(self) -> ConfigSnapshot:
         return ConfigSnapshot.build(
@@ -516,8 +532,9 @@ class ControlPlane:
     def _planned(self, cur: ConfigSnapshot, candidate: ConfigSnapshot, now: float) -> ConfigSnapshot:
         """The candidate numbered above every version on record, with its effective step per engine
         (flyserve.control.effective: live ranks only, per engine, generation-aware floor)."""
+        reports = self.store.reports(now=now)
         plan = plan_steps(
-            self.store.reports(now=now),
+            reports,
             now=now,
             stale_after_s=self.rank_stale_after_s,
             step_margin=self.step_margin,
@@ -527,7 +544,7 @@ class ControlPlane:
             assumed_steps_per_s=self.assumed_steps_per_s,
         )
         return candidate.replace(
-            version=self.next_version(cur),
+            version=self.next_version(cur, reports),
             effective_step=plan.effective_step,
             engine_steps=plan.engine_steps,
         )

@@ -39,6 +39,31 @@ def live_report(plane: ControlPlane, rank: int, **fields: Any) -> dict[str, Any]
     return d
 
 
+# ---------------------------------------------------------------- 2: ranks' applied version is a floor
+
+
+def test_2_versions_do_not_restart_below_what_live_ranks_applied(plane: ControlPlane) -> None:
+    for n in range(5):
+        plane.apply_overrides({"min_seq_len": 2000 + n}, actor="a")
+    live_report(plane, 0, applied_version=5)
+    live_report(plane, 1, applied_version=5)
+    # current.json garbage, history and the audit log gone
+    sd = plane.state_dir
+    for f in sd.history_dir.iterdir():
+        f.unlink()
+    sd.current_json.write_text("garbage")
+    sd.audit_log.unlink()
+    r = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    assert r.version == 6  # was 1: every rank (on v5) ignored it
+
+
+def test_2_a_dead_or_stale_rank_does_not_raise_the_floor(plane: ControlPlane) -> None:
+    plane.apply_overrides({"min_seq_len": 2000}, actor="a")
+    live_report(plane, 0, applied_version=500, time=time.time() - 300)  # stale
+    r = plane.apply_overrides({"min_seq_len": 2001}, actor="a").snapshot
+    assert r.version == 2
+
+
 # ---------------------------------------------------------------- 3, 4: history file names
 
 
