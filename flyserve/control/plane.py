@@ -531,7 +531,7 @@ class ControlPlane:
 
     def _planned(self, cur: ConfigSnapshot, candidate: ConfigSnapshot, now: float) -> ConfigSnapshot:
         """The candidate numbered above every version on record, with its effective step per engine
-        (flyserve.control.effective: live ranks only, per engine, generation-aware floor)."""
+        (flyserve.control.effective: live, plausible ranks only, per engine)."""
         reports = self.store.reports(now=now)
         plan = plan_steps(
             reports,
@@ -539,8 +539,6 @@ class ControlPlane:
             stale_after_s=self.rank_stale_after_s,
             step_margin=self.step_margin,
             lead_s=self.lead_s,
-            previous=dict(cur.engine_steps) or {"*": cur.effective_step},
-            previous_version=cur.version,
             assumed_steps_per_s=self.assumed_steps_per_s,
         )
         return candidate.replace(
