@@ -212,3 +212,62 @@ def test_11_a_writer_killed_mid_publish_leaves_every_version_audited_and_no_orph
     assert set(history) <= audited, (history, sorted(audited))
     assert not list((sd / "control").glob(".*.tmp")) and not list((sd / "control" / "history").glob(".*.tmp"))
     assert plane.apply_overrides({"min_seq_len": 9999}, actor="a").snapshot.version == cur.version + 1
+
+
+# ---------------------------------------------------------------- review item 1: a forged rank report
+
+
+def test_review_1_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_path: Path) -> None:
+    """Attacker review item 1: a ranks/7.json from 'another host' (started 0.0, time 4.9 s ahead,
+    step 1e9) gave a change effective_step 1000000064; real ranks never applied it. Now the forged
+    report is capped by its engine's real ranks, and both apply the change at one step."""
+    state = tmp_path / "state"
+    plane = ControlPlane(state)
+    plane.reload(actor="startup", startup=True)
+    stop = tmp_path / "stop"
+    procs = []
+    for r in range(2):
+        args = ["--state-dir", str(state), "--rank", str(r), "--out", str(tmp_path / f"rank{r}.json")]
+        args += ["--stop-file", str(stop), "--interval", "0.5", "--step-sleep", "0.01"]
+        args += ["--max-steps", "200000", "--max-seconds", "150"]
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), *args]))
+    store = Store(state)
+    try:
+        wait_for(
+            lambda: (
+                len(store.rank_reports()) == 2 and all(d.get("steps_per_s") for d in store.rank_reports())
+            ),
+            "both ranks to report a measured rate",
+            60,
+        )
+        now = time.time()
+        forged = {"pid": 4242, "host": "", "pidns": "", "rank": 7, "engine": 0, "started": 0.0,
+                  "step": 10**9, "steps_per_s": None, "applied_version": 1, "time": now + 4.9}  # fmt: skip
+        store.write_rank_report(forged, rank=7)
+        snap = plane.apply_overrides({"min_seq_len": 4096}, actor="attacked").snapshot
+        real = max(d["step"] for d in store.rank_reports() if d["rank"] != 7)
+        assert snap.effective_step < real + 5000, (snap.effective_step, real)  # was 1000000064
+        wait_for(
+            lambda: all(
+                d.get("applied_version") == snap.version for d in store.rank_reports() if d["rank"] != 7
+            ),
+            "both real ranks to apply the change",
+            150,
+        )
+    finally:
+        stop.write_text("")
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+    got = [
+        next(
+            tuple(a)
+            for a in json.loads((tmp_path / f"rank{r}.json").read_text())["applied"]
+            if a[0] == snap.version
+        )
+        for r in range(2)
+    ]
+    assert len({applied for _, _, applied in got}) == 1, got  # one step for both ranks
