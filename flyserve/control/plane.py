@@ -188,7 +188,8 @@ class ControlPlane:
         full disk, hand-edited), is not trusted: the newest intact history entry stands in for it, so
         the next change repairs current.json and versions keep going up. With nothing readable at all,
         the profile's values stand in, numbered at the highest version on record (history file names,
-        the audit log), so the next change publishes above every version ranks have seen.
+        the audit log, the versions live ranks report as applied), so the next change publishes
+        above every version ranks have seen.
         """
         try:
             cur = self.store.read_current()
@@ -208,7 +209,12 @@ class ControlPlane:
             if fallback is not None:
                 log.error("%s; using history version %d instead", problem, fallback.version)
                 return fallback
-        floor = max(self.store.version_floor(), self.store.max_audited_version())
+        now = self._clock()
+        floor = max(
+            self.store.version_floor(),
+            self.store.max_audited_version(),
+            self._live_applied_version(self.store.reports(now=now), now),
+        )
         log.error(
             "%s and no history entry is readable; the profile's values stand in (versions continue above %d)",
             problem,
@@ -230,19 +236,27 @@ class ControlPlane:
         matter when current.json, history and the audit log are all lost: versions once restarted
         at 1 there and every rank ignored the new ones (issue 13). Raises ControlIOError past
         MAX_VERSION."""
-        now = self._clock()
-        applied = (
-            r.applied_version
-            for r in reports
-            if r.applied_version is not None and r.is_live(now, self.rank_stale_after_s)
+        v = (
+            max(cur.version, self.store.version_floor(), self._live_applied_version(reports, self._clock()))
+            + 1
         )
-        v = max(cur.version, self.store.version_floor(), max(applied, default=0)) + 1
         if v > MAX_VERSION:
             raise ControlIOError(
                 f"version numbers exhausted (next would be {v}); inspect control/history",
                 path=str(self.state_dir.history_dir),
             )
         return v
+
+    def _live_applied_version(self, reports: Iterable[RankReport], now: float) -> int:
+        """The highest version a live rank reports as applied (0 with none)."""
+        return max(
+            (
+                r.applied_version
+                for r in reports
+                if r.applied_version is not None and r.is_live(now, self.rank_stale_after_s)
+            ),
+            default=0,
+        )
 
     def _initial(self) -> ConfigSnapshot:
         return ConfigSnapshot.build(

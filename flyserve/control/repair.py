@@ -99,14 +99,16 @@ def _current(
         cur, problem = None, f"current.json is damaged ({str(exc)[:120]})"
     if cur is not None:
         return cur
-    if not good and store.version_floor() == 0 and store.max_audited_version() == 0:
+    now = plane._clock()
+    ranks = plane._live_applied_version(store.reports(now=now), now)
+    if not good and store.version_floor() == 0 and store.max_audited_version() == 0 and ranks == 0:
         return plane.snapshot()  # a fresh state directory: nothing to repair
     if good:
         newest = good[-1]
         store.restore_current(newest)
         actions.append(f"{problem}: rebuilt it from history version {newest.version}")
         return newest
-    floor = max(store.version_floor(), store.max_audited_version())
+    floor = max(store.version_floor(), store.max_audited_version(), ranks)
     snap = plane._initial().replace(version=floor + 1, time=time.time(), actor="repair")
     store.publish(snap)
     actions.append(

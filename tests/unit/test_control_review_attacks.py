@@ -53,8 +53,21 @@ def test_2_versions_do_not_restart_below_what_live_ranks_applied(plane: ControlP
         f.unlink()
     sd.current_json.write_text("garbage")
     sd.audit_log.unlink()
+    assert plane.snapshot().version == 5  # what GET /thresholds and /dispatch-stats show (was 0)
     r = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
     assert r.version == 6  # was 1: every rank (on v5) ignored it
+
+
+def test_2_repair_with_everything_lost_publishes_above_the_ranks(plane: ControlPlane) -> None:
+    for n in range(5):
+        plane.apply_overrides({"min_seq_len": 2000 + n}, actor="a")
+    live_report(plane, 0, applied_version=5)
+    sd = plane.state_dir
+    for f in sd.history_dir.iterdir():
+        f.unlink()
+    sd.current_json.unlink()
+    sd.audit_log.unlink()
+    assert plane_repair(plane).version == 6  # was: nothing to repair, the next change v1
 
 
 def test_2_a_dead_or_stale_rank_does_not_raise_the_floor(plane: ControlPlane) -> None:
