@@ -22,6 +22,7 @@ from flyserve.control.effective import ASSUMED_STEPS_PER_S, plan_steps
 from flyserve.control.errors import ControlIOError, DecodePathChangeRefused, VersionConflict
 from flyserve.control.paths import MAX_VERSION, StateDir, default_state_dir
 from flyserve.control.reports import RankReport
+from flyserve.control.signals import signals_deferred
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
 from flyserve.policy.errors import describe_value
@@ -574,14 +575,15 @@ class ControlPlane:
         )
         if snap.conflicts:
             entry["conflicts"] = {k: dict(v) for k, v in snap.conflicts.items()}
-        if not self.store.audit({**entry, "result": "publishing"}):
-            reason = getattr(self.store, "last_audit_error", None) or "not writable"
-            raise ControlIOError(
-                f"audit log: {reason}; change not published", path=str(self.store.dir.audit_log)
-            )
-        self.store.publish(snap)
-        entry["result"] = "success"
-        self.store.audit(entry)
+        with signals_deferred():  # a SIGTERM mid-publish acts once the completion line is written
+            if not self.store.audit({**entry, "result": "publishing"}):
+                reason = getattr(self.store, "last_audit_error", None) or "not writable"
+                raise ControlIOError(
+                    f"audit log: {reason}; change not published", path=str(self.store.dir.audit_log)
+                )
+            self.store.publish(snap)
+            entry["result"] = "success"
+            self.store.audit(entry)
         count_reload("success", entry["source"])
         if snap.conflicts and snap.conflicts != cur.conflicts:
             log.warning(

@@ -271,3 +271,37 @@ def test_review_1_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_p
         for r in range(2)
     ]
     assert len({applied for _, _, applied in got}) == 1, got  # one step for both ranks
+
+
+# ---------------------------------------------------------------- review item 11: SIGTERM mid-publish
+
+_TERMINATED = """
+import os, signal, sys
+import flyserve.control.store as store
+real = store.atomic_write
+def write(path, data, **kw):
+    real(path, data, **kw)
+    if path.parent.name == "history":  # mid-publish: history written, current.json not yet
+        os.kill(os.getpid(), signal.SIGTERM)
+store.atomic_write = write
+from flyserve.control import ControlPlane
+ControlPlane(sys.argv[1]).apply_overrides({"min_seq_len": 3000}, actor="terminated")
+print("returned", flush=True)
+"""
+
+
+def test_review_11_sigterm_mid_publish_finishes_the_publish_then_exits(tmp_path: Path) -> None:
+    """Attacker review item 11: SIGTERM while `thresholds set` published left a 'publishing' audit
+    line with no completion (and maybe a temp file) until `repair`. The writer now finishes the
+    publish and its audit line, then dies of the SIGTERM."""
+    sd = tmp_path / "state"
+    ControlPlane(sd).apply_overrides({"min_seq_len": 2000}, actor="a")
+    r = subprocess.run([sys.executable, "-c", _TERMINATED, str(sd)], capture_output=True, text=True,
+                       timeout=120, check=False)  # fmt: skip
+    assert r.returncode == -15, r.stderr[-2000:]  # it still dies of the signal ...
+    assert "returned" not in r.stdout  # ... right after the publish, not at the end of the script
+    plane = ControlPlane(sd)
+    assert plane.snapshot().version == 2 and plane.store.history_versions() == [1, 2]
+    raw = plane.store.read_audit(raw=True)
+    assert [e["result"] for e in raw if e.get("version") == 2] == ["publishing", "success"]
+    assert not list((sd / "control").glob(".*.tmp")) and not list((sd / "control" / "history").glob(".*.tmp"))
