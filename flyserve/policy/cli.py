@@ -8,7 +8,9 @@ import typer
 
 
 def check_config(
-    path: Path = typer.Argument(..., help="A thresholds YAML file (a profile or an operator's config file)."),
+    path: Path = typer.Argument(  # noqa: B008 - typer's own idiom, as for every option below
+        ..., help="A thresholds YAML file (a profile or an operator's config file)."
+    ),
     base: str = typer.Option(
         "gfx950",
         "--base",

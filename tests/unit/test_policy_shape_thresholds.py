@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pydantic
 import pytest
 
 from flyserve.policy import BatchShape, Thresholds, ThresholdsError
@@ -105,7 +106,7 @@ def test_profiles_load_by_name_and_path(tmp_path: Path):
 
 def test_frozen_and_diff():
     t = Thresholds()
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         t.block_m = 128  # type: ignore[misc]
     u = t.merged({"min_seq_len": 2048})
     assert t.diff(u) == {"min_seq_len": (1536, 2048)}
