@@ -13,6 +13,7 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -70,16 +71,42 @@ MAX_AUDIT_LINE = 8192
 """One audit line at most (a 50 MB string value once made a 105 MB line, issue 13)."""
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``, or None if the file does not exist. Bad JSON, a file over
-    MAX_JSON_BYTES or a non-finite number (NaN, Infinity, 1e400) raises ValueError."""
+def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
+    """The bytes of ``path``, or None if it does not exist. A symlink, FIFO, socket, device or
+    directory, or a file over ``max_bytes``, raises ValueError: a FIFO among the rank reports once
+    blocked /readyz, /dispatch-stats and a PATCH holding the writers' lock for ever (attack review
+    item 5). O_NONBLOCK makes open() of a FIFO return at once; fstat then refuses it."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_JSON_BYTES + 1)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         return None
-    if len(raw) > MAX_JSON_BYTES:
-        raise ValueError(f"{path.name}: larger than {MAX_JSON_BYTES} bytes")
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{path.name}: a symlink, not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path.name}: not a regular file (a directory, FIFO, socket or device)")
+        if st.st_size > max_bytes:
+            raise ValueError(f"{path.name}: larger than {max_bytes} bytes")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > max_bytes:
+        raise ValueError(f"{path.name}: larger than {max_bytes} bytes")
+    return raw
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None if the file does not exist. Bad JSON, a file over
+    MAX_JSON_BYTES, a symlink or a file that is not regular (read_regular_file), or a non-finite
+    number (NaN, Infinity, 1e400) raises ValueError."""
+    raw = read_regular_file(path, MAX_JSON_BYTES)
+    if raw is None:
+        return None
 
     def refuse(token: str) -> float:
         raise ValueError(f"{path.name}: non-finite number {token}")

@@ -1,0 +1,64 @@
+"""Attacker review after issue 13 (items 5-15 of the review): each test reproduces one finding and
+failed before its fix. Blocking reads run in a daemon thread with a generous deadline, so an
+unfixed reader fails the test instead of hanging the suite."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flyserve.control import ControlPlane
+from flyserve.control.store import Store, read_json
+
+DEADLINE_S = 20.0
+
+
+def finishes(fn: Callable[[], Any], deadline_s: float = DEADLINE_S) -> Any:
+    """fn()'s result, or a test failure if it has not returned within ``deadline_s`` (it blocked)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(deadline_s)
+    assert not t.is_alive(), f"{fn} blocked for more than {deadline_s}s"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def live_report(rank: int, step: int = 100) -> dict[str, Any]:
+    now = time.time()
+    return {"rank": rank, "engine": 0, "pid": os.getpid(), "host": "", "started": now - 10,
+            "time": now, "step": step, "applied_version": 1, "steps_per_s": 10.0}
+
+
+# ---------------------------------------------------------------- 5: a FIFO among the rank reports
+
+
+def test_5_read_json_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "9.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        finishes(lambda: read_json(fifo))
+
+
+def test_5_a_fifo_in_ranks_is_skipped_and_live_ranks_still_count(tmp_path: Path) -> None:
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    store = Store(plane.state_dir)
+    store.write_rank_report(live_report(0), rank=0)
+    os.mkfifo(plane.state_dir.ranks_dir / "9.json")
+    assert finishes(lambda: store.live_ranks()) == 1
+    v = finishes(lambda: plane.apply_overrides({"min_seq_len": 3000}, actor="t"))
+    assert v.changed and v.snapshot.thresholds.min_seq_len == 3000
