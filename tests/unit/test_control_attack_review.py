@@ -5,6 +5,7 @@ unfixed reader fails the test instead of hanging the suite."""
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -62,3 +63,33 @@ def test_5_a_fifo_in_ranks_is_skipped_and_live_ranks_still_count(tmp_path: Path)
     assert finishes(lambda: store.live_ranks()) == 1
     v = finishes(lambda: plane.apply_overrides({"min_seq_len": 3000}, actor="t"))
     assert v.changed and v.snapshot.thresholds.min_seq_len == 3000
+
+
+# ---------------------------------------------------------------- 6: a metrics file with a lying header
+
+
+def _forged_counter_file(metrics_dir: Path) -> Path:
+    """A counter file whose header says 2^31-1 bytes are used; the file holds 4096."""
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    f = metrics_dir / "counter_667.db"
+    f.write_bytes(struct.pack("i", 2**31 - 1) + b"\0" * 4092)
+    return f
+
+
+def test_6_a_lying_metrics_header_is_skipped_by_dispatch_stats(tmp_path: Path) -> None:
+    from flyserve.sidecar import stats
+
+    _forged_counter_file(tmp_path / "metrics")
+    assert stats.read_counters(tmp_path / "metrics") == {}
+    assert "counter_667.db" in stats.BAD_FILES_SEEN
+
+
+def test_6_a_lying_metrics_header_is_left_out_of_a_scrape(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from flyserve.telemetry.multiprocess import SoundFilesCollector
+
+    _forged_counter_file(tmp_path / "metrics")
+    reg = CollectorRegistry()
+    SoundFilesCollector(reg, path=str(tmp_path / "metrics"))
+    assert generate_latest(reg) == b""
