@@ -4,6 +4,7 @@ unfixed reader fails the test instead of hanging the suite."""
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import threading
@@ -93,3 +94,32 @@ def test_6_a_lying_metrics_header_is_left_out_of_a_scrape(tmp_path: Path) -> Non
     reg = CollectorRegistry()
     SoundFilesCollector(reg, path=str(tmp_path / "metrics"))
     assert generate_latest(reg) == b""
+
+
+# ---------------------------------------------------------------- 7: thousands of stale rank files
+
+
+def test_7_stale_rank_files_are_capped_and_odd_names_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flyserve.control import store as store_mod
+
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    store = Store(plane.state_dir)
+    ranks = plane.state_dir.ranks_dir
+    ranks.mkdir(parents=True, exist_ok=True)
+    stale = dict(live_report(0), time=time.time() - 3600)
+    body = json.dumps(stale)
+    old = time.time() - 3600
+    for i in range(600):
+        f = ranks / f"{i + 10}.json"
+        f.write_text(body)
+        os.utime(f, (old, old))
+    for odd in ("99999.json", "²³.json", "x.json", "1-2-3.json"):
+        (ranks / odd).write_text(body)
+    store.write_rank_report(live_report(0), rank=0)  # the newest file
+    reads: list[Path] = []
+    real = store_mod.read_json
+    monkeypatch.setattr(store_mod, "read_json", lambda p: reads.append(p) or real(p))
+    assert store.live_ranks() == 1
+    assert len(reads) <= 256
+    assert {p.name for p in reads}.isdisjoint({"99999.json", "²³.json", "x.json", "1-2-3.json"})
+    assert store.ignored_rank_files >= 600 + 4 - 256
