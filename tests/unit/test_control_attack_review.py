@@ -123,3 +123,33 @@ def test_7_stale_rank_files_are_capped_and_odd_names_ignored(tmp_path: Path, mon
     assert len(reads) <= 256
     assert {p.name for p in reads}.isdisjoint({"99999.json", "²³.json", "x.json", "1-2-3.json"})
     assert store.ignored_rank_files >= 600 + 4 - 256
+
+
+# ---------------------------------------------------------------- 9: a token file that is not a file
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "/dev/urandom", "huge"])
+def test_9_a_token_file_that_is_not_a_small_regular_file_is_refused(tmp_path: Path, kind: str) -> None:
+    from flyserve.sidecar.settings import TokenError, read_token
+
+    if kind == "fifo":
+        f = tmp_path / "token"
+        os.mkfifo(f)
+    elif kind == "huge":
+        f = tmp_path / "token"
+        f.write_text("t" * 100_000)
+    else:
+        f = tmp_path / "token"
+        f.symlink_to(kind)
+    with pytest.raises(TokenError, match="--token-file") as e:
+        finishes(lambda: read_token(f, env={}))
+    assert "regular file" in str(e.value) or "larger than" in str(e.value)
+
+
+def test_9_a_symlinked_token_file_is_still_read(tmp_path: Path) -> None:
+    from flyserve.sidecar.settings import read_token
+
+    (tmp_path / "secret").write_text("s3cr3t-token-value-long-enough-0123456789\n")
+    (tmp_path / "token").symlink_to(tmp_path / "secret")
+    tok = read_token(tmp_path / "token", env={})
+    assert tok is not None and tok.get_secret_value() == "s3cr3t-token-value-long-enough-0123456789"
