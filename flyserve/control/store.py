@@ -365,8 +365,13 @@ class Store:
         self.last_audit_error: str | None = None
         try:
             self.dir.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.dir.audit_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            # O_NOFOLLOW + regular-file check: a symlinked audit.jsonl was followed and a decoy got
+            # the lines (attack review item 10); O_NONBLOCK: a FIFO without reader fails at once.
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(self.dir.audit_log, flags | getattr(os, "O_CLOEXEC", 0), 0o640)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "audit log is not a regular file")
                 os.write(fd, line.encode())
                 os.fsync(fd)
             finally:

@@ -153,3 +153,21 @@ def test_9_a_symlinked_token_file_is_still_read(tmp_path: Path) -> None:
     (tmp_path / "token").symlink_to(tmp_path / "secret")
     tok = read_token(tmp_path / "token", env={})
     assert tok is not None and tok.get_secret_value() == "s3cr3t-token-value-long-enough-0123456789"
+
+
+# ---------------------------------------------------------------- 10: a symlinked audit log
+
+
+def test_10_a_symlinked_audit_log_is_not_followed(tmp_path: Path) -> None:
+    from flyserve.control import ControlIOError
+
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    plane.apply_overrides({"min_seq_len": 3000}, actor="t")
+    decoy = tmp_path / "decoy"
+    decoy.write_text("precious\n")
+    plane.state_dir.audit_log.unlink()
+    plane.state_dir.audit_log.symlink_to(decoy)
+    with pytest.raises(ControlIOError, match="audit"):
+        plane.apply_overrides({"min_seq_len": 3001}, actor="t")
+    assert decoy.read_text() == "precious\n"
+    assert plane.snapshot().thresholds.min_seq_len == 3000  # refused before anything was published
