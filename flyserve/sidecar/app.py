@@ -24,7 +24,7 @@ from starlette.routing import Match
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
-from flyserve.sidecar.middleware import BodyLimitMiddleware, RequestMetricsMiddleware
+from flyserve.sidecar.middleware import BodyLimitMiddleware, HeaderGuardMiddleware, RequestMetricsMiddleware
 from flyserve.sidecar.models import RankView
 from flyserve.sidecar.routes import router
 from flyserve.sidecar.service import StatsService
@@ -194,5 +194,6 @@ def create_app(settings: SidecarSettings) -> FastAPI:
 
     app.include_router(router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HeaderGuardMiddleware)
     app.add_middleware(RequestMetricsMiddleware)  # added last = outermost: counts 413s too
     return app

@@ -1,4 +1,5 @@
-"""Two pure-ASGI middlewares: a request-body size limit (413) and the sidecar's own request metrics.
+"""Pure-ASGI middlewares: request-head checks (431, 400), a request-body size limit (413) and the
+sidecar's own request metrics.
 
 Pure ASGI rather than BaseHTTPMiddleware: they must not buffer a streaming response
 (/dispatch-stats/stream) and they run on every request, so they stay small.
@@ -27,6 +28,57 @@ async def _send_413(send: Send, limit: int) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+MAX_HEAD_BYTES = 16 * 1024
+"""A request head (request line and headers) over this is refused with 431 (docs/sidecar.md)."""
+
+SINGLE_HEADERS = (b"authorization", b"if-match")
+"""Headers a request may carry once: with two, the first won (right then wrong token -> 200), so
+a proxy that appends one could be bypassed (attack review item 12)."""
+
+
+async def _send_json(send: Send, status: int, detail: str, field: str) -> None:
+    body = json.dumps({"detail": detail, "field": field, "errors": []}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class HeaderGuardMiddleware:
+    """431 for a request head over ``max_head_bytes``, 400 for a repeated Authorization or If-Match.
+
+    uvicorn's h11 limit only applies while a head is still incomplete: a 100 KB header that
+    arrived in one read was accepted (attack review item 13), so the size is checked here too."""
+
+    def __init__(self, app: ASGIApp, max_head_bytes: int = MAX_HEAD_BYTES) -> None:
+        self.app, self.max_head_bytes = app, max_head_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers", ())
+        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string", b"")) + 16
+        seen: dict[bytes, int] = {}
+        for k, v in headers:
+            size += len(k) + len(v) + 4
+            if k in SINGLE_HEADERS:
+                seen[k] = seen.get(k, 0) + 1
+        if size > self.max_head_bytes:
+            await _send_json(send, 431, f"request head larger than {self.max_head_bytes} bytes", "<headers>")
+            return
+        for k, n in seen.items():
+            if n > 1:
+                name = k.decode().title()
+                await _send_json(send, 400, f"header {name} given {n} times; send it once", name)
+                return
+        await self.app(scope, receive, send)
 
 
 class BodyLimitMiddleware:

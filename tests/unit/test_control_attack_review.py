@@ -171,3 +171,38 @@ def test_10_a_symlinked_audit_log_is_not_followed(tmp_path: Path) -> None:
         plane.apply_overrides({"min_seq_len": 3001}, actor="t")
     assert decoy.read_text() == "precious\n"
     assert plane.snapshot().thresholds.min_seq_len == 3000  # refused before anything was published
+
+
+# ---------------------------------------------------------------- 12: repeated Authorization / If-Match
+
+
+TOKEN = "t0ken-for-tests-0123456789"
+
+
+@pytest.fixture
+def sidecar_client(tmp_path: Path):
+    from fastapi.testclient import TestClient
+    from pydantic import SecretStr
+
+    from flyserve.sidecar.app import create_app
+    from flyserve.sidecar.settings import SidecarSettings
+
+    s = SidecarSettings(state_dir=tmp_path, token=SecretStr(TOKEN), share_control_metrics=False,
+                        stats_ttl_s=0.0, metrics_ttl_s=0.0)  # fmt: skip
+    with TestClient(create_app(s)) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("Authorization", f"Bearer {TOKEN}"), ("Authorization", "Bearer wrong")],
+        [("Authorization", "Bearer wrong"), ("Authorization", f"Bearer {TOKEN}")],
+        [("Authorization", f"Bearer {TOKEN}"), ("If-Match", "0"), ("If-Match", "7")],
+    ],
+)
+def test_12_a_repeated_authorization_or_if_match_is_a_400(sidecar_client, headers) -> None:
+    r = sidecar_client.patch("/thresholds", json={"min_seq_len": 3000}, headers=headers)
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] in ("Authorization", "If-Match")
+    assert sidecar_client.get("/thresholds").json()["version"] == 0  # nothing changed
