@@ -206,3 +206,23 @@ def test_12_a_repeated_authorization_or_if_match_is_a_400(sidecar_client, header
     assert r.status_code == 400, r.text
     assert r.json()["field"] in ("Authorization", "If-Match")
     assert sidecar_client.get("/thresholds").json()["version"] == 0  # nothing changed
+
+
+# ---------------------------------------------------------------- 14, 15: bodies that are not one JSON object
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe{}", b"{bad", b'{"min_seq_len": 3000'])
+def test_14_an_undecodable_body_is_a_400(sidecar_client, body: bytes) -> None:
+    r = sidecar_client.patch("/thresholds", content=body, headers=AUTH)
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == "<body>"
+
+
+def test_15_a_key_given_twice_in_a_json_body_is_refused_naming_it(sidecar_client) -> None:
+    r = sidecar_client.patch("/thresholds", content=b'{"min_seq_len":1,"min_seq_len":3000}', headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "min_seq_len"
+    assert sidecar_client.get("/thresholds").json()["version"] == 0
