@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flyserve.control.errors import ControlIOError
-from flyserve.control.paths import StateDir
+from flyserve.control.paths import StateDir, make_private_dir
 from flyserve.control.reports import RankReport, parse_report
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.policy.errors import describe_value
@@ -181,6 +181,7 @@ class Store:
         woken by the kernel at each release.
         """
         try:
+            make_private_dir(self.dir.path)
             self.dir.control_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.dir.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -364,7 +365,7 @@ class Store:
         line = bounded_audit_line(entry)
         self.last_audit_error: str | None = None
         try:
-            self.dir.path.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.dir.path)
             # O_NOFOLLOW + regular-file check: a symlinked audit.jsonl was followed and a decoy got
             # the lines (attack review item 10); O_NONBLOCK: a FIFO without reader fails at once.
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK

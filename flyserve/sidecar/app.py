@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
+from flyserve.control.paths import make_private_dir
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.middleware import BodyLimitMiddleware, HeaderGuardMiddleware, RequestMetricsMiddleware
@@ -55,6 +56,7 @@ def _registry(metrics_dir: Path, share: bool) -> CollectorRegistry:
     this API) land in the shared files, via telemetry's exposition_registry. A process that
     already writes its metrics elsewhere (tests building several apps) gets the read-only variant.
     """
+    make_private_dir(metrics_dir.parent)  # the state directory: 0700 when created here
     metrics_dir.mkdir(parents=True, exist_ok=True)
     if share:
         try:

@@ -226,3 +226,51 @@ def test_15_a_key_given_twice_in_a_json_body_is_refused_naming_it(sidecar_client
     assert r.status_code == 422, r.text
     assert r.json()["field"] == "min_seq_len"
     assert sidecar_client.get("/thresholds").json()["version"] == 0
+
+
+# ---------------------------------------------------------------- 15: the CLI's KEY=VALUE, actors, modes
+
+
+def test_15_cli_refuses_a_key_given_twice_and_non_decimal_integers() -> None:
+    from flyserve.control.cli import _parse_assignments
+    from flyserve.policy import ThresholdsError
+
+    with pytest.raises(ThresholdsError, match="min_seq_len.*more than once"):
+        _parse_assignments(["min_seq_len=3010", "min_seq_len=3011"])
+    for raw in ("0x1000", "0o17"):
+        with pytest.raises(ThresholdsError, match="min_seq_len.*decimal"):
+            _parse_assignments([f"min_seq_len={raw}"])
+    assert _parse_assignments(["min_seq_len=4096", "lpt=auto"]) == {"min_seq_len": 4096, "lpt": "auto"}
+
+
+def test_15_control_characters_in_an_actor_are_escaped_by_show_and_history(tmp_path: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from flyserve.control.cli import register
+
+    app = typer.Typer()
+    register(app)
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    plane.apply_overrides({"min_seq_len": 3000}, actor="evil\x1b[2J\x1b[31m[bold]x\n")
+    for cmd in ("show", "history"):
+        res = CliRunner().invoke(app, ["thresholds", cmd, "--state-dir", str(plane.state_dir.path)])
+        assert res.exit_code == 0, res.output
+        assert "\x1b" not in res.output
+        assert "\\x1b" in res.output
+
+
+def test_15_state_dirs_created_by_set_create_and_the_sidecar_are_0700(tmp_path: Path) -> None:
+    from flyserve.control.initialise import require_for_write
+    from flyserve.sidecar.app import create_app
+    from flyserve.sidecar.settings import SidecarSettings
+
+    old = os.umask(0o022)
+    try:
+        require_for_write(tmp_path / "a" / "state", create=True)
+        create_app(SidecarSettings(state_dir=tmp_path / "b" / "state", share_control_metrics=False))
+        ControlPlane(tmp_path / "c" / "state").apply_overrides({"min_seq_len": 3000}, actor="t")
+    finally:
+        os.umask(old)
+    for d in ("a", "b", "c"):
+        assert (tmp_path / d / "state").stat().st_mode & 0o777 == 0o700, d
