@@ -7,8 +7,28 @@ an emptyDir volume shared by the vLLM and sidecar containers in Kubernetes.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+MAX_VERSION = 10**18 - 1
+"""The highest version number: 18 decimal digits, what If-Match (and a rank report) can carry."""
+
+_HISTORY_NAME = re.compile(r"([0-9]{1,18})\.json(\.bad)?")
+
+
+def history_version(name: str, *, set_aside: bool = False) -> int | None:
+    """The version a history file name carries ('00000012.json' -> 12), or None for any other name.
+
+    Strict: ASCII digits only (str.isdigit() also takes '²³' and '٣٣', which int() rejects or reads
+    as 33), at most 18 of them, 1..MAX_VERSION. A stray name never counts as a version, so it cannot
+    push version numbers out of range (issue 13). ``set_aside`` also accepts repair's '.json.bad'.
+    """
+    m = _HISTORY_NAME.fullmatch(name)
+    if m is None or (m.group(2) and not set_aside):
+        return None
+    v = int(m.group(1))
+    return v if 1 <= v <= MAX_VERSION else None
 
 
 def default_state_dir() -> Path:

@@ -20,7 +20,9 @@ from typing import Any
 from flyserve.control._metrics import count_reload
 from flyserve.control.effective import ASSUMED_STEPS_PER_S, plan_steps
 from flyserve.control.errors import ControlIOError, DecodePathChangeRefused, VersionConflict
-from flyserve.control.paths import StateDir, default_state_dir
+from flyserve.control.paths import MAX_VERSION, StateDir, default_state_dir
+from flyserve.control.reports import RankReport
+from flyserve.control.signals import signals_deferred
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
 from flyserve.policy.errors import describe_value
@@ -187,7 +189,8 @@ class ControlPlane:
         full disk, hand-edited), is not trusted: the newest intact history entry stands in for it, so
         the next change repairs current.json and versions keep going up. With nothing readable at all,
         the profile's values stand in, numbered at the highest version on record (history file names,
-        the audit log), so the next change publishes above every version ranks have seen.
+        the audit log, the versions live ranks report as applied), so the next change publishes
+        above every version ranks have seen.
         """
         try:
             cur = self.store.read_current()
@@ -207,7 +210,12 @@ class ControlPlane:
             if fallback is not None:
                 log.error("%s; using history version %d instead", problem, fallback.version)
                 return fallback
-        floor = max(self.store.version_floor(), self.store.max_audited_version())
+        now = self._clock()
+        floor = max(
+            self.store.version_floor(),
+            self.store.max_audited_version(),
+            self._live_applied_version(self.store.reports(now=now), now),
+        )
         log.error(
             "%s and no history entry is readable; the profile's values stand in (versions continue above %d)",
             problem,
@@ -222,11 +230,34 @@ class ControlPlane:
     def audit_log(self, limit: int | None = None) -> list[dict[str, Any]]:
         return self.store.read_audit(limit)
 
-    def next_version(self, cur: ConfigSnapshot) -> int:
-        """Above the current version and above every history file name: versions only go up, so a
-        rank (which ignores versions it has already passed) never misses one, and history is never
-        overwritten."""
-        return max(cur.version, self.store.version_floor()) + 1
+    def next_version(self, cur: ConfigSnapshot, reports: Iterable[RankReport] = ()) -> int:
+        """Above the current version, above every history file name and above every version a live
+        rank has applied: versions only go up, so a rank (which ignores versions it has already
+        passed) never misses one, and history is never overwritten. The ranks' applied versions
+        matter when current.json, history and the audit log are all lost: versions once restarted
+        at 1 there and every rank ignored the new ones (issue 13). Raises ControlIOError past
+        MAX_VERSION."""
+        v = (
+            max(cur.version, self.store.version_floor(), self._live_applied_version(reports, self._clock()))
+            + 1
+        )
+        if v > MAX_VERSION:
+            raise ControlIOError(
+                f"version numbers exhausted (next would be {v}); inspect control/history",
+                path=str(self.state_dir.history_dir),
+            )
+        return v
+
+    def _live_applied_version(self, reports: Iterable[RankReport], now: float) -> int:
+        """The highest version a live rank reports as applied (0 with none)."""
+        return max(
+            (
+                r.applied_version
+                for r in reports
+                if r.applied_version is not None and r.is_live(now, self.rank_stale_after_s)
+            ),
+            default=0,
+        )
 
     def _initial(self) -> ConfigSnapshot:
         return ConfigSnapshot.build(
@@ -515,19 +546,18 @@ class ControlPlane:
 
     def _planned(self, cur: ConfigSnapshot, candidate: ConfigSnapshot, now: float) -> ConfigSnapshot:
         """The candidate numbered above every version on record, with its effective step per engine
-        (flyserve.control.effective: live ranks only, per engine, generation-aware floor)."""
+        (flyserve.control.effective: live, plausible ranks only, per engine)."""
+        reports = self.store.reports(now=now)
         plan = plan_steps(
-            self.store.reports(now=now),
+            reports,
             now=now,
             stale_after_s=self.rank_stale_after_s,
             step_margin=self.step_margin,
             lead_s=self.lead_s,
-            previous=dict(cur.engine_steps) or {"*": cur.effective_step},
-            previous_version=cur.version,
             assumed_steps_per_s=self.assumed_steps_per_s,
         )
         return candidate.replace(
-            version=self.next_version(cur),
+            version=self.next_version(cur, reports),
             effective_step=plan.effective_step,
             engine_steps=plan.engine_steps,
         )
@@ -545,14 +575,15 @@ class ControlPlane:
         )
         if snap.conflicts:
             entry["conflicts"] = {k: dict(v) for k, v in snap.conflicts.items()}
-        if not self.store.audit({**entry, "result": "publishing"}):
-            reason = getattr(self.store, "last_audit_error", None) or "not writable"
-            raise ControlIOError(
-                f"audit log: {reason}; change not published", path=str(self.store.dir.audit_log)
-            )
-        self.store.publish(snap)
-        entry["result"] = "success"
-        self.store.audit(entry)
+        with signals_deferred():  # a SIGTERM mid-publish acts once the completion line is written
+            if not self.store.audit({**entry, "result": "publishing"}):
+                reason = getattr(self.store, "last_audit_error", None) or "not writable"
+                raise ControlIOError(
+                    f"audit log: {reason}; change not published", path=str(self.store.dir.audit_log)
+                )
+            self.store.publish(snap)
+            entry["result"] = "success"
+            self.store.audit(entry)
         count_reload("success", entry["source"])
         if snap.conflicts and snap.conflicts != cur.conflicts:
             log.warning(

@@ -73,6 +73,7 @@ class RankControl:
         self._last_rate_sample: tuple[float, int] = (self.started, 0)
         self._recent_rates: deque[float] = deque(maxlen=RATE_PEAK_REPORTS)
         self.late_applies = 0  # versions this rank learned of after their effective step
+        count_late_applies(self.rank, 0)  # the series exists from the start: panels and alerts read 0, not no data
         self.applied: list[tuple[int, int, int]] = []  # (version, effective_step, applied_step), bounded
         self.mode = FILE_POLLING  # becomes ENGINE_CHANNEL at the first apply_pushed(); never goes back
         # The prefill kernel as found at start (kernel, revision, off_reason), set by the vLLM
@@ -105,21 +106,31 @@ class RankControl:
         return self._snapshot
 
     def _switch(self, step: int) -> None:
-        """Apply every queued version whose effective_step has come (rare: once per version)."""
+        """Apply the newest queued version whose effective_step has come (rare: once per version).
+
+        Versions are whole snapshots, so older queued ones are applied with it (in order, at this
+        step) even if their own step lies ahead: a version published with a step far ahead (a
+        forged rank report, issue 13 review) is superseded by the next change instead of holding
+        it back. Every rank of an engine holds the same steps, so all do the same at the same step."""
         with self._lock:
-            n = 0  # versions apply in order: the due prefix of the queue
-            while n < len(self._pending) and self._pending[n].step_for(self.engine) <= step:
-                n += 1
+            n = 0  # 1 + the index of the newest due version
+            for i, s in enumerate(self._pending):
+                if s.step_for(self.engine) <= step:
+                    n = i + 1
             if n == 0:
                 return
             due, self._pending = self._pending[:n], self._pending[n:]
-            self._pending_step = self._pending[0].step_for(self.engine) if self._pending else _NEVER
+            self._pending_step = self._next_pending_step()
             for s in due:
                 self.applied.append((s.version, s.step_for(self.engine), step))
             del self.applied[:-256]
             self._snapshot = due[-1]
             self._effective = due[-1].step_for(self.engine)
             self.applied_step = step
+
+    def _next_pending_step(self) -> int:
+        """The earliest step at which a queued version is due (call under _lock)."""
+        return min((s.step_for(self.engine) for s in self._pending), default=_NEVER)
 
     @property
     def snapshot(self) -> ConfigSnapshot:
@@ -244,7 +255,7 @@ class RankControl:
                 return
             self._pending.extend(new)
             self._pending.sort(key=lambda s: s.version)
-            self._pending_step = self._pending[0].step_for(self.engine)
+            self._pending_step = self._next_pending_step()
         late = [s.version for s in new if s.step_for(self.engine) < self._step]
         if late:
             self.late_applies += len(late)

@@ -4,7 +4,8 @@ Run by the sidecar at start and by `flyserve thresholds repair`. Under the write
 
 1. removes temp files a killed writer left (``control/.*.tmp``, ``history/.*.tmp``);
 2. sets aside history files that fail their checks (renamed ``*.json.bad``: their version numbers
-   still count, so no later version reuses one);
+   still count, so no later version reuses one) and names that carry no valid version number
+   (renamed ``*.stray``: they never count);
 3. rebuilds a missing or damaged current.json from the newest intact history entry, or, with none,
    publishes the profile's values above every version on record (the overrides are then lost, and
    the report says so);
@@ -61,6 +62,16 @@ def _remove_temp_files(plane: Any, dropped: list[str]) -> None:
                     dropped.append(f"temp file {d.name}/{n}")
 
 
+def _set_aside_stray_names(plane: Any, dropped: list[str]) -> None:
+    """history/*.json names that carry no valid version ('²³.json', a 30-digit number) are renamed
+    '*.stray': they were never versions and never count as one (issue 13)."""
+    hist = plane.state_dir.history_dir
+    for n in plane.store.stray_history_names():
+        with contextlib.suppress(OSError):
+            os.replace(hist / n, hist / (n + ".stray"))
+            dropped.append(f"history file {ascii(n)[1:-1][:80]} (not a version number), kept as *.stray")
+
+
 def _set_aside_bad_history(plane: Any, dropped: list[str]) -> list[ConfigSnapshot]:
     good = []
     for v in plane.store.history_versions():
@@ -88,14 +99,16 @@ def _current(
         cur, problem = None, f"current.json is damaged ({str(exc)[:120]})"
     if cur is not None:
         return cur
-    if not good and store.version_floor() == 0 and store.max_audited_version() == 0:
+    now = plane._clock()
+    ranks = plane._live_applied_version(store.reports(now=now), now)
+    if not good and store.version_floor() == 0 and store.max_audited_version() == 0 and ranks == 0:
         return plane.snapshot()  # a fresh state directory: nothing to repair
     if good:
         newest = good[-1]
         store.restore_current(newest)
         actions.append(f"{problem}: rebuilt it from history version {newest.version}")
         return newest
-    floor = max(store.version_floor(), store.max_audited_version())
+    floor = max(store.version_floor(), store.max_audited_version(), ranks)
     snap = plane._initial().replace(version=floor + 1, time=time.time(), actor="repair")
     store.publish(snap)
     actions.append(
@@ -140,6 +153,7 @@ def repair(plane: Any, *, actor: str = "repair") -> RepairReport:
     dropped: list[str] = []
     with plane.store.lock(timeout_s=plane.lock_timeout_s):
         _remove_temp_files(plane, dropped)
+        _set_aside_stray_names(plane, dropped)
         good = _set_aside_bad_history(plane, dropped)
         cur = _current(plane, good, actions, dropped)
         _remove_orphans(plane, cur, dropped)

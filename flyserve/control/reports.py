@@ -15,10 +15,15 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from flyserve.control.paths import MAX_VERSION
+
 MAX_PLAUSIBLE_STEPS_PER_S = 10_000.0
 """No engine steps faster than this (vLLM: ~10/s long prefills to ~200/s small decode batches)."""
 MAX_RANK = 65_535
 CLOCK_SKEW_S = 5.0
+EARLIEST_START = 1_577_836_800.0
+"""2020-01-01: a rank that says it started before is not believed ('started: 0.0' once made the
+step cap, (time - started) * MAX_PLAUSIBLE_STEPS_PER_S, allow 10^13 steps; issue 13 review)."""
 
 
 def pid_namespace() -> str:
@@ -90,9 +95,10 @@ def parse_report(d: Any, *, now: float) -> RankReport | None:
     rank, engine = _int(d, "rank", 0, MAX_RANK), _int(d, "engine", 0, MAX_RANK)
     pid = _int(d, "pid", 1, 1 << 31)
     t = _float(d, "time", 0.0, now + CLOCK_SKEW_S)
-    started = _float(d, "started", 0.0, now + CLOCK_SKEW_S)
+    started = _float(d, "started", EARLIEST_START, now + CLOCK_SKEW_S)
     if None in (rank, engine, pid, t, started) or started > t + CLOCK_SKEW_S:  # type: ignore[operator]
         return None
+    t = min(t, now)  # a report from the future (up to the allowed skew) is as fresh as now, no fresher
     # A step count the rank cannot have reached since it started is not believed.
     most = int((t - started + 60.0) * MAX_PLAUSIBLE_STEPS_PER_S)  # type: ignore[operator]
     step = _int(d, "step", 0, most)
@@ -104,7 +110,7 @@ def parse_report(d: Any, *, now: float) -> RankReport | None:
         if rate is None:
             return None
     applied = d.get("applied_version")
-    applied = _int(d, "applied_version", 0, 1 << 62) if applied is not None else None
+    applied = _int(d, "applied_version", 0, MAX_VERSION) if applied is not None else None
     late = _int(d, "late_applies", 0, 1 << 62) or 0
     host = d.get("host") if isinstance(d.get("host"), str) else ""
     pidns = d.get("pidns") if isinstance(d.get("pidns"), str) else ""

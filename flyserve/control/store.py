@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flyserve.control.errors import ControlIOError
-from flyserve.control.paths import StateDir, make_private_dir
+from flyserve.control.paths import MAX_VERSION, StateDir, history_version, make_private_dir
 from flyserve.control.reports import RankReport, parse_report
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.policy.errors import describe_value
@@ -248,12 +248,7 @@ class Store:
             raise ControlIOError(
                 f"cannot list history: {exc.strerror}", path=str(self.dir.history_dir)
             ) from exc
-        out = []
-        for n in names:
-            stem, dot, ext = n.partition(".")
-            if ext == "json" and dot and stem.isdigit():
-                out.append(int(stem))
-        return sorted(out)
+        return sorted({v for n in names if (v := history_version(n)) is not None})
 
     def history(self, limit: int | None = None) -> list[ConfigSnapshot]:
         """Kept snapshots, oldest first (at most the last ``limit``)."""
@@ -276,12 +271,21 @@ class Store:
 
     def version_floor(self) -> int:
         """The highest version number any history file name carries, readable or not (``.bad``
-        included): a new version must be above it, so no history file is ever overwritten."""
+        included): a new version must be above it, so no history file is ever overwritten. Only
+        names history_version() accepts count: a stray name is never a floor."""
         try:
             names = os.listdir(self.dir.history_dir)
         except OSError:
             return 0
-        return max((int(n.partition(".")[0]) for n in names if n.partition(".")[0].isdigit()), default=0)
+        return max((v for n in names if (v := history_version(n, set_aside=True)) is not None), default=0)
+
+    def stray_history_names(self) -> list[str]:
+        """Names in history/ that look like entries (end in .json) but carry no valid version."""
+        try:
+            names = os.listdir(self.dir.history_dir)
+        except OSError:
+            return []
+        return sorted(n for n in names if n.endswith(".json") and not n.startswith(".") and history_version(n) is None)
 
     def max_audited_version(self, tail_bytes: int = 1 << 20) -> int:
         """The highest version the audit log's last ``tail_bytes`` mention (only read when current.json
@@ -297,7 +301,7 @@ class Store:
         for ln in lines:
             with contextlib.suppress(ValueError, AttributeError, TypeError):
                 v = json.loads(ln).get("version")
-                if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62:
+                if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_VERSION:
                     best = max(best, v)
         return best
 

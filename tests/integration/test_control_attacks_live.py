@@ -212,3 +212,96 @@ def test_11_a_writer_killed_mid_publish_leaves_every_version_audited_and_no_orph
     assert set(history) <= audited, (history, sorted(audited))
     assert not list((sd / "control").glob(".*.tmp")) and not list((sd / "control" / "history").glob(".*.tmp"))
     assert plane.apply_overrides({"min_seq_len": 9999}, actor="a").snapshot.version == cur.version + 1
+
+
+# ---------------------------------------------------------------- review item 1: a forged rank report
+
+
+def test_review_1_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_path: Path) -> None:
+    """Attacker review item 1: a ranks/7.json from 'another host' (started 0.0, time 4.9 s ahead,
+    step 1e9) gave a change effective_step 1000000064; real ranks never applied it. Now the forged
+    report is capped by its engine's real ranks, and both apply the change at one step."""
+    state = tmp_path / "state"
+    plane = ControlPlane(state)
+    plane.reload(actor="startup", startup=True)
+    stop = tmp_path / "stop"
+    procs = []
+    for r in range(2):
+        args = ["--state-dir", str(state), "--rank", str(r), "--out", str(tmp_path / f"rank{r}.json")]
+        args += ["--stop-file", str(stop), "--interval", "0.5", "--step-sleep", "0.01"]
+        args += ["--max-steps", "200000", "--max-seconds", "150"]
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), *args]))
+    store = Store(state)
+    try:
+        wait_for(
+            lambda: (
+                len(store.rank_reports()) == 2 and all(d.get("steps_per_s") for d in store.rank_reports())
+            ),
+            "both ranks to report a measured rate",
+            60,
+        )
+        now = time.time()
+        forged = {"pid": 4242, "host": "", "pidns": "", "rank": 7, "engine": 0, "started": 0.0,
+                  "step": 10**9, "steps_per_s": None, "applied_version": 1, "time": now + 4.9}  # fmt: skip
+        store.write_rank_report(forged, rank=7)
+        snap = plane.apply_overrides({"min_seq_len": 4096}, actor="attacked").snapshot
+        real = max(d["step"] for d in store.rank_reports() if d["rank"] != 7)
+        assert snap.effective_step < real + 5000, (snap.effective_step, real)  # was 1000000064
+        wait_for(
+            lambda: all(
+                d.get("applied_version") == snap.version for d in store.rank_reports() if d["rank"] != 7
+            ),
+            "both real ranks to apply the change",
+            150,
+        )
+    finally:
+        stop.write_text("")
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+    got = [
+        next(
+            tuple(a)
+            for a in json.loads((tmp_path / f"rank{r}.json").read_text())["applied"]
+            if a[0] == snap.version
+        )
+        for r in range(2)
+    ]
+    assert len({applied for _, _, applied in got}) == 1, got  # one step for both ranks
+
+
+# ---------------------------------------------------------------- review item 11: SIGTERM mid-publish
+
+_TERMINATED = """
+import os, signal, sys
+import flyserve.control.store as store
+real = store.atomic_write
+def write(path, data, **kw):
+    real(path, data, **kw)
+    if path.parent.name == "history":  # mid-publish: history written, current.json not yet
+        os.kill(os.getpid(), signal.SIGTERM)
+store.atomic_write = write
+from flyserve.control import ControlPlane
+ControlPlane(sys.argv[1]).apply_overrides({"min_seq_len": 3000}, actor="terminated")
+print("returned", flush=True)
+"""
+
+
+def test_review_11_sigterm_mid_publish_finishes_the_publish_then_exits(tmp_path: Path) -> None:
+    """Attacker review item 11: SIGTERM while `thresholds set` published left a 'publishing' audit
+    line with no completion (and maybe a temp file) until `repair`. The writer now finishes the
+    publish and its audit line, then dies of the SIGTERM."""
+    sd = tmp_path / "state"
+    ControlPlane(sd).apply_overrides({"min_seq_len": 2000}, actor="a")
+    r = subprocess.run([sys.executable, "-c", _TERMINATED, str(sd)], capture_output=True, text=True,
+                       timeout=120, check=False)  # fmt: skip
+    assert r.returncode == -15, r.stderr[-2000:]  # it still dies of the signal ...
+    assert "returned" not in r.stdout  # ... right after the publish, not at the end of the script
+    plane = ControlPlane(sd)
+    assert plane.snapshot().version == 2 and plane.store.history_versions() == [1, 2]
+    raw = plane.store.read_audit(raw=True)
+    assert [e["result"] for e in raw if e.get("version") == 2] == ["publishing", "success"]
+    assert not list((sd / "control").glob(".*.tmp")) and not list((sd / "control" / "history").glob(".*.tmp"))

@@ -230,9 +230,10 @@ def test_an_engine_restart_resets_the_step_floor(tmp_path: Path) -> None:
     assert p.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot.effective_step == 3585
     p.store.write_rank_report(rank_report(0, 262, now, applied_version=1, started=now - 5), rank=0)
     assert p.apply_overrides({"min_seq_len": 5000}, actor="a").snapshot.effective_step == 270
-    # A rank that still has the previous version pending keeps the floor: versions apply in order.
+    # A rank that still has the previous version pending gets no floor from it (review item 1): the
+    # rank applies the newer version at its own step and the pending one with it (RankControl).
     p.store.write_rank_report(rank_report(0, 100, now, applied_version=1, started=now - 5), rank=0)
-    assert p.apply_overrides({"min_seq_len": 5100}, actor="a").snapshot.effective_step == 270
+    assert p.apply_overrides({"min_seq_len": 5100}, actor="a").snapshot.effective_step == 108
 
 
 def test_poisoned_and_dead_rank_reports_do_not_pin_the_effective_step(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ def test_a_rank_that_learns_late_switches_at_once_and_says_so(plane: ControlPlan
     assert rc.current(0).version == 2
     late = RankControl(plane.state_dir, 1, report=False)
     report_step(plane, 10)
-    plane.apply_overrides({"min_seq_len": 5000}, actor="a")  # effective at 18 (never earlier than v2's)
+    plane.apply_overrides({"min_seq_len": 5000}, actor="a")  # effective at 18 (planned from the ranks alone)
     for step in range(40):
         late.current(step)
     late.poll()
