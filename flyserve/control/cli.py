@@ -7,6 +7,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -161,11 +162,34 @@ def _parse_assignments(pairs: list[str]) -> dict[str, Any]:
         key, eq, raw = p.partition("=")
         if not eq or not key.strip():
             raise ThresholdsError([(p[:48], "expected KEY=VALUE")], source="command line")
+        k = key.strip()
+        if k in out:  # the last one silently won (attack review item 15)
+            raise ThresholdsError([(k[:48], "given more than once")], source="command line")
         try:
-            out[key.strip()] = parse_scalar(raw) if raw.strip() else raw
+            value = parse_scalar(raw) if raw.strip() else raw
         except ThresholdsError as exc:
-            raise ThresholdsError([(key.strip(), exc.reason)], source="command line") from None
+            raise ThresholdsError([(k, exc.reason)], source="command line") from None
+        if isinstance(value, int) and not isinstance(value, bool) and not _DECIMAL.fullmatch(raw.strip()):
+            # 0x1000 was taken as 4096 and 0o17 as 15; the HTTP API takes decimal JSON numbers only
+            raise ThresholdsError([(k, "write integers in decimal")], source="command line")
+        out[k] = value
     return out
+
+
+_DECIMAL = re.compile(r"[-+]?[0-9]+", re.ASCII)
+
+
+def printable(text: object) -> str:
+    """``text`` with control characters (escape codes, newlines) as \\xNN and rich markup escaped:
+    an --actor with escape codes was printed raw by show and history (attack review item 15)."""
+    from rich.markup import escape
+
+    def one(c: str) -> str:
+        if c.isprintable():
+            return c
+        return f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+
+    return escape("".join(one(c) for c in str(text)))
 
 
 @thresholds_app.command("show")
@@ -186,7 +210,7 @@ def show(state_dir: Path | None = StateDirOpt, as_json: bool = JsonOpt) -> None:
     if as_json:
         typer.echo(json.dumps({**s.to_dict(), "ranks": ranks}, indent=2, default=str))
         return
-    title = f"thresholds version {s.version} ({s.source}" + (f" by {s.actor}" if s.actor else "") + ")"
+    title = f"thresholds version {s.version} ({s.source}" + (f" by {printable(s.actor)}" if s.actor else "") + ")"
     if s.version == 0:
         title += f" - nothing published yet in {plane.state_dir.path}; profile {s.profile} defaults"
     t = Table(title=title)
@@ -359,7 +383,9 @@ def history(
             changes = ", ".join(
                 x for x in (changes, f"circuit {'open' if s.circuit_open else 'closed'}") if x
             )
-        t.add_row(str(s.version), s.time_iso, s.source, s.actor, str(s.effective_step), changes or "-")
+        t.add_row(
+            str(s.version), s.time_iso, printable(s.source), printable(s.actor), str(s.effective_step), changes or "-"
+        )
     Console().print(t)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from flyserve.control.paths import StateDir, default_state_dir
+from flyserve.control.paths import StateDir, default_state_dir, make_private_dir
 
 INIT_HINT = "create it with `flyserve init --state-dir {path}` (or pass --create)"
 
@@ -37,6 +37,7 @@ def initialise(state_dir: StateDir | str | os.PathLike[str]) -> bool:
         raise StateDirError(f"state directory {sd.path} exists and is not a directory")
     was = is_initialised(sd)
     try:
+        make_private_dir(sd.path)
         sd.control_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StateDirError(f"state directory {sd.path}: cannot create ({exc.strerror or exc})") from None

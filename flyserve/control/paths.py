@@ -92,3 +92,14 @@ class StateDir:
 
     def __fspath__(self) -> str:
         return str(self.path)
+
+
+def make_private_dir(path: str | os.PathLike[str]) -> None:
+    """Create ``path`` (and missing parents) if absent, the directory itself mode 0700: it holds the
+    audit log and the thresholds (docs/operations.md recommends 0700; ``set --create`` and the
+    sidecar made 0755 ones, attack review item 15). An existing directory's mode is left alone."""
+    p = Path(path)
+    if p.is_dir():
+        return
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.mkdir(mode=0o700, exist_ok=True)

@@ -13,6 +13,8 @@ import fcntl
 import json
 import logging
 import os
+import re
+import stat
 import tempfile
 import threading
 import time
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flyserve.control.errors import ControlIOError
-from flyserve.control.paths import MAX_VERSION, StateDir, history_version
+from flyserve.control.paths import MAX_VERSION, StateDir, history_version, make_private_dir
 from flyserve.control.reports import RankReport, parse_report
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.policy.errors import describe_value
@@ -70,16 +72,48 @@ MAX_AUDIT_LINE = 8192
 """One audit line at most (a 50 MB string value once made a 105 MB line, issue 13)."""
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``, or None if the file does not exist. Bad JSON, a file over
-    MAX_JSON_BYTES or a non-finite number (NaN, Infinity, 1e400) raises ValueError."""
+MAX_RANK_FILES = 256
+"""Rank reports read per look at ranks/ (the newest by mtime): far above any real TP x DP size."""
+
+_RANK_FILE_NAME = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}\.json", re.ASCII)
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
+    """The bytes of ``path``, or None if it does not exist. A symlink, FIFO, socket, device or
+    directory, or a file over ``max_bytes``, raises ValueError: a FIFO among the rank reports once
+    blocked /readyz, /dispatch-stats and a PATCH holding the writers' lock for ever (attack review
+    item 5). O_NONBLOCK makes open() of a FIFO return at once; fstat then refuses it."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_JSON_BYTES + 1)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         return None
-    if len(raw) > MAX_JSON_BYTES:
-        raise ValueError(f"{path.name}: larger than {MAX_JSON_BYTES} bytes")
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{path.name}: a symlink, not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path.name}: not a regular file (a directory, FIFO, socket or device)")
+        if st.st_size > max_bytes:
+            raise ValueError(f"{path.name}: larger than {max_bytes} bytes")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > max_bytes:
+        raise ValueError(f"{path.name}: larger than {max_bytes} bytes")
+    return raw
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None if the file does not exist. Bad JSON, a file over
+    MAX_JSON_BYTES, a symlink or a file that is not regular (read_regular_file), or a non-finite
+    number (NaN, Infinity, 1e400) raises ValueError."""
+    raw = read_regular_file(path, MAX_JSON_BYTES)
+    if raw is None:
+        return None
 
     def refuse(token: str) -> float:
         raise ValueError(f"{path.name}: non-finite number {token}")
@@ -132,6 +166,7 @@ class Store:
     def __init__(self, state_dir: StateDir | str | os.PathLike[str], *, history_keep: int = 50) -> None:
         self.dir = StateDir(state_dir)
         self.history_keep = max(1, int(history_keep))
+        self.ignored_rank_files = 0  # files in ranks/ left unread at the last look (_rank_file_names)
 
     # ------------------------------------------------------------------ lock
 
@@ -146,6 +181,7 @@ class Store:
         woken by the kernel at each release.
         """
         try:
+            make_private_dir(self.dir.path)
             self.dir.control_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.dir.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -333,9 +369,14 @@ class Store:
         line = bounded_audit_line(entry)
         self.last_audit_error: str | None = None
         try:
-            self.dir.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.dir.audit_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            make_private_dir(self.dir.path)
+            # O_NOFOLLOW + regular-file check: a symlinked audit.jsonl was followed and a decoy got
+            # the lines (attack review item 10); O_NONBLOCK: a FIFO without reader fails at once.
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(self.dir.audit_log, flags | getattr(os, "O_CLOEXEC", 0), 0o640)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "audit log is not a regular file")
                 os.write(fd, line.encode())
                 os.fsync(fd)
             finally:
@@ -383,15 +424,28 @@ class Store:
         now = time.time() if now is None else now
         return [r for _, r in self._read_reports(now) if r is not None]
 
-    def _read_reports(self, now: float) -> list[tuple[dict[str, Any], RankReport | None]]:
+    def _rank_file_names(self) -> list[str]:
+        """The rank report names worth reading: ``<rank>.json`` or ``<engine>-<rank>.json`` with
+        small ASCII-digit numbers, the MAX_RANK_FILES newest by mtime. 20,000 stale files once made
+        a PATCH hold the writers' lock for 5 s and /readyz answer 503 (attack review item 7); the
+        rest are ignored and counted in ``ignored_rank_files``."""
         try:
-            names = sorted(os.listdir(self.dir.ranks_dir))
+            entries = list(os.scandir(self.dir.ranks_dir))
         except OSError:
             return []
-        out = []
-        for n in names:
-            if not n.endswith(".json") or n.startswith("."):
+        dated: list[tuple[float, str]] = []
+        for e in entries:
+            if _RANK_FILE_NAME.fullmatch(e.name) is None:
                 continue
+            with contextlib.suppress(OSError):
+                dated.append((e.stat(follow_symlinks=False).st_mtime, e.name))
+        dated.sort(reverse=True)
+        self.ignored_rank_files = len(entries) - min(len(dated), MAX_RANK_FILES)
+        return sorted(n for _, n in dated[:MAX_RANK_FILES])
+
+    def _read_reports(self, now: float) -> list[tuple[dict[str, Any], RankReport | None]]:
+        out = []
+        for n in self._rank_file_names():
             with contextlib.suppress(OSError, ValueError):
                 d = read_json(self.dir.ranks_dir / n)
                 if d is not None:

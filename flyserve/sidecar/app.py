@@ -22,9 +22,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
+from flyserve.control.paths import make_private_dir
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
-from flyserve.sidecar.middleware import BodyLimitMiddleware, RequestMetricsMiddleware
+from flyserve.sidecar.middleware import BodyLimitMiddleware, HeaderGuardMiddleware, RequestMetricsMiddleware
 from flyserve.sidecar.models import RankView
 from flyserve.sidecar.routes import router
 from flyserve.sidecar.service import StatsService
@@ -55,6 +56,7 @@ def _registry(metrics_dir: Path, share: bool) -> CollectorRegistry:
     this API) land in the shared files, via telemetry's exposition_registry. A process that
     already writes its metrics elsewhere (tests building several apps) gets the read-only variant.
     """
+    make_private_dir(metrics_dir.parent)  # the state directory: 0700 when created here
     metrics_dir.mkdir(parents=True, exist_ok=True)
     if share:
         try:
@@ -194,5 +196,6 @@ def create_app(settings: SidecarSettings) -> FastAPI:
 
     app.include_router(router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HeaderGuardMiddleware)
     app.add_middleware(RequestMetricsMiddleware)  # added last = outermost: counts 413s too
     return app

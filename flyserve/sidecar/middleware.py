@@ -1,4 +1,5 @@
-"""Two pure-ASGI middlewares: a request-body size limit (413) and the sidecar's own request metrics.
+"""Pure-ASGI middlewares: request-head checks (431, 400), a request-body size limit (413) and the
+sidecar's own request metrics.
 
 Pure ASGI rather than BaseHTTPMiddleware: they must not buffer a streaming response
 (/dispatch-stats/stream) and they run on every request, so they stay small.
@@ -27,6 +28,96 @@ async def _send_413(send: Send, limit: int) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+MAX_HEAD_BYTES = 16 * 1024
+"""A request head (request line and headers) over this is refused with 431 (docs/sidecar.md)."""
+
+SINGLE_HEADERS = (b"authorization", b"if-match")
+"""Headers a request may carry once: with two, the first won (right then wrong token -> 200), so
+a proxy that appends one could be bypassed (attack review item 12)."""
+
+
+async def _send_json(send: Send, status: int, detail: str, field: str) -> None:
+    body = json.dumps({"detail": detail, "field": field, "errors": []}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class HeaderGuardMiddleware:
+    """431 for a request head over ``max_head_bytes``, 400 for a repeated Authorization or If-Match.
+
+    uvicorn's h11 limit only applies while a head is still incomplete: a 100 KB header that
+    arrived in one read was accepted (attack review item 13), so the size is checked here too."""
+
+    def __init__(self, app: ASGIApp, max_head_bytes: int = MAX_HEAD_BYTES) -> None:
+        self.app, self.max_head_bytes = app, max_head_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers", ())
+        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string", b"")) + 16
+        seen: dict[bytes, int] = {}
+        for k, v in headers:
+            size += len(k) + len(v) + 4
+            if k in SINGLE_HEADERS:
+                seen[k] = seen.get(k, 0) + 1
+        if size > self.max_head_bytes:
+            await _send_json(send, 431, f"request head larger than {self.max_head_bytes} bytes", "<headers>")
+            return
+        for k, n in seen.items():
+            if n > 1:
+                name = k.decode().title()
+                await _send_json(send, 400, f"header {name} given {n} times; send it once", name)
+                return
+        await self.app(scope, receive, send)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _json_body_refusal(body: bytes) -> tuple[int, str, str] | None:
+    """(status, detail, field) for a body that must not reach the app, else None.
+
+    Bytes that are not UTF-8 or not JSON are a 400 (FastAPI answered 422 "field '0': JSON decode
+    error", attack review item 14); a key given twice in one object is a 422 naming it (the last
+    one silently won, item 15). Anything else (NaN, a 5000-digit integer, deep nesting) is left to
+    the app's own validation, which names the field."""
+    if not body.strip():
+        return None
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return 400, f"request body is not UTF-8 (byte {exc.start})", "<body>"
+    try:
+        json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as exc:
+        key = exc.key if len(exc.key) <= 64 else exc.key[:64] + "..."
+        return 422, f"field '{key}': given more than once", key
+    except json.JSONDecodeError as exc:
+        return 400, f"request body is not valid JSON (line {exc.lineno}, column {exc.colno})", "<body>"
+    except (ValueError, RecursionError):
+        return None
+    return None
 
 
 class BodyLimitMiddleware:
@@ -67,6 +158,10 @@ class BodyLimitMiddleware:
             chunks.append(body)
             if not msg.get("more_body", False):
                 break
+        refusal = _json_body_refusal(b"".join(chunks))
+        if refusal is not None:
+            await _send_json(send, *refusal)
+            return
         replayed = False
 
         async def replay() -> Message:

@@ -16,10 +16,11 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from flyserve.sidecar.middleware import MAX_HEAD_BYTES
+
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
 DEFAULT_KEEP_ALIVE_S = 5.0
 DEFAULT_MAX_CONNECTIONS = 512
-MAX_HEAD_BYTES = 16 * 1024
 
 
 class DeadlineH11Protocol(H11Protocol):

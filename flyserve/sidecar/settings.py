@@ -103,6 +103,39 @@ class SidecarSettings(BaseModel):
     )
 
 
+MAX_TOKEN_FILE_BYTES = 4096
+"""A token file is one line; a larger one is refused (a /dev/zero would otherwise be read for ever)."""
+
+
+def _read_token_file(token_file: Path) -> tuple[int, str]:
+    """(mode, text) of the token file. Symlinks are followed (a Kubernetes Secret mount is one) but
+    the target must be a regular file of at most MAX_TOKEN_FILE_BYTES: a FIFO, /dev/zero or
+    /dev/urandom once made the sidecar hang at start with no error line (attack review item 9)."""
+    where = f"--token-file {token_file}"
+    try:
+        fd = os.open(token_file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise TokenError(f"{where}: cannot read ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TokenError(f"{where}: not a regular file (a directory, FIFO, socket or device)")
+        if st.st_size > MAX_TOKEN_FILE_BYTES:
+            raise TokenError(f"{where}: larger than {MAX_TOKEN_FILE_BYTES} bytes")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise TokenError(f"{where}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_TOKEN_FILE_BYTES:
+        raise TokenError(f"{where}: larger than {MAX_TOKEN_FILE_BYTES} bytes")
+    try:
+        return st.st_mode, raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TokenError(f"{where}: not UTF-8 text") from None
+
+
 def read_token(token_file: Path | None, *, env: dict[str, str] | None = None) -> SecretStr | None:
     """The bearer token from ``token_file`` (first line, stripped), else from $FLYSERVE_SIDECAR_TOKEN.
 
@@ -111,11 +144,7 @@ def read_token(token_file: Path | None, *, env: dict[str, str] | None = None) ->
     """
     env = os.environ if env is None else env
     if token_file is not None:
-        try:
-            mode = token_file.stat().st_mode
-            text = token_file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise TokenError(f"--token-file {token_file}: cannot read ({exc.strerror or exc})") from None
+        mode, text = _read_token_file(token_file)
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             log.warning(
                 "token file %s is accessible by group/others (mode %o); chmod 600 it",

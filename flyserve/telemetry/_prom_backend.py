@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import threading
 import time
 import weakref
@@ -30,6 +31,7 @@ from typing import Any, Final
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.mmap_dict import _read_all_values as mmap_read_all_values
 from prometheus_client.utils import floatToGoString
 from prometheus_client.values import MutexValue
 
@@ -437,8 +439,32 @@ def close_files() -> None:
         BACKEND.values.clear()
 
 
+def values_file_used(path: str | os.PathLike[str]) -> int | None:
+    """The used size a metrics file's header claims, or None if that cannot be true: the file is
+    shorter than 8 bytes, or the header claims less than 8 or more than the file holds.
+    prometheus_client's reader believes the header and reads that many bytes: a header saying
+    2^31-1 made /metrics and /dispatch-stats answer 500 (MemoryError) until the file was removed
+    (attack review item 6)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+    if len(head) < 8:
+        return None
+    used = struct.unpack_from("i", head, 0)[0]
+    return used if 8 <= used <= size else None
+
+
 def read_values_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, float, float, int]]:
     """(key, value, timestamp, position) of every entry of one metrics file (read-only).
 
-    A key is prometheus_client's JSON ``[metric_name, name, labels, help]``."""
-    return iter(MmapedDict.read_all_values_from_file(os.fspath(path)))
+    A key is prometheus_client's JSON ``[metric_name, name, labels, help]``. Raises ValueError for
+    a file whose header or entries cannot be true (values_file_used), FileNotFoundError if gone."""
+    used = values_file_used(path)
+    if used is None:
+        raise ValueError(f"{os.path.basename(path)}: header's used size does not fit the file")
+    with open(path, "rb") as f:
+        data = f.read(used)
+    try:
+        return iter(list(mmap_read_all_values(data, used)))
+    except (RuntimeError, struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(f"{os.path.basename(path)}: corrupt entry ({type(exc).__name__})") from None

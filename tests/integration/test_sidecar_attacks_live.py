@@ -268,3 +268,36 @@ def test_13_the_sidecar_repairs_a_damaged_state_dir_at_start(tmp_path: Path, sto
         r = c.patch("/thresholds", json={"min_seq_len": 5000}, headers=AUTH)
         assert r.status_code == 200 and r.json()["thresholds"]["version"] == 4
     assert json.loads((state / "control" / "current.json").read_text())["version"] == 4
+
+
+# ---------------------------------------------------------------- attack review 13: one huge header
+
+
+def test_review_13_a_single_header_over_16_kib_is_refused(tmp_path: Path, stopper: list) -> None:
+    sc = start_sidecar(tmp_path)
+    stopper.append(sc)
+    try:  # the server may answer and close before the client has sent it all: a reset is a refusal
+        status = httpx.get(sc.url + "/thresholds", headers={"X-Big": "a" * 100_000}, timeout=20).status_code
+    except httpx.TransportError:
+        status = -1
+    assert status in (400, 431, -1), status  # was 200: the head arrived in one read
+    r = httpx.get(sc.url + "/thresholds", headers={"X-Small": "a" * 8000}, timeout=20)
+    assert r.status_code == 200
+    assert healthz_ok(sc.url)
+
+
+# ---------------------------------------------------------------- attack review 5: a FIFO among the rank reports
+
+
+def test_review_5_a_fifo_in_ranks_blocks_no_endpoint_and_no_writer(tmp_path: Path, stopper: list) -> None:
+    sc = start_sidecar(tmp_path)
+    stopper.append(sc)
+    (sc.state / "ranks").mkdir(parents=True, exist_ok=True)
+    os.mkfifo(sc.state / "ranks" / "9.json")
+    for path in ("/readyz", "/dispatch-stats", "/metrics"):
+        r = httpx.get(sc.url + path, timeout=30)  # the unfixed sidecar never answered
+        assert r.status_code in (200, 503), (path, r.status_code)
+    r = httpx.patch(sc.url + "/thresholds", json={"min_seq_len": 3000}, headers=AUTH, timeout=30)
+    assert r.status_code == 200, r.text
+    r = httpx.patch(sc.url + "/thresholds", json={"min_seq_len": 3001}, headers=AUTH, timeout=30)
+    assert r.status_code == 200, r.text  # the writers' lock was not left held

@@ -1,0 +1,276 @@
+"""Attacker review after issue 13 (items 5-15 of the review): each test reproduces one finding and
+failed before its fix. Blocking reads run in a daemon thread with a generous deadline, so an
+unfixed reader fails the test instead of hanging the suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flyserve.control import ControlPlane
+from flyserve.control.store import Store, read_json
+
+DEADLINE_S = 20.0
+
+
+def finishes(fn: Callable[[], Any], deadline_s: float = DEADLINE_S) -> Any:
+    """fn()'s result, or a test failure if it has not returned within ``deadline_s`` (it blocked)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(deadline_s)
+    assert not t.is_alive(), f"{fn} blocked for more than {deadline_s}s"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def live_report(rank: int, step: int = 100) -> dict[str, Any]:
+    now = time.time()
+    return {"rank": rank, "engine": 0, "pid": os.getpid(), "host": "", "started": now - 10,
+            "time": now, "step": step, "applied_version": 1, "steps_per_s": 10.0}
+
+
+# ---------------------------------------------------------------- 5: a FIFO among the rank reports
+
+
+def test_5_read_json_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "9.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        finishes(lambda: read_json(fifo))
+
+
+def test_5_a_fifo_in_ranks_is_skipped_and_live_ranks_still_count(tmp_path: Path) -> None:
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    store = Store(plane.state_dir)
+    store.write_rank_report(live_report(0), rank=0)
+    os.mkfifo(plane.state_dir.ranks_dir / "9.json")
+    assert finishes(lambda: store.live_ranks()) == 1
+    v = finishes(lambda: plane.apply_overrides({"min_seq_len": 3000}, actor="t"))
+    assert v.changed and v.snapshot.thresholds.min_seq_len == 3000
+
+
+# ---------------------------------------------------------------- 6: a metrics file with a lying header
+
+
+def _forged_counter_file(metrics_dir: Path) -> Path:
+    """A counter file whose header says 2^31-1 bytes are used; the file holds 4096."""
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    f = metrics_dir / "counter_667.db"
+    f.write_bytes(struct.pack("i", 2**31 - 1) + b"\0" * 4092)
+    return f
+
+
+def test_6_a_lying_metrics_header_is_skipped_by_dispatch_stats(tmp_path: Path) -> None:
+    from flyserve.sidecar import stats
+
+    _forged_counter_file(tmp_path / "metrics")
+    assert stats.read_counters(tmp_path / "metrics") == {}
+    assert "counter_667.db" in stats.BAD_FILES_SEEN
+
+
+def test_6_a_lying_metrics_header_is_left_out_of_a_scrape(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from flyserve.telemetry.multiprocess import SoundFilesCollector
+
+    _forged_counter_file(tmp_path / "metrics")
+    reg = CollectorRegistry()
+    SoundFilesCollector(reg, path=str(tmp_path / "metrics"))
+    assert generate_latest(reg) == b""
+
+
+# ---------------------------------------------------------------- 7: thousands of stale rank files
+
+
+def test_7_stale_rank_files_are_capped_and_odd_names_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flyserve.control import store as store_mod
+
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    store = Store(plane.state_dir)
+    ranks = plane.state_dir.ranks_dir
+    ranks.mkdir(parents=True, exist_ok=True)
+    stale = dict(live_report(0), time=time.time() - 3600)
+    body = json.dumps(stale)
+    old = time.time() - 3600
+    for i in range(600):
+        f = ranks / f"{i + 10}.json"
+        f.write_text(body)
+        os.utime(f, (old, old))
+    for odd in ("99999.json", "²³.json", "x.json", "1-2-3.json"):
+        (ranks / odd).write_text(body)
+    store.write_rank_report(live_report(0), rank=0)  # the newest file
+    reads: list[Path] = []
+    real = store_mod.read_json
+    monkeypatch.setattr(store_mod, "read_json", lambda p: reads.append(p) or real(p))
+    assert store.live_ranks() == 1
+    assert len(reads) <= 256
+    assert {p.name for p in reads}.isdisjoint({"99999.json", "²³.json", "x.json", "1-2-3.json"})
+    assert store.ignored_rank_files >= 600 + 4 - 256
+
+
+# ---------------------------------------------------------------- 9: a token file that is not a file
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "/dev/urandom", "huge"])
+def test_9_a_token_file_that_is_not_a_small_regular_file_is_refused(tmp_path: Path, kind: str) -> None:
+    from flyserve.sidecar.settings import TokenError, read_token
+
+    if kind == "fifo":
+        f = tmp_path / "token"
+        os.mkfifo(f)
+    elif kind == "huge":
+        f = tmp_path / "token"
+        f.write_text("t" * 100_000)
+    else:
+        f = tmp_path / "token"
+        f.symlink_to(kind)
+    with pytest.raises(TokenError, match="--token-file") as e:
+        finishes(lambda: read_token(f, env={}))
+    assert "regular file" in str(e.value) or "larger than" in str(e.value)
+
+
+def test_9_a_symlinked_token_file_is_still_read(tmp_path: Path) -> None:
+    from flyserve.sidecar.settings import read_token
+
+    (tmp_path / "secret").write_text("s3cr3t-token-value-long-enough-0123456789\n")
+    (tmp_path / "token").symlink_to(tmp_path / "secret")
+    tok = read_token(tmp_path / "token", env={})
+    assert tok is not None and tok.get_secret_value() == "s3cr3t-token-value-long-enough-0123456789"
+
+
+# ---------------------------------------------------------------- 10: a symlinked audit log
+
+
+def test_10_a_symlinked_audit_log_is_not_followed(tmp_path: Path) -> None:
+    from flyserve.control import ControlIOError
+
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    plane.apply_overrides({"min_seq_len": 3000}, actor="t")
+    decoy = tmp_path / "decoy"
+    decoy.write_text("precious\n")
+    plane.state_dir.audit_log.unlink()
+    plane.state_dir.audit_log.symlink_to(decoy)
+    with pytest.raises(ControlIOError, match="audit"):
+        plane.apply_overrides({"min_seq_len": 3001}, actor="t")
+    assert decoy.read_text() == "precious\n"
+    assert plane.snapshot().thresholds.min_seq_len == 3000  # refused before anything was published
+
+
+# ---------------------------------------------------------------- 12: repeated Authorization / If-Match
+
+
+TOKEN = "t0ken-for-tests-0123456789"
+
+
+@pytest.fixture
+def sidecar_client(tmp_path: Path):
+    from fastapi.testclient import TestClient
+    from pydantic import SecretStr
+
+    from flyserve.sidecar.app import create_app
+    from flyserve.sidecar.settings import SidecarSettings
+
+    s = SidecarSettings(state_dir=tmp_path, token=SecretStr(TOKEN), share_control_metrics=False,
+                        stats_ttl_s=0.0, metrics_ttl_s=0.0)  # fmt: skip
+    with TestClient(create_app(s)) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("Authorization", f"Bearer {TOKEN}"), ("Authorization", "Bearer wrong")],
+        [("Authorization", "Bearer wrong"), ("Authorization", f"Bearer {TOKEN}")],
+        [("Authorization", f"Bearer {TOKEN}"), ("If-Match", "0"), ("If-Match", "7")],
+    ],
+)
+def test_12_a_repeated_authorization_or_if_match_is_a_400(sidecar_client, headers) -> None:
+    r = sidecar_client.patch("/thresholds", json={"min_seq_len": 3000}, headers=headers)
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] in ("Authorization", "If-Match")
+    assert sidecar_client.get("/thresholds").json()["version"] == 0  # nothing changed
+
+
+# ---------------------------------------------------------------- 14, 15: bodies that are not one JSON object
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe{}", b"{bad", b'{"min_seq_len": 3000'])
+def test_14_an_undecodable_body_is_a_400(sidecar_client, body: bytes) -> None:
+    r = sidecar_client.patch("/thresholds", content=body, headers=AUTH)
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == "<body>"
+
+
+def test_15_a_key_given_twice_in_a_json_body_is_refused_naming_it(sidecar_client) -> None:
+    r = sidecar_client.patch("/thresholds", content=b'{"min_seq_len":1,"min_seq_len":3000}', headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "min_seq_len"
+    assert sidecar_client.get("/thresholds").json()["version"] == 0
+
+
+# ---------------------------------------------------------------- 15: the CLI's KEY=VALUE, actors, modes
+
+
+def test_15_cli_refuses_a_key_given_twice_and_non_decimal_integers() -> None:
+    from flyserve.control.cli import _parse_assignments
+    from flyserve.policy import ThresholdsError
+
+    with pytest.raises(ThresholdsError, match="min_seq_len.*more than once"):
+        _parse_assignments(["min_seq_len=3010", "min_seq_len=3011"])
+    for raw in ("0x1000", "0o17"):
+        with pytest.raises(ThresholdsError, match="min_seq_len.*decimal"):
+            _parse_assignments([f"min_seq_len={raw}"])
+    assert _parse_assignments(["min_seq_len=4096", "lpt=auto"]) == {"min_seq_len": 4096, "lpt": "auto"}
+
+
+def test_15_control_characters_in_an_actor_are_escaped_by_show_and_history(tmp_path: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from flyserve.control.cli import register
+
+    app = typer.Typer()
+    register(app)
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    plane.apply_overrides({"min_seq_len": 3000}, actor="evil\x1b[2J\x1b[31m[bold]x\n")
+    for cmd in ("show", "history"):
+        res = CliRunner().invoke(app, ["thresholds", cmd, "--state-dir", str(plane.state_dir.path)])
+        assert res.exit_code == 0, res.output
+        assert "\x1b" not in res.output
+        assert "\\x1b" in res.output
+
+
+def test_15_state_dirs_created_by_set_create_and_the_sidecar_are_0700(tmp_path: Path) -> None:
+    from flyserve.control.initialise import require_for_write
+    from flyserve.sidecar.app import create_app
+    from flyserve.sidecar.settings import SidecarSettings
+
+    old = os.umask(0o022)
+    try:
+        require_for_write(tmp_path / "a" / "state", create=True)
+        create_app(SidecarSettings(state_dir=tmp_path / "b" / "state", share_control_metrics=False))
+        ControlPlane(tmp_path / "c" / "state").apply_overrides({"min_seq_len": 3000}, actor="t")
+    finally:
+        os.umask(old)
+    for d in ("a", "b", "c"):
+        assert (tmp_path / d / "state").stat().st_mode & 0o777 == 0o700, d
