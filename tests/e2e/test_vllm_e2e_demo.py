@@ -46,7 +46,9 @@ def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_mode
     # every 16th step) joined with those steps' shape samples give a finite measured/predicted median
     # (the value of flyserve_cost_drift_ratio) for at least one path.
     drift = stats["regret"]["windows"]["900s"]["drift"]
-    finite = {p: d["median_ratio"] for p, d in drift.items() if d["samples"] and d["median_ratio"] is not None}
+    finite = {
+        p: d["median_ratio"] for p, d in drift.items() if d["samples"] and d["median_ratio"] is not None
+    }
     assert finite and all(math.isfinite(r) and r > 0 for r in finite.values()), drift
     assert before["prefill_ratio_of_prefill_batches"] > after["prefill_ratio_of_prefill_batches"]
     assert after["reasons"].get("short_context", 0) > before["reasons"].get("short_context", 0)
