@@ -42,7 +42,10 @@ wrapper reads one attribute per call::
         timer.forward_stop(tok)
 
 so one forward in ``every_steps`` steps is timed and any other forward that reads ``armed`` pays one
-truth test. In vLLM the forward that reads it is installed only on timed or prefill steps
+truth test. With ``step_source`` and ``on_step_timed`` set (the leader routing sets them), the timed
+forward is tagged with the engine step it ran in and its harvested time goes to
+``on_step_timed(step, path, seconds)``: the shape sample of that step takes it as ``kernel_s`` for
+the sidecar's drift check (ShapeSampleWriter.add_kernel_time). In vLLM the forward that reads it is installed only on timed or prefill steps
 (flyserve/vllm/forward_switch.py), so the other forwards pay nothing (benchmarks/test_bench_routing.py,
 group forward-per-call).
 
