@@ -245,9 +245,17 @@ def rocm_pair_checks(arch: str) -> list[Check]:
         if err:
             out.append(Check("rocm-flydsl", "fail", f"flyserve's call does not bind to this FlyDSL: {err}",
                              "use FlyDSL main 11c4174d or PR #1056 (943152de) or newer with the same interface"))  # fmt: skip
+        elif not rev.strided_kv:
+            # vLLM 0.32's AITER cache hands strided K/V views; this revision copies them on every
+            # call, so the layout check keeps the path off for every layer.
+            out.append(Check("rocm-flydsl", "warn", f"{KERNELS_PATH_ENV}={path}; revision: {rev.label}; flyserve's "
+                             "call binds, but this FlyDSL has no in-place strided K/V reads: the prefill path "
+                             "will stay off under vLLM's AITER cache layout",
+                             "check out FlyDSL pull request #1056 (943152de) or newer in the kernels path"))  # fmt: skip
         else:
             out.append(Check("rocm-flydsl", "ok", f"{KERNELS_PATH_ENV}={path}; {rev.module_file}; revision: "
-                             f"{rev.label}; flyserve's call binds to its signature"))  # fmt: skip
+                             f"{rev.label}; flyserve's call binds to its signature; reads vLLM's AITER cache in "
+                             "place with one KV head per rank only (e.g. TP = num_kv_heads)"))  # fmt: skip
     if arch.startswith("gfx950"):
         out.append(Check("gpu-arch", "ok", f"{arch}: FlyDSL dualwave's target"))
     else:

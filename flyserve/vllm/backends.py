@@ -77,6 +77,8 @@ def rocm_prefill_status() -> PrefillStatus:
         off = f"GPU arch {arch or 'unknown'} is not gfx950 (FlyDSL dualwave runs on MI350/MI355 only)"
     elif kernel is None:
         off = f"FlyDSL not importable: {why}"
+    elif not kernel.revision.page_sizes:
+        off = f"FlyDSL at {kernel.revision.module_file} declares no page size dualwave runs (64, 128)"
     if off is not None:
         log.warning(
             "flyserve: FlyDSL prefill path unavailable (%s); serving on AITER unified. To enable it on a "

@@ -17,11 +17,17 @@ HALF_DTYPES = ("bfloat16", "float16")
 
 @dataclass(frozen=True, slots=True)
 class PrefillKernelSpec:
-    """What the causal prefill kernel accepts. ``head_sizes`` empty means any."""
+    """What the causal prefill kernel accepts. ``head_sizes`` empty means any.
+
+    ``max_kv_len``: the longest KV (``max_seq_len``) the kernel takes, 0 for no limit. A limit of
+    the kernel, not an operator threshold: checked per batch by the routing, whatever the
+    ``max_seq_len`` threshold says, so a longer batch takes unified instead of raising.
+    """
 
     name: str
     head_sizes: tuple[int, ...] = ()
     dtypes: tuple[str, ...] = HALF_DTYPES
+    max_kv_len: int = 0
 
 
 def _dtype_name(dtype: Any) -> str:

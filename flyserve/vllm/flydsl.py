@@ -12,9 +12,12 @@ The kernel call itself lives in ``flyserve.vllm.flydsl_kernel`` (shared with the
   the prefill path is statically off (reason ``unsupported``, the log names ``--block-size 64``);
 * **the decision**: the builder reads the LPT flag from the routing object the composite bound to
   it (``bind_routing``), never from a process global; an unbound builder is an error;
-* **KV layout**: checked once, on the first prefill forward, against what the revision addresses
-  in place; a layout FlyDSL would copy on every call switches the path off (``unsupported``);
-* **warm-up**: in ``process_weights_after_loading`` (before any graph capture), with a 512-token
+* **KV layout**: predicted at load from the views the AITER cache hands (meta tensors), and
+  checked again on the first prefill forward, against what the revision addresses in place; a
+  layout FlyDSL would copy on every call switches the path off (``unsupported``) - on vLLM 0.32
+  that is FlyDSL main always, and #1056 with more than one KV head per rank;
+* **warm-up**: only where the path can run (gfx950, eligible layer, in-place layout), in
+  ``process_weights_after_loading`` (before any graph capture), with a 512-token
   query so the dualwave kernel, not the paged light one, compiles, both LPT variants where the
   revision has the flag; a failure is logged and opens the circuit instead of aborting start-up.
 
@@ -79,6 +82,8 @@ from vllm.v1.attention.backends.rocm_aiter_unified_attn import (
 
 # Builds warmed up in this process -> whether the warm-up succeeded (see FlyDSLDualwaveImpl.warm_up).
 _WARMED: dict[tuple[Any, ...], bool] = {}
+# Reasons switch_off has logged in this process.
+_LOGGED_OFF: set[str] = set()
 
 
 class DecisionNotBound(RuntimeError):
@@ -130,9 +135,9 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
         if self.static_off is not None:
             return
         self.static_off = reason
-        log.warning(
-            "flyserve: FlyDSL prefill path off for this layer group: %s (reason 'unsupported')", reason
-        )
+        if reason not in _LOGGED_OFF:  # once per process: every layer of a model has the same layout
+            _LOGGED_OFF.add(reason)
+            log.warning("flyserve: FlyDSL prefill path off: %s (reason 'unsupported')", reason)
         for cb in self.static_off_listeners:
             cb(reason)
 
@@ -143,6 +148,8 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
         import torch
         from vllm.config import get_current_vllm_config_or_none
 
+        if not _on_gfx950():
+            return  # declined at start (rocm_prefill_status): nothing to compile for
         cfg = get_current_vllm_config_or_none()
         block_size = int(cfg.cache_config.block_size) if cfg is not None else 64
         page = page_size_for(block_size, self.kernel.revision)
@@ -150,8 +157,25 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
             # The routing reports these (PrefillStatus.config_problems, static eligibility): a layer
             # FlyDSL cannot run must not open the circuit for every other layer by failing here.
             return
+        problem = self.predicted_layout_problem(page)
+        if problem is not None:  # e.g. FlyDSL main, or more than one KV head per rank
+            self.switch_off(f"KV cache layout: {problem}")
+            return
         self.warm_up(act_dtype, page, torch.device("cuda", torch.cuda.current_device()),
                      torch.cuda.is_current_stream_capturing)  # fmt: skip
+
+    def predicted_layout_problem(self, page_size: int) -> str | None:
+        """The layout check on the K/V views this vLLM's AITER cache will hand the layer, made on
+        a two-block meta tensor (no memory) with the parent's own ``_split_kv_cache``: the cache is
+        (blocks, kv_heads, page, 2*head_size), so the views are strided and only FlyDSL #1056 with
+        one KV head per rank reads them in place. The first forward checks the real cache again."""
+        import torch
+
+        kv = torch.empty(
+            2, self.num_kv_heads, page_size, 2 * self.head_size, dtype=torch.bfloat16, device="meta"
+        )
+        key_cache, value_cache = self._split_kv_cache(kv)
+        return kv_layout_problem(key_cache, value_cache, self.kernel.revision)
 
     def ineligible(self, act_dtype: Any) -> list[str]:
         """This layer's static problems for FlyDSL (head size, scale, dtype, ...), [] if none."""
@@ -251,6 +275,13 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
             )
 
 
+def _on_gfx950() -> bool:
+    """GPU 0 is a gfx950 (MI350/MI355), the only arch the dualwave kernel runs on."""
+    from flyserve.vllm.backends import gpu_arch
+
+    return gpu_arch().startswith("gfx950")
+
+
 def _installed_revision() -> FlyDSLRevision | None:
     kernel, _ = try_load()
     return kernel.revision if kernel is not None else None
@@ -276,10 +307,15 @@ class FlyDSLDualwaveBackend(RocmAiterUnifiedAttentionBackend):
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec: Any = None) -> list[Any]:
-        """FlyDSL's page sizes; AITER's when FlyDSL is absent or the operator forced a block size
-        FlyDSL cannot page (then the prefill path is off and says so)."""
+        """FlyDSL's page sizes; AITER's when FlyDSL is absent, the GPU is not a gfx950, or the
+        operator forced a block size FlyDSL cannot page (then the prefill path is off and says so)."""
         revision = _installed_revision()
-        if revision is None or forced_block_size_problem(revision) is not None:
+        if (
+            revision is None
+            or not revision.page_sizes
+            or not _on_gfx950()
+            or forced_block_size_problem(revision) is not None
+        ):
             return RocmAiterUnifiedAttentionBackend.get_supported_kernel_block_sizes(kv_cache_spec)
         return list(revision.page_sizes)
 

@@ -12,7 +12,9 @@ descriptions are committed in tests/data/contracts/ with the commit each was rea
 * no softmax-scale parameter: the kernel uses 1/sqrt(head_dim), so a layer with another scale is
   statically ineligible (``flyserve.vllm.eligibility``, reason ``unsupported``);
 * the native paged-KV path needs ``block_table`` and ``seqlen_k``, and with packed varlen Q
-  (``cu_seqlens_q``) also ``cu_seqlens_kv``, ``max_seqlen_q`` and ``cross_seqlen``;
+  (``cu_seqlens_q``) also ``cu_seqlens_kv`` and ``max_seqlen_q``; ``cross_seqlen`` defaults to
+  None, which the paged varlen path reads as True (bottom-right masking): flyserve passes True
+  anyway, so the call does not lean on that default;
 * page size 64 on ``main`` 11c4174d (2026-08-21); 64 or 128 on pull request #1056 (943152de,
   2026-08-22), which also adds ``causal_lpt`` and addresses strided K/V views in place;
 * a paged batch with ``max_seqlen_q <= 256`` at page 64 takes the "paged light" kernel, which has
@@ -43,8 +45,10 @@ DEFAULT_MODULE = "kernels.attention.flash_attn_interface"
 FUNCTION_NAME = "flydsl_flash_attn_func"
 LPT_PARAM = "causal_lpt"
 HEAD_SIZES = (64, 128)
-# What static eligibility checks for the FlyDSL path (dtypes: bf16/f16; the scale check is generic).
-FLYDSL_SPEC = PrefillKernelSpec("flydsl-dualwave", head_sizes=HEAD_SIZES)
+# The page sizes the dualwave path runs (64; 128 from #1056). The module's private page-size constant
+# is intersected with these: FlyDSL's open PR #1055 sets _PAGED_PAGE_SIZES = (16, 64) for the
+# paged path as a whole, and 16 must never be declared to vLLM for dualwave.
+DUALWAVE_PAGE_SIZES = (64, 128)
 # The paged path walks KV in 64-token tiles (flash_attn_interface._PAGED_TILE).
 PAGED_TILE = 64
 # flash_attn_interface._VARLEN_LIGHT_MAX_SEQ: at page 64, a paged batch whose max_seqlen_q is at
@@ -52,8 +56,14 @@ PAGED_TILE = 64
 LIGHT_MAX_QUERY = 256
 # Warm-up query length: two of the dualwave kernel's 256-row q-blocks, past the light kernel.
 WARMUP_QUERY_LEN = 512
-# 2048 KV tiles staged in LDS per split (flash_attn_interface._PAGED_BT_LDS_SIZE), num_kv_splits=1.
+# 2048 KV tiles staged in LDS per split (flash_attn_interface._PAGED_BT_LDS_SIZE), num_kv_splits=1
+# (varlen paged has no split-K): a longer max_seqlen_kv raises NotImplementedError. 131072 tokens
+# at every page size: #1056 (943152de, lines 527-537) counts 64-token tiles, not pages (a 128 page
+# is two tiles); main 11c4174d counts pages, and its only page size is 64.
 MAX_KV_LEN = 2048 * PAGED_TILE
+# What the routing checks for the FlyDSL path: static eligibility (dtypes bf16/f16; the scale check
+# is generic) and, per batch, the kernel's KV limit (reason context_too_long).
+FLYDSL_SPEC = PrefillKernelSpec("flydsl-dualwave", head_sizes=HEAD_SIZES, max_kv_len=MAX_KV_LEN)
 INSTALL_HINT = (
     f"set {KERNELS_PATH_ENV} to a FlyDSL source checkout (git clone https://github.com/ROCm/FlyDSL; "
     "its kernels/ package is not in the flydsl wheel)"
@@ -98,7 +108,8 @@ class FlyDSLKernel:
 
 
 def detect_revision(fn: Callable[..., Any]) -> FlyDSLRevision:
-    """Read the revision off the real function: its parameters, and its module's page constants."""
+    """Read the revision off the real function: its parameters, and its module's page constants
+    (only those dualwave runs: ``page_sizes`` may be empty, and then the path stays off)."""
     params = inspect.signature(fn).parameters
     mod = sys.modules.get(getattr(fn, "__module__", "") or "")
     sizes = getattr(mod, "_PAGED_PAGE_SIZES", None)  # PR #1056: (64, 128)
@@ -107,7 +118,7 @@ def detect_revision(fn: Callable[..., Any]) -> FlyDSLRevision:
         sizes = (int(one),)
     return FlyDSLRevision(
         has_causal_lpt=LPT_PARAM in params,
-        page_sizes=tuple(int(s) for s in sizes),
+        page_sizes=tuple(p for p in sorted({int(s) for s in sizes}) if p in DUALWAVE_PAGE_SIZES),
         strided_kv=hasattr(mod, "_paged_kv_row_stride"),
         module_file=str(getattr(mod, "__file__", "") or ""),
     )

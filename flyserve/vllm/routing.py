@@ -25,7 +25,9 @@ import numpy as np
 
 from flyserve.policy import (
     CIRCUIT_OPEN,
+    CONTEXT_TOO_LONG,
     NO_PREFILL_ROWS,
+    NOT_CAUSAL,
     PREFILL,
     UNIFIED,
     UNSUPPORTED,
@@ -113,6 +115,7 @@ class FlyserveRouting:
         self.num_heads = _num_heads(vllm_config, layers)
         self.problems = group_problems(layers, vllm_config.model_config.dtype, self.prefill_spec)
         self.unsupported = bool(self.problems)
+        self.max_kv_len = self.prefill_spec.max_kv_len
         if self.unsupported:
             log.warning(
                 "flyserve: layers %s cannot use the %s kernel (%s): their prefill batches take the "
@@ -210,7 +213,8 @@ class FlyserveRouting:
 
     def _adjust(self, d: Any, shape: BatchShape, t: Any, snap: Any) -> Any:
         """decide()'s decision, then what this process knows that the policy does not: the capture
-        variant for batches with no prefill row, a forced path, static ineligibility, an open circuit.
+        variant for batches with no prefill row, a forced path (never for a non-causal batch),
+        static ineligibility, the kernel's own KV limit, an open circuit.
         (A unified decision for a batch with a prefill row, not forced, skips this call.)"""
         rt = self.rt
         if shape.max_query_len < t.min_query_len:
@@ -218,11 +222,14 @@ class FlyserveRouting:
             if d.variant != self.capture_variant:
                 d = decision_for(PREFILL if self.capture_variant else UNIFIED, d.reason, lpt_rule(shape, t))
             return d
-        if rt.forced is not None and rt.forced != d.path:
+        if rt.forced is not None and rt.forced != d.path and d.reason != NOT_CAUSAL:
+            # Forcing overrides thresholds, never what the causal kernel cannot do (below too).
             d = decision_for(rt.forced, d.reason, lpt_rule(shape, t))
         if d.path == PREFILL:
             if self.unsupported:
                 d = decision_for(UNIFIED, UNSUPPORTED)
+            elif self.max_kv_len and shape.max_seq_len > self.max_kv_len:  # the kernel would raise
+                d = decision_for(UNIFIED, CONTEXT_TOO_LONG)
             elif snap.circuit_open or rt.local_circuit_open:
                 d = decision_for(UNIFIED, CIRCUIT_OPEN)
         return d

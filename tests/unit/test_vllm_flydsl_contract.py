@@ -107,6 +107,22 @@ def test_revision_is_detected_from_the_real_function(fake):
         assert "#1056" in rev.label
 
 
+def test_page_sizes_dualwave_cannot_run_are_never_declared(fake, monkeypatch, gfx950):
+    """FlyDSL's open PR #1055 sets ``_PAGED_PAGE_SIZES = (16, 64)`` (a private constant of the
+    paged path as a whole); dualwave needs 64 or 128, so 16 must not reach vLLM's block sizes."""
+    import sys
+
+    from flyserve.vllm.flydsl import FlyDSLDualwaveBackend
+
+    mod = sys.modules["kernels.attention.flash_attn_interface"]
+    monkeypatch.setattr(mod, "_PAGED_PAGE_SIZES", (16, 64), raising=False)
+    rev = fk.load_flydsl_kernel().revision
+    assert rev.page_sizes == (64,)
+    assert FlyDSLDualwaveBackend.get_supported_kernel_block_sizes() == [64]
+    monkeypatch.setattr(mod, "_PAGED_PAGE_SIZES", (16, 32), raising=False)
+    assert fk.load_flydsl_kernel().revision.page_sizes == ()  # nothing dualwave pages: path off
+
+
 def test_the_call_made_before_this_contract_is_rejected_by_the_real_signature(fake):
     b = batch([40], [40])
     kw = dict.fromkeys(OLD_SERVING_KEYWORDS)
@@ -283,6 +299,14 @@ def flydsl():
 
 
 @pytest.fixture
+def gfx950(monkeypatch):
+    """GPU 0 reads as a gfx950 (the only arch FlyDSL's page sizes are declared on)."""
+    from flyserve.vllm import backends
+
+    monkeypatch.setattr(backends, "gpu_arch", lambda: "gfx950")
+
+
+@pytest.fixture
 def runtime(tmp_path, monkeypatch):
     from flyserve.vllm.runtime import RankRuntime
 
@@ -435,7 +459,7 @@ def test_warm_up_runs_once_per_build_and_its_failure_opens_the_circuit(
 # ----------------------------------------------------------------------------- composite and start-up
 
 
-def test_kernel_block_sizes_declared_to_vllm(flydsl, fake, monkeypatch):
+def test_kernel_block_sizes_declared_to_vllm(flydsl, fake, monkeypatch, gfx950):
     from vllm.v1.attention.backend import MultipleOf
     from vllm.v1.attention.backends.composite import create_composite_attention_backend
     from vllm.v1.attention.backends.rocm_aiter_unified_attn import RocmAiterUnifiedAttentionBackend
@@ -459,7 +483,7 @@ def test_kernel_block_sizes_declared_to_vllm(flydsl, fake, monkeypatch):
     assert select_common_block_size(16, [comp]) == 16
 
 
-def test_forced_block_size_is_remembered_past_vllms_current_config(flydsl, fake, monkeypatch):
+def test_forced_block_size_is_remembered_past_vllms_current_config(flydsl, fake, monkeypatch, gfx950):
     import vllm.config as vc
 
     rev = fk.load_flydsl_kernel().revision
@@ -595,3 +619,52 @@ def test_a_layer_flydsl_cannot_run_is_not_warmed_up(flydsl, fake, runtime, monke
     ok.alibi_slopes = ok.sinks = None
     ok.logits_soft_cap, ok.sliding_window, ok.kv_cache_dtype = 0, (-1, -1), "auto"
     assert ok.ineligible(torch.bfloat16) == [] and ok.ineligible(torch.float32) != []
+
+
+def _loaded_impl(flydsl, kv_heads, monkeypatch):
+    """An impl as vLLM loads it (the parent's weight step stubbed, no vLLM config: block 64)."""
+    monkeypatch.setattr(flydsl, "_WARMED", {})
+    monkeypatch.setattr(
+        "vllm.v1.attention.backends.rocm_aiter_unified_attn.RocmAiterUnifiedAttentionImpl.process_weights_after_loading",
+        lambda self, dtype: None,
+    )
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    impl = _impl(flydsl, fk.load_flydsl_kernel(), kv_heads=kv_heads)
+    impl.alibi_slopes = impl.sinks = None
+    impl.logits_soft_cap, impl.sliding_window, impl.kv_cache_dtype = 0, (-1, -1), "auto"
+    return impl
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_warm_up_runs_only_where_the_layout_lets_the_path_run(flydsl, fake, runtime, monkeypatch, kv_heads):
+    """vLLM 0.32's AITER cache hands strided K/V views: FlyDSL main copies any of them, #1056 reads
+    them in place with one KV head per rank only. Elsewhere the path is off before it ever runs, so
+    compiling dualwave variants for it is wasted start-up time (and a failure would open the circuit)."""
+    monkeypatch.setattr(flydsl, "_on_gfx950", lambda: True, raising=False)
+    warmed = []
+    monkeypatch.setattr(flydsl.FlyDSLDualwaveImpl, "warm_up", lambda self, *a: warmed.append(a) or True)
+    impl = _loaded_impl(flydsl, kv_heads, monkeypatch)
+    impl.process_weights_after_loading(torch.bfloat16)
+    runs = fake.revision == PR1056 and kv_heads == 1
+    assert bool(warmed) is runs
+    assert (impl.static_off is None) is runs
+    if not runs:
+        assert impl.static_off.startswith("KV cache layout") and not runtime.local_circuit_open
+
+
+def test_no_warm_up_and_aiters_block_sizes_on_another_gpu(flydsl, fake, runtime, monkeypatch):
+    """FlyDSL importable on a gfx942: the path is declined at start, so neither warm-up nor FlyDSL's
+    page sizes (docs/vllm.md: a non-gfx950 GPU gets AITER's sizes)."""
+    from flyserve.vllm import backends
+
+    monkeypatch.setattr(backends, "gpu_arch", lambda: "gfx942")
+    warmed = []
+    monkeypatch.setattr(flydsl.FlyDSLDualwaveImpl, "warm_up", lambda self, *a: warmed.append(a) or True)
+    impl = _loaded_impl(flydsl, 1, monkeypatch)
+    impl.process_weights_after_loading(torch.bfloat16)
+    assert not warmed and not fake.calls
+    sizes = flydsl.FlyDSLDualwaveBackend.get_supported_kernel_block_sizes()
+    assert len(sizes) == 1 and sizes[0].base == 16  # AITER's MultipleOf(16)
+    monkeypatch.setattr(backends, "gpu_arch", lambda: "gfx950")
+    assert flydsl.FlyDSLDualwaveBackend.get_supported_kernel_block_sizes()[0] == 64

@@ -306,6 +306,40 @@ def test_shape_sample_feeds_the_sidecars_dry_run(state):
     assert change["proposed"] == {"unified": 4, "prefill": 0}
 
 
+def test_forced_prefill_keeps_non_causal_and_unsupported_batches_on_unified(state, monkeypatch):
+    """FLYSERVE_FORCE_PATH=prefill overrides thresholds, never what the causal kernel cannot do:
+    the FlyDSL forward has no causal guard, so a forced non-causal batch would get causal attention."""
+    monkeypatch.setenv("FLYSERVE_FORCE_PATH", "prefill")
+    _rt, r = make(state)
+    r.select(metadata(*MIXED, causal=False))
+    assert (r.last_decision.path, r.last_decision.reason) == (UNIFIED, "not_causal")
+    r.select(metadata(*MIXED))  # a causal batch is still forced
+    assert r.last_decision.path == PREFILL
+    _, bad = make(state, layers={"l0": layer(alibi_slopes=[1.0])})
+    bad.select(metadata(*MIXED))
+    assert (bad.last_decision.path, bad.last_decision.reason) == (UNIFIED, UNSUPPORTED)
+
+
+@pytest.mark.parametrize("force", [None, "prefill"])
+def test_batches_past_the_kernels_kv_limit_take_unified_whatever_max_seq_len_says(state, monkeypatch, force):
+    """FlyDSL raises NotImplementedError past 2048 64-token KV tiles per split (131072 tokens): with
+    max_seq_len 0 (no operator limit) such a batch must not reach it and open the circuit."""
+    from flyserve.vllm.flydsl_kernel import FLYDSL_SPEC, MAX_KV_LEN
+
+    if force:
+        monkeypatch.setenv("FLYSERVE_FORCE_PATH", force)
+    ControlPlane(state, profile="cpu-tiny").apply_overrides({"max_seq_len": 0}, actor="test")  # no limit
+    rt = RankRuntime(state_dir=state, rank=0, start=False, setup_metrics=False)
+    rt.recorder = FakeRecorder()
+    layers = {"model.layers.0.attn": layer(head_size=128, scale=128**-0.5)}
+    r = routing_class(FLYDSL_SPEC, "unified")(list(layers), vllm_config(layers), runtime=rt)
+    assert rt.control.current(1).thresholds.max_seq_len == 0
+    r.select(metadata([1, 1, 200], [300, 120, MAX_KV_LEN]))  # at the limit: the kernel takes it
+    assert r.last_decision.path == PREFILL
+    r.select(metadata([1, 1, 200], [300, 120, MAX_KV_LEN + 1]))
+    assert (r.last_decision.path, r.last_decision.reason) == (UNIFIED, "context_too_long")
+
+
 def test_shape_sample_rate_from_the_environment(state, monkeypatch):
     from flyserve.vllm.runtime import _shape_sample_every
 
