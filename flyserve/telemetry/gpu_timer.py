@@ -42,7 +42,10 @@ wrapper reads one attribute per call::
         timer.forward_stop(tok)
 
 so one forward in ``every_steps`` steps is timed and any other forward that reads ``armed`` pays one
-truth test. In vLLM the forward that reads it is installed only on timed or prefill steps
+truth test. With ``step_source`` and ``on_step_timed`` set (the leader routing sets them), the timed
+forward is tagged with the engine step it ran in and its harvested time goes to
+``on_step_timed(step, path, seconds)``: the shape sample of that step takes it as ``kernel_s`` for
+the sidecar's drift check (ShapeSampleWriter.add_kernel_time). In vLLM the forward that reads it is installed only on timed or prefill steps
 (flyserve/vllm/forward_switch.py), so the other forwards pay nothing (benchmarks/test_bench_routing.py,
 group forward-per-call).
 
@@ -84,14 +87,17 @@ class TimingEvent(Protocol):
 
 
 class _Pending:
-    __slots__ = ("end", "path", "span", "start", "wall_ns")
+    __slots__ = ("end", "path", "span", "start", "step", "wall_ns")
 
-    def __init__(self, path: _PathTimer, start: TimingEvent, end: TimingEvent, wall_ns: int, span: bool):
+    def __init__(
+        self, path: _PathTimer, start: TimingEvent, end: TimingEvent, wall_ns: int, span: bool, step: int
+    ):
         self.path = path
         self.start = start
         self.end = end
         self.wall_ns = wall_ns
         self.span = span
+        self.step = step  # the engine step of a per-step timed forward; -1: not tagged
 
 
 class _PathTimer:
@@ -189,6 +195,13 @@ class KernelTimer:
         self.next_step = 1  # time the first step: the histogram has data from the start
         self.armed = 0  # 0: no forward of this step is timed; k > 0: the k-th forward from now is
         self._rotation = 0
+        # Step-tagged timings for the drift check (set by the leader routing): ``step_source.step``
+        # is read once, when the armed forward starts (the step it really ran in: an armed forward
+        # a CUDA-graph replay skipped runs in a later step), and ``on_step_timed(step, path,
+        # seconds)`` is called when that timing is harvested. Other calls pay nothing.
+        self.step_source: Any = None
+        self.on_step_timed: Callable[[int, str, float], None] | None = None
+        self._timing_step = -1
 
     @staticmethod
     def _pick_clock(clock: str, event_factory: Any) -> str:
@@ -236,7 +249,10 @@ class KernelTimer:
         if self.armed:
             return None
         p = self._by_variant[variant]
+        src = self.step_source
+        self._timing_step = -1 if src is None else src.step
         tok = self._start(p)
+        self._timing_step = -1
         return None if tok is None else (p, tok)
 
     def forward_stop(self, token: Any) -> None:
@@ -259,7 +275,7 @@ class KernelTimer:
     def _start(self, p: _PathTimer) -> Any:
         self._rebind_if_needed()
         if self.clock == "host":
-            return (time.perf_counter_ns(), time.time_ns() if self._want_span() else 0)
+            return (time.perf_counter_ns(), time.time_ns() if self._want_span() else 0, self._timing_step)
         assert self._is_capturing is not None and self._event_factory is not None
         if self._is_capturing():
             # Checked before harvesting too: an event query during a global-mode capture is an
@@ -273,19 +289,19 @@ class KernelTimer:
         spare = self._spare
         start = spare.pop() if spare else self._event_factory()
         start.record()
-        return (start, time.time_ns() if self._want_span() else 0)
+        return (start, time.time_ns() if self._want_span() else 0, self._timing_step)
 
     def _stop(self, p: _PathTimer, token: Any) -> None:
         if self.clock == "host":
-            t0, wall = token
+            t0, wall, step = token
             ns = time.perf_counter_ns() - t0
-            self._observe(p, ns * 1e-9, wall, ns)
+            self._observe(p, ns * 1e-9, wall, ns, step)
             return
-        start, wall = token
+        start, wall, step = token
         spare = self._spare
         end = spare.pop() if spare else self._event_factory()  # type: ignore[misc]
         end.record()
-        self._pending.append(_Pending(p, start, end, wall, wall != 0))
+        self._pending.append(_Pending(p, start, end, wall, wall != 0, step))
 
     def harvest(self) -> int:
         """Observe every pending timing whose end event has completed, oldest first; returns how many.
@@ -302,12 +318,14 @@ class KernelTimer:
             ms = e.start.elapsed_time(e.end)
             self._spare.append(e.start)
             self._spare.append(e.end)
-            self._observe(e.path, ms * 1e-3, e.wall_ns if e.span else 0, int(ms * 1e6))
+            self._observe(e.path, ms * 1e-3, e.wall_ns if e.span else 0, int(ms * 1e6), e.step)
             n += 1
         return n
 
-    def _observe(self, p: _PathTimer, seconds: float, wall_ns: int, dur_ns: int) -> None:
+    def _observe(self, p: _PathTimer, seconds: float, wall_ns: int, dur_ns: int, step: int = -1) -> None:
         p.hist.observe(seconds)
+        if step >= 0 and self.on_step_timed is not None:
+            self.on_step_timed(step, p.name, seconds)  # joined with that step's shape sample
         if wall_ns and self.tracing is not None:
             self.tracing.tracer.start_span(
                 KERNEL_SPAN,

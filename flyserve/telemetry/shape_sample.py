@@ -21,6 +21,15 @@ model's prediction).
 The writer's ``add`` is one deque append of a tuple the caller already holds; the JSON encoding and
 the file write happen in ``flush``, which the rank calls off its step path (the simulator calls it
 once a second).
+
+On a vLLM rank ``kernel_s`` comes from the kernel timer (flyserve.telemetry.gpu_timer, per-step
+mode): a timed step's harvested time is handed to ``add_kernel_time(step, path, seconds)`` (one
+dict store, on timed steps only) and joined with that step's sample in ``flush``, whichever of the
+two came first; a CUDA timing harvested a few steps late, or after a flush, still finds its sample
+while the sample is in the ring. A timing whose step was not sampled is never written and falls out
+of the bounded dict; a timing of another path than the sample's (another attention group's kernel)
+is not joined. The time is of ONE layer's attention forward, the unit the cost tables are in
+(flyserve.pricing.costs): no scaling.
 """
 
 from __future__ import annotations
@@ -80,6 +89,9 @@ class ShapeSampleWriter:
         self.path = shapes_dir(state_dir) / f"{engine}-{rank}.jsonl"
         self._ring: deque[tuple] = deque(maxlen=capacity)
         self.layer: dict[str, int] = {}  # head_size, block_size once known (set off the step path)
+        # step -> (path, seconds) of timed steps, oldest first; at most ``capacity`` entries.
+        self._kernel_times: dict[int, tuple[str, float]] = {}
+        self._kernel_capacity = capacity
 
     def set_layer(self, *, head_size: int | None = None, block_size: int | None = None) -> None:
         """What the cost table must match; written on every line (the sidecar reads any one)."""
@@ -102,12 +114,27 @@ class ShapeSampleWriter:
         """One deque append of what the caller holds; encoding waits for flush()."""
         self._ring.append((step, query_lens, max_seq_len, num_heads, causal, seq_lens, path, time, kernel_s))
 
+    def add_kernel_time(self, step: int, path: str, seconds: float) -> None:
+        """The measured time of one attention forward of ``step`` (KernelTimer.on_step_timed).
+
+        Called from the step thread on timed steps only; ``flush`` (another thread) only reads the
+        dict, so the eviction here needs no lock."""
+        kt = self._kernel_times
+        kt[step] = (path, seconds)
+        if len(kt) > self._kernel_capacity:
+            del kt[next(iter(kt))]
+
     def flush(self) -> None:
         """Rewrite the file atomically. Errors are swallowed: a missing sample only weakens a dry run."""
         items = list(self._ring)
         layer = self.layer
+        kt = self._kernel_times
         lines = []
         for s, q, m, h, c, sl, p, t, k in items:
+            if k is None:
+                timed = kt.get(s)
+                if timed is not None and timed[0] == p:
+                    k = timed[1]
             d: dict = {
                 "step": s,
                 "query_lens": [int(x) for x in q],

@@ -109,6 +109,9 @@ class FlyserveRouting:
             if self.rt.kernel_timer is not None:
                 # The timed forward rotates over the leader group's layers (KernelTimer.arm).
                 self.rt.kernel_timer.forwards_per_step = max(1, len(layers))
+                # Drift: a timed step's harvested time joins that step's shape sample (ShapeSampleWriter).
+                self.rt.kernel_timer.step_source = self.rt
+                self.rt.kernel_timer.on_step_timed = self.rt.shape_sample.add_kernel_time
         self.num_heads = _num_heads(vllm_config, layers)
         self.problems = group_problems(layers, vllm_config.model_config.dtype, self.prefill_spec)
         self.unsupported = bool(self.problems)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -41,6 +42,14 @@ def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_mode
     assert advised["regret_after"] is not None and advised["regret_after"] < advised["regret_before"]
     assert "[+] regret with the advice in force" in out
     assert stats["regret"]["costs"] == "cpu" and stats["regret"]["unpriceable"] is None
+    # Drift on a real engine: the kernel timer's step-tagged times (one layer's attention forward,
+    # every 16th step) joined with those steps' shape samples give a finite measured/predicted median
+    # (the value of flyserve_cost_drift_ratio) for at least one path.
+    drift = stats["regret"]["windows"]["900s"]["drift"]
+    finite = {
+        p: d["median_ratio"] for p, d in drift.items() if d["samples"] and d["median_ratio"] is not None
+    }
+    assert finite and all(math.isfinite(r) and r > 0 for r in finite.values()), drift
     assert before["prefill_ratio_of_prefill_batches"] > after["prefill_ratio_of_prefill_batches"]
     # The flip raised min_seq_len (96 -> 256): a larger share of the batches with a prefill row falls
     # back for short context. Shares, not counts: the phases' batch counts depend on the machine's speed.

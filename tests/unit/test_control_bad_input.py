@@ -149,6 +149,7 @@ def test_a_state_dir_that_is_not_writable(open_tmp: Path) -> None:
     plane.apply_overrides({"lpt": "never"}, actor="alice")
     sd = plane.state_dir
     before = published_bytes(plane)
+    os.chmod(sd.path, 0o755)  # flyserve creates it 0700; here another user must reach control/ to be refused there
     os.chmod(sd.lock_file, 0o666)
     os.chmod(sd.audit_log, 0o666)
     modes = {p: p.stat().st_mode for p in (sd.control_dir, sd.history_dir)}

@@ -69,6 +69,7 @@ def _md(query_lens, max_seq_len=300):
         query_start_loc_cpu=np.concatenate([[0], np.cumsum(q)]).astype(np.int32),
         num_reqs=len(query_lens), num_actual_tokens=int(q.sum()), max_query_len=int(q.max()),
         max_seq_len=max_seq_len, causal=True, seq_lens_cpu_upper_bound=None,
+        seq_lens=np.full(len(query_lens), max_seq_len, dtype=np.int32),  # vLLM's metadata always has it
     )  # fmt: skip
 
 
