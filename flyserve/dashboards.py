@@ -526,7 +526,8 @@ def dispatch_overview() -> dash.Dashboard:
             "Ranks in agreement",
             "Distinct thresholds versions among the selected ranks (should be 1) and the sidecar's own "
             "verdict over live ranks (1 = agree). Two or more versions for longer than one change "
-            "takes is the RanksDisagreeOnThresholds alert.",
+            "takes is the RanksDisagreeOnThresholds alert. Late applies: versions a rank learned of "
+            "after their effective step and applied at a step of its own.",
             [
                 _target(
                     f'count(count_values("version", max by (rank) (flyserve_thresholds_version{{{RANK_SEL}}})))',
@@ -534,6 +535,11 @@ def dispatch_overview() -> dash.Dashboard:
                     "A",
                 ),
                 _target(f"min(flyserve_ranks_agree{{{INSTANCE_SEL}}})", "sidecar: ranks agree", "B"),
+                _target(
+                    f"sum(increase(flyserve_control_late_applies_total{{{RANK_SEL}}}[$__rate_interval]))",
+                    "late applies (should stay 0)",
+                    "C",
+                ),
             ],
             unit="none",
             min_val=0,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -76,10 +77,19 @@ def _writer(state_dir: Path | None, **kw: Any) -> Any:
     try:
         from flyserve.telemetry.metrics import setup_multiprocess
 
+        free = shutil.disk_usage(plane.state_dir.path).free if plane.state_dir.path.exists() else None
+        if free is not None and free < _METRICS_MIN_FREE_BYTES:
+            # prometheus_client mmaps its files: a write to a page a full tmpfs cannot back kills
+            # the process with SIGBUS ("Bus error", rc 135) instead of raising ENOSPC.
+            typer.echo(f"warning: reload metrics not shared (only {free} bytes free)", err=True)
+            return plane
         setup_multiprocess(plane.state_dir.metrics_dir)
     except OSError as exc:  # an unwritable state dir: the change itself will say so
-        typer.echo(f"warning: reload metrics not shared ({exc})", err=True)
+        typer.echo(f"warning: reload metrics not shared ({exc.strerror or exc})", err=True)
     return plane
+
+
+_METRICS_MIN_FREE_BYTES = 4 << 20
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -141,20 +151,20 @@ def _run_change(fn: Any, as_json: bool) -> None:
 
 
 def _parse_assignments(pairs: list[str]) -> dict[str, Any]:
-    """KEY=VALUE with YAML scalars (so 2048 is an int, true a bool, auto a string)."""
-    import yaml
-
+    """KEY=VALUE with the config file's scalars (flyserve.policy.safe_yaml: 2048 is an int, true a
+    bool, auto and 25:36 strings; a 5000-digit integer is refused, naming the key)."""
+    from flyserve.policy.safe_yaml import parse_scalar
     from flyserve.policy.thresholds import ThresholdsError
 
     out: dict[str, Any] = {}
     for p in pairs:
         key, eq, raw = p.partition("=")
         if not eq or not key.strip():
-            raise ThresholdsError([(p, "expected KEY=VALUE")], source="command line")
+            raise ThresholdsError([(p[:48], "expected KEY=VALUE")], source="command line")
         try:
-            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError:
-            out[key.strip()] = raw
+            out[key.strip()] = parse_scalar(raw) if raw.strip() else raw
+        except ThresholdsError as exc:
+            raise ThresholdsError([(key.strip(), exc.reason)], source="command line") from None
     return out
 
 
@@ -353,6 +363,38 @@ def history(
     Console().print(t)
 
 
+@thresholds_app.command("repair")
+def repair_cmd(
+    state_dir: Path | None = StateDirOpt,
+    profile: str | None = typer.Option(
+        None, "--profile", help="Profile to fall back on when nothing readable is left (default gfx950)."
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Make the state directory consistent from what is readable: rebuild a lost or damaged
+    current.json from history, set aside damaged history files, remove a killed writer's temp and
+    orphan files, complete its audit entries. Prints what it did and what it dropped (the sidecar
+    runs the same at start)."""
+    from flyserve.control.errors import ControlIOError
+    from flyserve.control.repair import repair
+
+    try:
+        report = repair(_plane(state_dir, **({"profile": profile} if profile else {})))
+    except ControlIOError as exc:
+        raise _fail(f"error: {exc}", 2) from None
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    if not report.changed:
+        typer.echo(f"consistent: version {report.version}, nothing to repair")
+        return
+    for a in report.actions:
+        typer.echo(f"repaired: {a}")
+    for d in report.dropped:
+        typer.echo(f"dropped: {d}")
+    typer.echo(f"current version {report.version}")
+
+
 @thresholds_app.command("audit")
 def audit(
     state_dir: Path | None = StateDirOpt,
@@ -412,9 +454,7 @@ def watch(
 def _circuit(open_: bool, state_dir: Path | None, actor: str | None, reason: str, as_json: bool) -> None:
     sd = _state(state_dir, write=True)
     _run_change(
-        lambda: _writer(sd).set_circuit(
-            open_, actor=actor or _default_actor(), reason=reason, source="cli"
-        ),
+        lambda: _writer(sd).set_circuit(open_, actor=actor or _default_actor(), reason=reason, source="cli"),
         as_json,
     )
 
@@ -443,8 +483,10 @@ def circuit_close(
 
 
 def init(state_dir: Path | None = StateDirOpt) -> None:
-    """Create a state directory (before `thresholds set` on a server that has not started yet).
-    A server (sidecar, simulate, vLLM with FLYSERVE_ATTENTION=1) creates its own when it starts."""
+    """Create a state directory, for `thresholds ...` before any server has started one.
+
+    A server (sidecar, simulate, vLLM with FLYSERVE_ATTENTION=1) creates its own when it starts.
+    """
     from flyserve.control.initialise import StateDirError, implicit_note, initialise, resolve
 
     path, implicit = resolve(state_dir)

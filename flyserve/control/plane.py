@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
+import stat
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,12 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from flyserve.control._metrics import count_reload
+from flyserve.control.effective import ASSUMED_STEPS_PER_S, plan_steps
 from flyserve.control.errors import ControlIOError, DecodePathChangeRefused, VersionConflict
 from flyserve.control.paths import StateDir, default_state_dir
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
-from flyserve.policy.profiles import load_profile, parse_yaml_mapping
-from flyserve.policy.thresholds import FIELDS, ThresholdsError
+from flyserve.policy.errors import describe_value
+from flyserve.policy.profiles import load_profile
+from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES
+from flyserve.policy.safe_yaml import parse_mapping as parse_yaml_mapping
+from flyserve.policy.thresholds import FIELDS, ThresholdsError, unknown_key_error
 
 log = logging.getLogger("flyserve.control")
 
@@ -68,20 +73,34 @@ class FileRead:
 
 
 def read_config_file(path: str | os.PathLike[str]) -> FileRead:
-    """Read and parse the operator file (following symlinks: a ConfigMap's ..data swap). Raises
-    ControlIOError if it cannot be read (gone, unreadable) and ThresholdsError if it is not valid YAML."""
+    """Read and parse the operator file. Symlinks are followed (a ConfigMap's ..data swap) but the
+    file they lead to must be a regular file of at most MAX_DOCUMENT_BYTES: a FIFO would block the
+    reader for ever, a device or a 90 MB file would hold the writers' lock. Raises ControlIOError if
+    it cannot be read and ThresholdsError if it is not a valid YAML mapping."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as exc:
         raise ControlIOError("config file is missing (deleted, or mid-swap?)", path=str(p)) from exc
     except OSError as exc:
         raise ControlIOError(f"cannot read config file: {exc.strerror or exc}", path=str(p)) from exc
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ThresholdsError([("<document>", f"not UTF-8 text: {exc.reason}")], source=str(p)) from None
-    values = parse_yaml_mapping(text, source=str(p))
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ThresholdsError(
+                [("<file>", "not a regular file (a directory, FIFO, socket or device)")], source=str(p)
+            )
+        if st.st_size > MAX_DOCUMENT_BYTES:
+            raise ThresholdsError(
+                [("<file>", f"larger than {MAX_DOCUMENT_BYTES} bytes ({st.st_size})")], source=str(p)
+            )
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError as exc:
+        raise ControlIOError(f"cannot read config file: {exc.strerror or exc}", path=str(p)) from exc
+    finally:
+        os.close(fd)
+    values = parse_yaml_mapping(raw, source=str(p))
     return FileRead(str(p), values, hashlib.sha256(raw).hexdigest())
 
 
@@ -93,7 +112,23 @@ def _diff(old: ConfigSnapshot, new: ConfigSnapshot) -> dict[str, tuple[Any, Any]
 
 
 def _as_request(body: Any) -> dict[str, Any]:
-    return dict(body) if isinstance(body, Mapping) else {"body": repr(body)[:200]}
+    """The request as the audit line records it: known keys with their values (huge ones described,
+    not copied); unknown keys only counted - they may be content of a file that is not a config."""
+    if not isinstance(body, Mapping):
+        return {"body": describe_value(body)}
+    out: dict[str, Any] = {}
+    unknown = 0
+    for k, v in body.items():
+        if k not in FIELDS:
+            unknown += 1
+            if isinstance(k, str) and k.isidentifier() and k.islower() and len(k) <= 32:
+                out[k] = describe_value(v)
+            continue
+        big = isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64
+        out[k] = describe_value(v) if big or (isinstance(v, str) and len(v) > 256) else v
+    if unknown:
+        out["<unknown keys>"] = unknown
+    return out
 
 
 def _check_mapping(m: Any) -> None:
@@ -107,9 +142,7 @@ def _check_mapping(m: Any) -> None:
 def _check_keys(keys: Iterable[str], *, source: str) -> None:
     bad = [k for k in keys if k not in FIELDS]
     if bad:
-        raise ThresholdsError(
-            [(k, f"unknown key (known keys: {', '.join(FIELDS)})") for k in bad], source=source
-        )
+        raise ThresholdsError([unknown_key_error(k) for k in bad], source=source)
 
 
 class ControlPlane:
@@ -132,6 +165,7 @@ class ControlPlane:
         rank_stale_after_s: float = 30.0,
         lock_timeout_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        assumed_steps_per_s: float = ASSUMED_STEPS_PER_S,
     ) -> None:
         self.state_dir = StateDir(state_dir if state_dir is not None else default_state_dir())
         self.store = Store(self.state_dir, history_keep=history_keep)
@@ -142,26 +176,44 @@ class ControlPlane:
         self.rank_stale_after_s = rank_stale_after_s
         self.lock_timeout_s = lock_timeout_s
         self._clock = clock
+        self.assumed_steps_per_s = float(assumed_steps_per_s)
 
     # ------------------------------------------------------------------ reads
 
     def snapshot(self) -> ConfigSnapshot:
         """The current snapshot; before the first publish, version 0 from the profile (not written).
 
-        A current.json that is damaged (hand-edited, torn by a full disk) is not trusted: the newest
-        intact history entry stands in for it, so the next change repairs current.json. With neither,
-        ControlIOError.
+        A current.json that is missing while history exists (deleted by hand), or damaged (torn by a
+        full disk, hand-edited), is not trusted: the newest intact history entry stands in for it, so
+        the next change repairs current.json and versions keep going up. With nothing readable at all,
+        the profile's values stand in, numbered at the highest version on record (history file names,
+        the audit log), so the next change publishes above every version ranks have seen.
         """
         try:
             cur = self.store.read_current()
         except ControlIOError as exc:
-            versions = self.store.history_versions()
-            fallback = self.store.read_version(versions[-1]) if versions else None
-            if fallback is None:
-                raise
-            log.error("%s; using history version %d instead", exc, fallback.version)
-            return fallback
-        return cur if cur is not None else self._initial()
+            problem: str | None = str(exc)
+        else:
+            if cur is not None:
+                return cur
+            problem = None if self.store.version_floor() == 0 else "current.json is missing"
+            if problem is None:
+                return self._initial()
+        for v in reversed(self.store.history_versions()):
+            try:
+                fallback = self.store.read_version(v)
+            except ControlIOError:
+                continue
+            if fallback is not None:
+                log.error("%s; using history version %d instead", problem, fallback.version)
+                return fallback
+        floor = max(self.store.version_floor(), self.store.max_audited_version())
+        log.error(
+            "%s and no history entry is readable; the profile's values stand in (versions continue above %d)",
+            problem,
+            floor,
+        )
+        return self._initial().replace(version=floor)
 
     def history(self, limit: int | None = None) -> list[ConfigSnapshot]:
         """Kept versions, oldest first."""
@@ -169,6 +221,12 @@ class ControlPlane:
 
     def audit_log(self, limit: int | None = None) -> list[dict[str, Any]]:
         return self.store.read_audit(limit)
+
+    def next_version(self, cur: ConfigSnapshot) -> int:
+        """Above the current version and above every history file name: versions only go up, so a
+        rank (which ignores versions it has already passed) never misses one, and history is never
+        overwritten."""
+        return max(cur.version, self.store.version_floor()) + 1
 
     def _initial(self) -> ConfigSnapshot:
         return ConfigSnapshot.build(
@@ -315,16 +373,26 @@ class ControlPlane:
         plane's profile and may change decode_path (the only time that is allowed).
         """
 
+        # The file is read and parsed before the writers' lock is taken: a slow or huge file must
+        # not keep other writers waiting (a 90 MB file once turned a PATCH into a 503).
+        path = self.config_file or self.snapshot().config_file
+        read: FileRead | Exception | None = None
+        if path is not None:
+            try:
+                read = read_config_file(path)
+            except (ThresholdsError, ControlIOError) as exc:
+                read = exc
+
         def build(cur: ConfigSnapshot) -> dict[str, Any]:
-            path = self.config_file or cur.config_file
             out: dict[str, Any] = {}
             if startup or cur.version == 0:
                 out["profile"] = self.profile
-            if path is None:
+            if read is None:
                 out.update(file_values={}, config_file=None, file_sha256=None)
                 return out
-            fr = read_config_file(path)
-            out.update(file_values=dict(fr.values), config_file=fr.path, file_sha256=fr.sha256)
+            if isinstance(read, Exception):
+                raise read
+            out.update(file_values=dict(read.values), config_file=read.path, file_sha256=read.sha256)
             return out
 
         return self._change(
@@ -377,17 +445,11 @@ class ControlPlane:
         dry_run: bool = False,
         allow_decode_path: bool = False,
     ) -> ChangeResult:
+        """Validate, publish, count and audit one change under the writers' lock. The steps are the
+        methods below: _validated (what), _planned (when), _commit (write-ahead audit, publish,
+        completion); _refused records a failure. Nothing is published unless every step passes."""
         now = self._clock()
-        entry: dict[str, Any] = {
-            "time": now,
-            "time_iso": datetime.fromtimestamp(now, UTC)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
-            "actor": actor,
-            "source": source,
-            "action": action,
-            "request": dict(request),
-        }
+        entry = self._audit_entry(action, actor=actor, source=source, request=request, now=now)
         cur: ConfigSnapshot | None = None
         try:
             with self.store.lock(timeout_s=self.lock_timeout_s):
@@ -395,22 +457,7 @@ class ControlPlane:
                 entry["version_before"] = cur.version
                 if if_match is not None and int(if_match) != cur.version:
                     raise VersionConflict(int(if_match), cur.version)
-                fields = build(cur)
-                candidate = self._candidate(cur, fields, source=source, actor=actor, now=now)
-                # The first version may set decode_path only while no rank runs: ranks that started
-                # on the profile's value have captured their CUDA graphs with it.
-                if (
-                    candidate.thresholds.decode_path != cur.thresholds.decode_path
-                    and not allow_decode_path
-                    and (
-                        cur.version > 0
-                        or self.store.live_ranks(stale_after_s=self.rank_stale_after_s, now=now) > 0
-                    )
-                ):
-                    raise DecodePathChangeRefused(
-                        cur.thresholds.decode_path, candidate.thresholds.decode_path, source=source
-                    )
-                diff = _diff(cur, candidate)
+                candidate, diff = self._validated(cur, build(cur), source, actor, now, allow_decode_path)
                 if candidate.sha256 == cur.sha256 and cur.version > 0:
                     if not dry_run:
                         entry.update(result="unchanged", version=cur.version)
@@ -419,45 +466,120 @@ class ControlPlane:
                     return ChangeResult(cur, False, {}, dry_run)
                 if dry_run:
                     return ChangeResult(candidate, True, diff, True)
-                # Never earlier than the current version's: ranks apply versions in order.
-                step, rate = self.store.rank_progress(stale_after_s=self.rank_stale_after_s, now=now)
-                margin = max(self.step_margin, math.ceil(rate * self.lead_s))
-                snap = candidate.replace(effective_step=max(step + margin, cur.effective_step))
-                self.store.publish(snap)
-                entry.update(
-                    result="success",
-                    version=snap.version,
-                    effective_step=snap.effective_step,
-                    diff={k: {"old": a, "new": b} for k, (a, b) in diff.items()},
-                )
-                if snap.conflicts:
-                    entry["conflicts"] = {k: dict(v) for k, v in snap.conflicts.items()}
-                if snap.conflicts and snap.conflicts != cur.conflicts:
-                    log.warning(
-                        "thresholds v%d: the file and overrides disagree on %s (override wins; "
-                        "`flyserve thresholds unset KEY` to take the file's value)",
-                        snap.version,
-                        ", ".join(snap.conflicts),
-                    )
-                self.store.audit(entry)
-                count_reload("success", source)
-                log.info(
-                    "thresholds v%d published (%s by %s, effective at step %d): %s",
-                    snap.version,
-                    source,
-                    actor or "-",
-                    snap.effective_step,
-                    ", ".join(f"{k} {a}->{b}" for k, (a, b) in diff.items()) or "no value changed",
-                )
+                snap = self._planned(cur, candidate, now)
+                self._commit(entry, cur, snap, diff)
                 return ChangeResult(snap, True, diff, False)
-        except VersionConflict as exc:
+        except (VersionConflict, ThresholdsError, ControlIOError) as exc:
+            if not dry_run:  # a dry run changes nothing, so it leaves no audit line either
+                self._refused(entry, exc, source, actor, cur)
+            raise
+
+    @staticmethod
+    def _audit_entry(
+        action: str, *, actor: str, source: str, request: Mapping[str, Any], now: float
+    ) -> dict[str, Any]:
+        return {
+            "id": uuid.uuid4().hex[:16],
+            "time": now,
+            "time_iso": datetime.fromtimestamp(now, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "actor": str(actor)[:200],
+            "source": source,
+            "action": action,
+            "request": dict(request),
+        }
+
+    def _validated(
+        self,
+        cur: ConfigSnapshot,
+        fields: Mapping[str, Any],
+        source: str,
+        actor: str,
+        now: float,
+        allow_decode_path: bool,
+    ) -> tuple[ConfigSnapshot, dict[str, tuple[Any, Any]]]:
+        """The candidate version and its diff. Raises ThresholdsError (DecodePathChangeRefused)."""
+        candidate = self._candidate(cur, fields, source=source, actor=actor, now=now)
+        # The first version may set decode_path only while no rank runs: ranks that started on the
+        # profile's value have captured their CUDA graphs with it.
+        if (
+            candidate.thresholds.decode_path != cur.thresholds.decode_path
+            and not allow_decode_path
+            and (cur.version > 0 or self.store.live_ranks(stale_after_s=self.rank_stale_after_s, now=now) > 0)
+        ):
+            raise DecodePathChangeRefused(
+                cur.thresholds.decode_path, candidate.thresholds.decode_path, source=source
+            )
+        return candidate, _diff(cur, candidate)
+
+    def _planned(self, cur: ConfigSnapshot, candidate: ConfigSnapshot, now: float) -> ConfigSnapshot:
+        """The candidate numbered above every version on record, with its effective step per engine
+        (flyserve.control.effective: live ranks only, per engine, generation-aware floor)."""
+        plan = plan_steps(
+            self.store.reports(now=now),
+            now=now,
+            stale_after_s=self.rank_stale_after_s,
+            step_margin=self.step_margin,
+            lead_s=self.lead_s,
+            previous=dict(cur.engine_steps) or {"*": cur.effective_step},
+            previous_version=cur.version,
+            assumed_steps_per_s=self.assumed_steps_per_s,
+        )
+        return candidate.replace(
+            version=self.next_version(cur),
+            effective_step=plan.effective_step,
+            engine_steps=plan.engine_steps,
+        )
+
+    def _commit(
+        self, entry: dict[str, Any], cur: ConfigSnapshot, snap: ConfigSnapshot, diff: Mapping[str, Any]
+    ) -> None:
+        """Write-ahead audit line, publish, completion line. A writer killed in between leaves a
+        'publishing' line that `repair` (run by the sidecar at start) completes: no published version
+        is ever without an audit entry. A write-ahead line that cannot be written stops the change."""
+        entry.update(
+            version=snap.version,
+            effective_step=snap.effective_step,
+            diff={k: {"old": a, "new": b} for k, (a, b) in diff.items()},
+        )
+        if snap.conflicts:
+            entry["conflicts"] = {k: dict(v) for k, v in snap.conflicts.items()}
+        if not self.store.audit({**entry, "result": "publishing"}):
+            reason = getattr(self.store, "last_audit_error", None) or "not writable"
+            raise ControlIOError(
+                f"audit log: {reason}; change not published", path=str(self.store.dir.audit_log)
+            )
+        self.store.publish(snap)
+        entry["result"] = "success"
+        self.store.audit(entry)
+        count_reload("success", entry["source"])
+        if snap.conflicts and snap.conflicts != cur.conflicts:
+            log.warning(
+                "thresholds v%d: the file and overrides disagree on %s (override wins; "
+                "`flyserve thresholds unset KEY` to take the file's value)",
+                snap.version,
+                ", ".join(snap.conflicts),
+            )
+        log.info(
+            "thresholds v%d published (%s by %s, effective at step %d): %s",
+            snap.version,
+            entry["source"],
+            entry["actor"] or "-",
+            snap.effective_step,
+            ", ".join(f"{k} {a}->{b}" for k, (a, b) in diff.items()) or "no value changed",
+        )
+
+    def _refused(
+        self, entry: dict[str, Any], exc: Exception, source: str, actor: str, cur: ConfigSnapshot | None
+    ) -> None:
+        """Audit, count and log a change that published nothing."""
+        running = f"running version {cur.version if cur else '?'} unchanged"
+        if isinstance(exc, VersionConflict):
             entry.update(result="conflict", reason=str(exc))
             self.store.audit(entry)
             log.warning("thresholds change refused (%s by %s): %s", source, actor or "-", exc)
-            raise
-        except ThresholdsError as exc:
-            if dry_run:
-                raise
+        elif isinstance(exc, ThresholdsError):
             entry.update(
                 result="invalid",
                 field=exc.field,
@@ -466,25 +588,12 @@ class ControlPlane:
             )
             self.store.audit(entry)
             count_reload("invalid", source)
-            log.error(
-                "thresholds change rejected (%s by %s): %s; running version %s unchanged",
-                source,
-                actor or "-",
-                exc,
-                cur.version if cur else "?",
-            )
-            raise
-        except ControlIOError as exc:
-            entry.update(result="io_error", reason=str(exc))
+            log.error("thresholds change rejected (%s by %s): %s; %s", source, actor or "-", exc, running)
+        else:
+            entry.update(result="io_error", reason=str(exc)[:500])
             self.store.audit(entry)
             count_reload("io_error", source)
-            log.error(
-                "thresholds change failed (%s by %s): %s; running version unchanged",
-                source,
-                actor or "-",
-                exc,
-            )
-            raise
+            log.error("thresholds change failed (%s by %s): %s; %s", source, actor or "-", exc, running)
 
     def _candidate(
         self, cur: ConfigSnapshot, fields: Mapping[str, Any], *, source: str, actor: str, now: float

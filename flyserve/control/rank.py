@@ -13,11 +13,14 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Self
 
+from flyserve.control._metrics import count_late_applies
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import StateDir, default_state_dir
+from flyserve.control.reports import HOST, PIDNS
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
 from flyserve.policy.profiles import load_profile
@@ -25,6 +28,17 @@ from flyserve.policy.profiles import load_profile
 log = logging.getLogger("flyserve.control")
 
 _NEVER = sys.maxsize
+MIN_RATE_WINDOW_S = 1.0
+"""A rate is measured over at least this long ..."""
+MIN_RATE_STEPS = 16
+"""... and once the engine has taken this many steps (before: null, the publisher assumes a high rate)."""
+RATE_PEAK_REPORTS = 30
+
+FILE_POLLING = "file polling"
+ENGINE_CHANNEL = "engine channel"
+CONTROL_MODES: tuple[str, ...] = (FILE_POLLING, ENGINE_CHANNEL)
+"""How a rank learns of new versions: its own poll of control/current.json (the fallback), or a push
+from vLLM's API server between two engine steps (flyserve.vllm.engine_channel)."""
 
 
 class RankControl:
@@ -52,11 +66,15 @@ class RankControl:
         self._pending: list[ConfigSnapshot] = []  # ascending version; touched under _lock only
         self._pending_step = _NEVER
         self._seen_stat: tuple[int, int, int] | None = None
-        # Counted from construction (step 0), so the very first report already carries a rate and a
-        # change published in a rank's first seconds gets a margin in time, not the 8-step floor.
-        self._last_rate_sample: tuple[float, int] | None = (time.time(), 0)
-        self._steps_per_s: float | None = None
+        self.started = time.time()
+        # Until the rank has measured a rate (MIN_RATE_STEPS steps over MIN_RATE_WINDOW_S), its
+        # report says steps_per_s null and the publisher assumes a high rate: a change published in
+        # a rank's first second used to get the 8-step floor and be applied late (issue 13).
+        self._last_rate_sample: tuple[float, int] = (self.started, 0)
+        self._recent_rates: deque[float] = deque(maxlen=RATE_PEAK_REPORTS)
+        self.late_applies = 0  # versions this rank learned of after their effective step
         self.applied: list[tuple[int, int, int]] = []  # (version, effective_step, applied_step), bounded
+        self.mode = FILE_POLLING  # becomes ENGINE_CHANNEL at the first apply_pushed(); never goes back
         # The prefill kernel as found at start (kernel, revision, off_reason), set by the vLLM
         # composite once; reported so /dispatch-stats shows which FlyDSL runs, or why none does.
         self.prefill_kernel: dict[str, Any] | None = None
@@ -72,6 +90,7 @@ class RankControl:
                 profile=profile,
             )
         self._snapshot = snap
+        self._effective = snap.step_for(self.engine)
         self.applied_step = 0
         self._known_version = snap.version
         self.applied.append((snap.version, snap.effective_step, 0))
@@ -89,16 +108,17 @@ class RankControl:
         """Apply every queued version whose effective_step has come (rare: once per version)."""
         with self._lock:
             n = 0  # versions apply in order: the due prefix of the queue
-            while n < len(self._pending) and self._pending[n].effective_step <= step:
+            while n < len(self._pending) and self._pending[n].step_for(self.engine) <= step:
                 n += 1
             if n == 0:
                 return
             due, self._pending = self._pending[:n], self._pending[n:]
-            self._pending_step = self._pending[0].effective_step if self._pending else _NEVER
+            self._pending_step = self._pending[0].step_for(self.engine) if self._pending else _NEVER
             for s in due:
-                self.applied.append((s.version, s.effective_step, step))
+                self.applied.append((s.version, s.step_for(self.engine), step))
             del self.applied[:-256]
             self._snapshot = due[-1]
+            self._effective = due[-1].step_for(self.engine)
             self.applied_step = step
 
     @property
@@ -109,6 +129,42 @@ class RankControl:
     @property
     def step(self) -> int:
         return self._step
+
+    # ------------------------------------------------------------------ engine channel
+
+    def apply_pushed(self, snap: ConfigSnapshot | None) -> tuple[bool, str]:
+        """Apply ``snap`` from the next engine step on; refuse a version lower than the applied one.
+
+        Called between two engine steps on the thread that calls current() (vLLM runs a collective
+        RPC there, in the same order relative to execute_model on every worker), so every worker
+        applies it at the same step without a margin. The first call switches this rank to the
+        engine channel for good: versions the file poll had queued are dropped and it stops queueing
+        (two sources of one version would apply it at two steps). ``snap=None`` only switches.
+        Returns (applied, why): why is "applied", "switched", "already applied", "lower version" or
+        "same version, other content".
+        """
+        with self._lock:
+            self.mode = ENGINE_CHANNEL
+            self._pending.clear()
+            self._pending_step = _NEVER
+            if snap is None:
+                return False, "switched"
+            cur = self._snapshot.version
+            if snap.version < cur:
+                return False, "lower version"
+            if snap.version == cur:
+                same = snap.sha256 == self._snapshot.sha256
+                return False, "already applied" if same else "same version, other content"
+            step = self._step + 1
+            # The step it really applies from, for this rank's engine: the publisher's effective
+            # steps (computed for file polling) do not hold here.
+            self._snapshot = snap.replace(effective_step=step, engine_steps={})
+            self._effective = step
+            self._known_version = max(self._known_version, snap.version)
+            self.applied.append((snap.version, step, step))
+            del self.applied[:-256]
+            self.applied_step = step
+            return True, "applied"
 
     # ------------------------------------------------------------------ background thread
 
@@ -156,6 +212,8 @@ class RankControl:
             return None
 
     def _refresh(self) -> None:
+        if self.mode == ENGINE_CHANNEL:
+            return  # versions come from the engine channel only (see apply_pushed)
         path: Path = self.state_dir.current_json
         try:
             st = os.stat(path)
@@ -182,11 +240,15 @@ class RankControl:
             new.insert(0, old)
         self._known_version = snap.version
         with self._lock:
+            if self.mode == ENGINE_CHANNEL:  # switched while this poll read the files
+                return
             self._pending.extend(new)
             self._pending.sort(key=lambda s: s.version)
-            self._pending_step = self._pending[0].effective_step
-        late = [s.version for s in new if s.effective_step <= self._step]
+            self._pending_step = self._pending[0].step_for(self.engine)
+        late = [s.version for s in new if s.step_for(self.engine) < self._step]
         if late:
+            self.late_applies += len(late)
+            count_late_applies(self.rank, len(late))
             log.warning(
                 "rank %d learned of version(s) %s at step %d, past their effective_step: applying at once",
                 self.rank,
@@ -194,32 +256,40 @@ class RankControl:
                 self._step,
             )
 
-    def _rate(self, now: float) -> float:
-        """Steps per second, smoothed over reports: lets the publisher project a report's step to now
-        and size effective_step in time rather than in a fixed number of steps."""
-        last = self._last_rate_sample
+    def _rate(self, now: float) -> float | None:
+        """Steps per second for the publisher to size effective_step in time, not in a fixed number
+        of steps; None until measured. The peak of the last RATE_PEAK_REPORTS intervals, not the
+        mean: an engine that went idle steps at its busy rate again the moment requests arrive."""
+        t0, s0 = self._last_rate_sample
+        if now - t0 < MIN_RATE_WINDOW_S:
+            return max(self._recent_rates) if self._recent_rates else None
         self._last_rate_sample = (now, self._step)
-        if last is not None and now > last[0]:
-            inst = max(0.0, (self._step - last[1]) / (now - last[0]))
-            self._steps_per_s = inst if self._steps_per_s is None else 0.5 * self._steps_per_s + 0.5 * inst
-        return self._steps_per_s or 0.0
+        if self._recent_rates or self._step >= MIN_RATE_STEPS:
+            self._recent_rates.append(max(0.0, (self._step - s0) / (now - t0)))
+        return max(self._recent_rates) if self._recent_rates else None
 
     def report_dict(self) -> dict[str, Any]:
         s = self._snapshot
         now = time.time()
+        rate = self._rate(now)
         return {
             "pid": os.getpid(),
+            "host": HOST,
+            "pidns": PIDNS,
             "rank": self.rank,
             "engine": self.engine,
+            "started": self.started,
             "step": self._step,
             "applied_version": s.version,
             "applied_sha256": s.sha256,
             "applied_step": self.applied_step,
-            "effective_step": s.effective_step,
+            "effective_step": self._effective,
             "pending_version": self._pending[-1].version if self._pending else None,
             "circuit_open": s.circuit_open,
+            "control_mode": self.mode,
             "prefill_kernel": self.prefill_kernel,
-            "steps_per_s": round(self._rate(now), 3),
+            "steps_per_s": None if rate is None else round(rate, 3),
+            "late_applies": self.late_applies,
             "time": now,
         }
 

@@ -88,6 +88,15 @@ class ConfigSnapshot:
     config_file: str | None = None
     file_sha256: str | None = None
     conflicts: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: _EMPTY)
+    engine_steps: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    """engine -> effective step ('*': engines with no live rank at publish time). Empty: every
+    engine uses ``effective_step``. Not part of the content hash: it says when, not what."""
+
+    def step_for(self, engine: int) -> int:
+        """The engine step from which ``engine``'s ranks use this version."""
+        if not self.engine_steps:
+            return self.effective_step
+        return self.engine_steps.get(str(engine), self.engine_steps.get("*", self.effective_step))
 
     @classmethod
     def build(
@@ -106,6 +115,7 @@ class ConfigSnapshot:
         circuit_reason: str = "",
         config_file: str | None = None,
         file_sha256: str | None = None,
+        engine_steps: Mapping[str, int] | None = None,
     ) -> ConfigSnapshot:
         """A snapshot with its derived fields (sha256, provenance, conflicts) computed, not trusted."""
         if source not in SOURCES:
@@ -134,6 +144,7 @@ class ConfigSnapshot:
             config_file=config_file,
             file_sha256=file_sha256,
             conflicts=_frozen({k: _frozen(v) for k, v in conflicts_of(fv, ov).items()}),
+            engine_steps=_frozen({str(k): int(v) for k, v in (engine_steps or {}).items()}),
         )
 
     def replace(self, **changes: Any) -> ConfigSnapshot:
@@ -152,6 +163,7 @@ class ConfigSnapshot:
             "circuit_reason": self.circuit_reason,
             "config_file": self.config_file,
             "file_sha256": self.file_sha256,
+            "engine_steps": self.engine_steps,
         }
         args.update(changes)
         return ConfigSnapshot.build(**args)
@@ -184,6 +196,7 @@ class ConfigSnapshot:
             "conflicts": {k: dict(v) for k, v in self.conflicts.items()},
             "circuit_open": self.circuit_open,
             "circuit_reason": self.circuit_reason,
+            **({"engine_steps": dict(self.engine_steps)} if self.engine_steps else {}),
         }
 
     @classmethod
@@ -208,16 +221,22 @@ class ConfigSnapshot:
                 circuit_reason=str(d.get("circuit_reason", "")),
                 config_file=f.get("path"),
                 file_sha256=f.get("sha256"),
+                engine_steps={str(k): int(v) for k, v in (d.get("engine_steps") or {}).items()},
             )
         except ThresholdsError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ThresholdsError(
-                [("<snapshot>", f"not a snapshot document: {exc!r}")], source=source
+                [("<snapshot>", f"not a snapshot document: {type(exc).__name__}")], source=source
             ) from None
         if snap.sha256 != d.get("sha256"):
             raise ThresholdsError(
-                [("sha256", f"content hash mismatch (stored {d.get('sha256')!r}, computed {snap.sha256!r})")],
+                [
+                    (
+                        "sha256",
+                        f"content hash mismatch (stored {str(d.get('sha256'))[:64]!r}, computed {snap.sha256!r})",
+                    )
+                ],
                 source=source,
             )
         return snap

@@ -22,14 +22,20 @@ from typing import Any
 
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import StateDir
+from flyserve.control.reports import RankReport, parse_report
 from flyserve.control.snapshot import ConfigSnapshot
+from flyserve.policy.errors import describe_value
 from flyserve.policy.thresholds import ThresholdsError
 
 log = logging.getLogger("flyserve.control")
 
 
-def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644) -> None:
-    """Write ``path`` so that readers see either the old or the new content: temp, fsync, os.replace."""
+def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644, overwrite: bool = True) -> None:
+    """Write ``path`` so that readers see either the old or the new content: temp, fsync, os.replace.
+
+    ``overwrite=False`` links the temp file into place instead (link() fails with FileExistsError
+    when ``path`` exists): history files are written once and never replaced.
+    """
     raw = data.encode() if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -39,7 +45,11 @@ def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            os.unlink(tmp)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -53,13 +63,34 @@ def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644) -> None:
             os.close(dfd)
 
 
+MAX_JSON_BYTES = 1 << 20
+"""current.json, a history entry or a rank report is a few kB; a larger one is not read."""
+
+MAX_AUDIT_LINE = 8192
+"""One audit line at most (a 50 MB string value once made a 105 MB line, issue 13)."""
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``, or None if the file does not exist. Bad JSON raises ValueError."""
+    """A JSON object from ``path``, or None if the file does not exist. Bad JSON, a file over
+    MAX_JSON_BYTES or a non-finite number (NaN, Infinity, 1e400) raises ValueError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
     except FileNotFoundError:
         return None
-    data = json.loads(text)
+    if len(raw) > MAX_JSON_BYTES:
+        raise ValueError(f"{path.name}: larger than {MAX_JSON_BYTES} bytes")
+
+    def refuse(token: str) -> float:
+        raise ValueError(f"{path.name}: non-finite number {token}")
+
+    def finite_float(token: str) -> float:
+        v = float(token)
+        if v in (float("inf"), float("-inf")):
+            raise ValueError(f"{path.name}: number out of range")
+        return v
+
+    data = json.loads(raw.decode("utf-8"), parse_constant=refuse, parse_float=finite_float)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a JSON object")  # noqa: TRY004 - callers catch ValueError
     return data
@@ -195,36 +226,93 @@ class Store:
             versions = versions[-limit:]
         snaps = []
         for v in versions:
-            s = self.read_version(v)
+            try:
+                s = self.read_version(v)
+            except ControlIOError as exc:  # one garbage file must not hide the rest (`repair` drops it)
+                log.error("%s; skipped", exc)
+                continue
             if s is not None:
                 snaps.append(s)
         return snaps
 
+    def history_file_exists(self, version: int) -> bool:
+        return self.dir.history_file(version).exists()
+
+    def version_floor(self) -> int:
+        """The highest version number any history file name carries, readable or not (``.bad``
+        included): a new version must be above it, so no history file is ever overwritten."""
+        try:
+            names = os.listdir(self.dir.history_dir)
+        except OSError:
+            return 0
+        return max((int(n.partition(".")[0]) for n in names if n.partition(".")[0].isdigit()), default=0)
+
+    def max_audited_version(self, tail_bytes: int = 1 << 20) -> int:
+        """The highest version the audit log's last ``tail_bytes`` mention (only read when current.json
+        and history are both unusable: the audit log is then the last witness of how far versions went)."""
+        try:
+            with open(self.dir.audit_log, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - tail_bytes))
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return 0
+        best = 0
+        for ln in lines:
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                v = json.loads(ln).get("version")
+                if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62:
+                    best = max(best, v)
+        return best
+
     def publish(self, snap: ConfigSnapshot) -> None:
         """Make ``snap`` current. Call under lock(). Order matters: history first, then the YAML view,
         then current.json last - the one rename that commits the version for every rank."""
-        import yaml
-
         body = snap.to_json()
+        history_written = False
         try:
-            atomic_write(self.dir.history_file(snap.version), body)
-            header = (
-                f"# flyserve effective thresholds: version {snap.version}, sha256 {snap.sha256}\n"
-                f"# effective from engine step {snap.effective_step}; source {snap.source}, actor {snap.actor}, "
-                f"{snap.time_iso}\n# written by the control plane - change thresholds with the config file, "
-                "`flyserve thresholds set` or PATCH /thresholds, not here\n"
-            )
-            atomic_write(
-                self.dir.thresholds_yaml,
-                header + yaml.safe_dump(snap.thresholds.model_dump(), sort_keys=False),
-            )
+            atomic_write(self.dir.history_file(snap.version), body, overwrite=False)
+            history_written = True
+            self._write_views(snap)
             atomic_write(self.dir.current_json, body)
+        except FileExistsError as exc:
+            raise ControlIOError(
+                f"cannot publish version {snap.version}: it is already in history (run `flyserve "
+                "thresholds repair`)",
+                path=str(self.dir.history_file(snap.version)),
+            ) from exc
         except OSError as exc:
+            if history_written:  # never made current: no orphan left behind
+                with contextlib.suppress(OSError):
+                    os.unlink(self.dir.history_file(snap.version))
             raise ControlIOError(
                 f"cannot publish version {snap.version}: {exc.strerror or exc}",
                 path=getattr(exc, "filename", None) or str(self.dir.control_dir),
             ) from exc
         self._prune()
+
+    def restore_current(self, snap: ConfigSnapshot) -> None:
+        """Rewrite current.json (and the YAML view) from a snapshot already in history (repair)."""
+        try:
+            self._write_views(snap)
+            atomic_write(self.dir.current_json, snap.to_json())
+        except OSError as exc:
+            raise ControlIOError(
+                f"cannot restore current.json: {exc.strerror or exc}", path=str(self.dir.current_json)
+            ) from exc
+
+    def _write_views(self, snap: ConfigSnapshot) -> None:
+        import yaml
+
+        header = (
+            f"# flyserve effective thresholds: version {snap.version}, sha256 {snap.sha256}\n"
+            f"# effective from engine step {snap.effective_step}; source {snap.source}, actor {snap.actor}, "
+            f"{snap.time_iso}\n# written by the control plane - change thresholds with the config file, "
+            "`flyserve thresholds set` or PATCH /thresholds, not here\n"
+        )
+        atomic_write(
+            self.dir.thresholds_yaml, header + yaml.safe_dump(snap.thresholds.model_dump(), sort_keys=False)
+        )
 
     def _prune(self) -> None:
         versions = self.history_versions()
@@ -235,12 +323,14 @@ class Store:
     # ------------------------------------------------------------------ audit
 
     def audit(self, entry: Mapping[str, Any]) -> bool:
-        """Append one JSON line to audit.jsonl (O_APPEND, fsync). Returns False (and logs) if it cannot:
-        an unwritable state directory must not turn a rejection into a crash."""
-        line = json.dumps(dict(entry), sort_keys=True, default=str) + "\n"
+        """Append one JSON line to audit.jsonl (O_APPEND, fsync; mode 0640, at most MAX_AUDIT_LINE
+        bytes). Returns False (and logs) if it cannot: an unwritable state directory must not turn a
+        rejection into a crash."""
+        line = bounded_audit_line(entry)
+        self.last_audit_error: str | None = None
         try:
             self.dir.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.dir.audit_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.dir.audit_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             try:
                 os.write(fd, line.encode())
                 os.fsync(fd)
@@ -248,28 +338,48 @@ class Store:
                 os.close(fd)
             return True
         except OSError as exc:
+            self.last_audit_error = exc.strerror or str(exc)
             # The entry still reaches the process log, so no change goes unrecorded.
             log.error(
-                "audit log not writable (%s): %s; audit entry: %s", self.dir.audit_log, exc, line.strip()
+                "audit log not writable (%s): %s; audit entry: %s",
+                self.dir.audit_log,
+                exc.strerror or exc,
+                line.strip()[:1000],
             )
             return False
 
-    def read_audit(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Audit entries, oldest first; a torn last line (crash mid-append) is skipped."""
+    def read_audit(self, limit: int | None = None, *, raw: bool = False) -> list[dict[str, Any]]:
+        """Audit entries, oldest first; a torn last line (crash mid-append) is skipped. A write-ahead
+        'publishing' line whose completion follows is left out unless ``raw``: one change, one entry."""
         try:
-            lines = self.dir.audit_log.read_text(encoding="utf-8").splitlines()
+            lines = self.dir.audit_log.read_text(encoding="utf-8", errors="replace").splitlines()
         except FileNotFoundError:
             return []
         out = []
-        for ln in lines[-limit:] if limit else lines:
+        for ln in lines:
             with contextlib.suppress(ValueError):
-                out.append(json.loads(ln))
-        return out
+                e = json.loads(ln)
+                if isinstance(e, dict):
+                    out.append(e)
+        if not raw:
+            done = {e.get("id") for e in out if e.get("result") != "publishing" and e.get("id")}
+            out = [e for e in out if not (e.get("result") == "publishing" and e.get("id") in done)]
+        return out[-limit:] if limit else out
 
     # ------------------------------------------------------------------ ranks
 
-    def rank_reports(self) -> list[dict[str, Any]]:
-        """Every readable ranks/*.json (a half-written or foreign file is skipped, never fatal)."""
+    def rank_reports(self, *, now: float | None = None) -> list[dict[str, Any]]:
+        """Every ranks/*.json whose fields are all finite and plausible (see reports.parse_report);
+        a half-written, foreign or poisoned file is skipped, never fatal."""
+        now = time.time() if now is None else now
+        return [d for d, r in self._read_reports(now) if r is not None]
+
+    def reports(self, *, now: float | None = None) -> list[RankReport]:
+        """The validated reports (flyserve.control.reports.RankReport)."""
+        now = time.time() if now is None else now
+        return [r for _, r in self._read_reports(now) if r is not None]
+
+    def _read_reports(self, now: float) -> list[tuple[dict[str, Any], RankReport | None]]:
         try:
             names = sorted(os.listdir(self.dir.ranks_dir))
         except OSError:
@@ -281,44 +391,44 @@ class Store:
             with contextlib.suppress(OSError, ValueError):
                 d = read_json(self.dir.ranks_dir / n)
                 if d is not None:
-                    out.append(d)
+                    out.append((d, parse_report(d, now=now)))
         return out
 
-    def rank_progress(self, *, stale_after_s: float = 30.0, now: float | None = None) -> tuple[int, float]:
-        """(projected highest step, highest step rate) over the live ranks.
-
-        A report is up to one report interval old, so each rank's step is projected to ``now`` with the
-        rate it reports (steps_per_s). Reports older than ``stale_after_s`` (a rank that died, a previous
-        run's leftovers) are ignored so they cannot push effective_step out of reach.
-        """
-        now = time.time() if now is None else now
-        best, rate = 0, 0.0
-        for d in self.rank_reports():
-            try:
-                age = now - float(d.get("time", 0))
-                if age > stale_after_s:
-                    continue
-                r = max(0.0, float(d.get("steps_per_s") or 0.0))
-                best = max(best, int(d.get("step", 0)) + int(r * max(0.0, age)))
-                rate = max(rate, r)
-            except (TypeError, ValueError):
-                continue
-        return best, rate
-
     def live_ranks(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:
-        """How many ranks reported within ``stale_after_s``."""
+        """How many ranks are live (fresh report, process not known to be gone)."""
         now = time.time() if now is None else now
-        n = 0
-        for d in self.rank_reports():
-            try:
-                n += now - float(d.get("time", 0)) <= stale_after_s
-            except (TypeError, ValueError):
-                continue
-        return n
+        return sum(1 for r in self.reports(now=now) if r.is_live(now, stale_after_s))
 
     def max_rank_step(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:
-        """The highest step any live rank is at now (see rank_progress)."""
-        return self.rank_progress(stale_after_s=stale_after_s, now=now)[0]
+        """The highest step a live rank reported."""
+        now = time.time() if now is None else now
+        return max((r.step for r in self.reports(now=now) if r.is_live(now, stale_after_s)), default=0)
 
     def write_rank_report(self, report: Mapping[str, Any], *, rank: int, engine: int = 0) -> None:
         atomic_write(self.dir.rank_file(rank, engine), json.dumps(dict(report), sort_keys=True))
+
+
+def bounded_audit_line(entry: Mapping[str, Any]) -> str:
+    """One JSON line of at most MAX_AUDIT_LINE bytes: first the request's values are replaced by
+    short descriptions, then anything else long is dropped and the entry says so."""
+    try:
+        line = json.dumps(dict(entry), sort_keys=True, default=str)
+    except ValueError:  # e.g. an integer too long for str()
+        line = "x" * MAX_AUDIT_LINE
+    if len(line) < MAX_AUDIT_LINE:
+        return line + "\n"
+    e = dict(entry)
+    req = e.get("request")
+    if isinstance(req, Mapping):
+        e["request"] = {str(k)[:64]: describe_value(v) for k, v in list(req.items())[:32]}
+    e["truncated"] = True
+    try:
+        line = json.dumps(e, sort_keys=True, default=str)
+    except ValueError:
+        line = "x" * MAX_AUDIT_LINE
+    if len(line) < MAX_AUDIT_LINE:
+        return line + "\n"
+    keep = ("id", "time", "time_iso", "actor", "source", "action", "result", "version", "version_before")
+    e = {k: (str(e[k])[:200] if isinstance(e[k], str) else e[k]) for k in keep if k in e}
+    e["truncated"] = True
+    return json.dumps(e, sort_keys=True, default=str)[:MAX_AUDIT_LINE] + "\n"

@@ -11,23 +11,49 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import signal
+import stat
 import threading
 from pathlib import Path
 from typing import Any, Self
 
 from flyserve.control.errors import ControlIOError
+from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES
 from flyserve.policy.thresholds import ThresholdsError
+
+DEFAULT_SETTLE_S = 0.5
+"""A changed file is published only once two reads this far apart give the same content (a file
+written in two parts 0.2 s apart used to publish its first half, issue 13); a file that does not
+end in a newline (mid-line, most likely) must stay the same four times as long."""
+MAX_SETTLE_ROUNDS = 40
 
 log = logging.getLogger("flyserve.control")
 
 
-def file_sha256(path: str | Path) -> str | None:
-    """Content hash of the file behind ``path`` (symlinks followed); None if it cannot be read."""
+def _read_capped(path: str | Path) -> bytes | None:
+    """The bytes of the regular file behind ``path`` (symlinks followed), at most MAX_DOCUMENT_BYTES + 1;
+    None if it cannot be read. A FIFO or device is not read (it would block the watcher for ever):
+    its hash is that of a marker, and the reload that follows reports it."""
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b"\0not a regular file"
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def file_sha256(path: str | Path) -> str | None:
+    """Content hash of the file behind ``path`` (symlinks followed); None if it cannot be read."""
+    raw = _read_capped(path)
+    return None if raw is None else hashlib.sha256(raw).hexdigest()
 
 
 class _Wake:
@@ -56,6 +82,7 @@ class Watcher:
         debounce_ms: int = 100,
         actor: str = "watcher",
         use_watchfiles: bool = True,
+        settle_s: float = DEFAULT_SETTLE_S,
     ) -> None:
         self.plane = plane
         path = config_file or plane.config_file
@@ -68,6 +95,7 @@ class Watcher:
         self.debounce_ms = int(debounce_ms)
         self.actor = actor
         self.use_watchfiles = use_watchfiles
+        self.settle_s = float(settle_s)
         self._stop = threading.Event()
         self._hup = threading.Event()
         self._wakeup = threading.Event()  # set on stop and on a reload request: ends a poll wait early
@@ -198,23 +226,50 @@ class Watcher:
                     return
 
     def check(self, *, force: bool = False) -> bool:
-        """Look at the file once; reload if its content hash is new (or ``force``). True if it reloaded."""
+        """Look at the file once; reload if its content hash is new (or ``force``) and has settled.
+        True if it published a new version."""
         self.checks += 1
-        sha = file_sha256(self.path)
-        if sha is None:
+        raw = _read_capped(self.path)
+        if raw is None:
             if force or not self._missing_reported:
                 self._missing_reported = True
-                return self._reload(sha)
+                return self._reload(None)
             return False
         self._missing_reported = False
+        sha = hashlib.sha256(raw).hexdigest()
+        if not force and sha == self._handled:
+            return False
+        sha = self._settled(raw, sha)
+        if sha is None:
+            return False
         if not force and sha == self._handled:
             return False
         return self._reload(sha)
 
+    def _settled(self, raw: bytes, sha: str) -> str | None:
+        """The content's hash once two reads ``settle_s`` apart agree (None: stopped, or gone)."""
+        for _ in range(MAX_SETTLE_ROUNDS):
+            wait = self.settle_s * (1 if raw.endswith(b"\n") else 4)
+            if self._stop.wait(wait):
+                return None
+            again = _read_capped(self.path)
+            if again is None:
+                return None
+            again_sha = hashlib.sha256(again).hexdigest()
+            if again_sha == sha:
+                return sha
+            raw, sha = again, again_sha
+        return sha  # still changing after many rounds: take the latest, the next check sees any more
+
     def _reload(self, sha: str | None) -> bool:
         try:
             res = self.plane.reload(actor=self.actor)
-        except (ThresholdsError, ControlIOError) as exc:
+        except ControlIOError as exc:
+            # The state directory is full or read-only (or the file vanished mid-read): not handled,
+            # so every poll tries again and the edit is published once the directory recovers.
+            self.last_error = exc
+            return False
+        except ThresholdsError as exc:
             self.last_error = exc  # already counted, logged and audited by the plane
             if sha is not None:
                 self._handled = sha

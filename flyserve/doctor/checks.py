@@ -348,21 +348,24 @@ def check_config_file() -> Check:
 
 
 def check_state_dir() -> Check:
+    from flyserve.control.initialise import INIT_HINT, is_initialised
     from flyserve.control.paths import default_state_dir
 
     d = default_state_dir()
     if not d.exists():
         parent = next((p for p in d.parents if p.exists()), None)
         if parent is not None and os.access(parent, os.W_OK):
-            return Check(
-                "state-dir", "ok", f"{d} (created by the first rank; FLYSERVE_STATE_DIR / FLYSERVE_INSTANCE)"
-            )
+            return Check("state-dir", "ok", f"{d}: not there yet; the first vLLM rank creates it "
+                         "(FLYSERVE_STATE_DIR / FLYSERVE_INSTANCE)", INIT_HINT.format(path=d))  # fmt: skip
         return Check("state-dir", "fail", f"{d} cannot be created ({parent} is not writable)",
                      "export FLYSERVE_STATE_DIR to a writable directory shared with the sidecar")  # fmt: skip
     if not os.access(d, os.W_OK):
         return Check(
             "state-dir", "fail", f"{d} is not writable", "fix its permissions or set FLYSERVE_STATE_DIR"
         )
+    if not is_initialised(d):
+        return Check("state-dir", "warn", f"{d} exists but is not a flyserve state directory (no control/ or ranks/)",
+                     INIT_HINT.format(path=d))  # fmt: skip
     current = d / "control" / "current.json"
     extra = f", {current.name} present" if current.exists() else ", nothing published yet"
     return Check("state-dir", "ok", f"{d}{extra}")

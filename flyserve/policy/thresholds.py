@@ -7,27 +7,22 @@ serving (flyserve.control) and fit them to their own GPU (flyserve.lab.calibrate
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from flyserve.policy.errors import ThresholdsError, describe_value
+from flyserve.policy.profile_paths import is_path_like, profile_path
+from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES, parse_mapping
 
-class ThresholdsError(ValueError):
-    """A thresholds document was rejected. Names every bad field and why.
+__all__ = ["FIELDS", "Thresholds", "ThresholdsError", "read_yaml_file", "unknown_key_error"]
 
-    ``errors`` is a list of (field, reason) pairs; ``field`` and ``reason`` are the first.
-    Raised before anything is applied, so the caller's running state is never half-changed.
-    """
-
-    def __init__(self, errors: list[tuple[str, str]], *, source: str | None = None) -> None:
-        self.errors = errors or [("<document>", "invalid")]
-        self.source = source
-        self.field, self.reason = self.errors[0]
-        where = f"{source}: " if source else ""
-        detail = "; ".join(f"field '{f}': {r}" for f, r in self.errors)
-        super().__init__(f"{where}{detail}")
+# Upper bounds: a threshold past these is a typo or an attack (2**70 was accepted for block_m).
+MAX_TOKENS = 1 << 24  # 16M tokens of context: far beyond any model served today
+MAX_ROWS = 1 << 20
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -42,40 +37,58 @@ class Thresholds(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
 
-    block_m: int = Field(256, description="q-block rows of the prefill kernel; a power of two.")
+    block_m: int = Field(256, le=4096, description="q-block rows of the prefill kernel; a power of two.")
     min_qblock_rows: int = Field(
         48,
+        le=MAX_ROWS,
         ge=0,
         description="Occupancy floor: num_heads * num_actual_tokens must reach min_qblock_rows * block_m. "
         "0 disables the check.",
     )
     min_seq_len: int = Field(
-        1536, ge=0, description="Shortest max_seq_len the prefill path takes. 0 disables the check."
+        1536,
+        le=MAX_TOKENS,
+        ge=0,
+        description="Shortest max_seq_len the prefill path takes. 0 disables the check.",
     )
     max_seq_len: int = Field(
-        131072, ge=0, description="Longest max_seq_len the prefill path takes. 0 means no upper limit."
+        131072,
+        le=MAX_TOKENS,
+        ge=0,
+        description="Longest max_seq_len the prefill path takes. 0 means no upper limit.",
     )
     min_query_len: int = Field(
-        2, ge=1, description="A batch whose max_query_len is below this has no prefill row."
+        2, le=MAX_TOKENS, ge=1, description="A batch whose max_query_len is below this has no prefill row."
     )
     decode_rows_base: int = Field(
-        8, ge=0, description="Decode rows allowed in a prefill batch per decode_ctx_unit of context."
+        8,
+        le=MAX_ROWS,
+        ge=0,
+        description="Decode rows allowed in a prefill batch per decode_ctx_unit of context.",
     )
     decode_ctx_unit: int = Field(
-        8192, ge=1, description="Context length per step of the decode-row cap."
+        8192, le=MAX_TOKENS, ge=1, description="Context length per step of the decode-row cap."
     )
     decode_query_len_max: int = Field(
-        1, ge=1, description="Rows with query_len up to this are decode rows (raise for speculative decoding)."
+        1,
+        le=MAX_TOKENS,
+        ge=1,
+        description="Rows with query_len up to this are decode rows (raise for speculative decoding).",
     )
-    lpt_qblocks_always: int = Field(96, ge=0, description="LPT rule: this many q-blocks or more -> LPT.")
+    lpt_qblocks_always: int = Field(
+        96, le=MAX_ROWS, ge=0, description="LPT rule: this many q-blocks or more -> LPT."
+    )
     lpt_qblocks_one_short: int = Field(
-        48, ge=0, description="LPT rule: exactly one short row and this many q-blocks or more -> LPT."
+        48,
+        le=MAX_ROWS,
+        ge=0,
+        description="LPT rule: exactly one short row and this many q-blocks or more -> LPT.",
     )
     lpt_min_short_rows: int = Field(
-        8, ge=0, description="LPT rule: at least this many short rows ..."
+        8, le=MAX_ROWS, ge=0, description="LPT rule: at least this many short rows ..."
     )
     lpt_qblocks_many_short_max: int = Field(
-        32, ge=0, description="... and at most this many q-blocks -> LPT."
+        32, le=MAX_ROWS, ge=0, description="... and at most this many q-blocks -> LPT."
     )
     lpt: Literal["auto", "always", "never"] = Field(
         "auto", description="auto: the LPT rule decides; always/never override it."
@@ -100,8 +113,10 @@ class Thresholds(BaseModel):
             errors.append(
                 (
                     "min_query_len",
-                    f"must exceed decode_query_len_max ({self.min_query_len} <= {self.decode_query_len_max}): "
-                    "a row is either a decode row or a prefill row",
+                    (
+                        f"must exceed decode_query_len_max ({self.min_query_len} <= "
+                        f"{self.decode_query_len_max}): a row is either a decode row or a prefill row"
+                    ),
                 )
             )
         if errors:
@@ -121,7 +136,12 @@ class Thresholds(BaseModel):
             data = {}
         if not isinstance(data, Mapping):
             raise ThresholdsError(
-                [("<document>", f"must be a mapping of threshold names to values, got {type(data).__name__}")],
+                [
+                    (
+                        "<document>",
+                        f"must be a mapping of threshold names to values, got {type(data).__name__}",
+                    )
+                ],
                 source=source,
             )
         try:
@@ -136,16 +156,14 @@ class Thresholds(BaseModel):
     @classmethod
     def from_yaml_text(cls, text: str, *, source: str | None = None) -> Thresholds:
         """Parse a YAML document. An empty document is an error: it is almost always a truncated write."""
-        from flyserve.policy.profiles import parse_yaml_mapping
-
-        return cls.parse(parse_yaml_mapping(text, source=source), source=source)
+        return cls.parse(parse_mapping(text, source=source), source=source)
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> Thresholds:
-        """A profile by name (``gfx950``, ``h200``) or a thresholds YAML file by path."""
-        from flyserve.policy.profiles import load_profile
-
-        return load_profile(name_or_path)
+        """A profile by name (``gfx950``, ``h200``) or a thresholds YAML file by path (anything with
+        a '/' or a .yaml/.yml suffix)."""
+        path = Path(name_or_path) if is_path_like(name_or_path) else profile_path(str(name_or_path))
+        return cls.parse(read_yaml_file(path), source=str(path))
 
     @classmethod
     def profile(cls, name: str) -> Thresholds:
@@ -174,7 +192,7 @@ def _pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
         msg = str(err.get("msg", "invalid"))
         kind = err.get("type", "")
         if kind == "extra_forbidden":
-            out.append((loc, f"unknown key (known keys: {', '.join(FIELDS)})"))
+            out.append(unknown_key_error(loc))
         elif kind == "value_error" and "\x1f" in msg:
             body = msg.removeprefix("Value error, ")
             for part in body.split("|"):
@@ -182,6 +200,35 @@ def _pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
                 out.append((f, r))
         else:
             got = err.get("input")
-            shown = f" (got {got!r})" if not isinstance(got, Mapping) else ""
+            shown = f" (got {describe_value(got)})" if not isinstance(got, Mapping) else ""
             out.append((loc or "<document>", f"{msg}{shown}"))
     return out
+
+
+def read_yaml_file(path: Path) -> dict[str, Any]:
+    """A thresholds YAML file as a mapping (size-capped, safe loader); ThresholdsError if not."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_DOCUMENT_BYTES + 1)
+    except FileNotFoundError:
+        raise ThresholdsError([("<file>", "no such file")], source=str(path)) from None
+    except OSError as exc:
+        raise ThresholdsError([("<file>", f"cannot read: {exc.strerror or exc}")], source=str(path)) from None
+    return parse_mapping(raw, source=str(path))
+
+
+_PLAIN_KEY = re.compile(r"^[a-z_][a-z0-9_]{0,31}$")
+
+
+def unknown_key_error(key: str) -> tuple[str, str]:
+    """(field, reason) for a key that is not a threshold. The key is shown only when it is a likely
+    typo of a known one; otherwise only its length: an unknown key may be a line of whatever file the
+    config path points at (a symlink to a secrets file), and errors land in logs and the audit log."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key)[:64], FIELDS, n=1, cutoff=0.75)
+    if close:
+        return (str(key), f"unknown key (did you mean {close[0]!r}?)")
+    if _PLAIN_KEY.match(str(key)):
+        return (str(key), f"unknown key (known keys: {', '.join(FIELDS)})")
+    return (f"<unknown key of {len(str(key))} chars>", f"unknown key (known keys: {', '.join(FIELDS)})")

@@ -29,6 +29,7 @@ from flyserve.sidecar.models import RankView
 from flyserve.sidecar.routes import router
 from flyserve.sidecar.service import StatsService
 from flyserve.sidecar.settings import SidecarSettings
+from flyserve.sidecar.stream import StreamHub
 from flyserve.telemetry import metrics as tm
 
 log = logging.getLogger("flyserve.sidecar")
@@ -80,6 +81,21 @@ def update_rank_gauges(views: list[RankView]) -> None:
     tm.RANKS_AGREE.set(float("nan") if agree is None else 1.0 if agree else 0.0)
 
 
+def _repair_state_dir(control: ControlPlane) -> None:
+    """At start: make the state directory consistent (flyserve.control.repair) - a lost current.json
+    rebuilt from history, a killed writer's temp/orphan files removed, its audit entries completed.
+    A directory that cannot be repaired now is logged, not fatal: the API reports it (503)."""
+    from flyserve.control.repair import repair
+
+    try:
+        report = repair(control, actor="sidecar-start")
+    except ControlIOError as exc:
+        log.error("state directory not repaired at start: %s", exc)
+        return
+    if report.changed:
+        log.warning("state directory repaired at start: %s", report.to_dict())
+
+
 def _error(status: int, detail: str, field: str | None = None, errors: list[dict[str, str]] | None = None):
     return JSONResponse({"detail": detail, "field": field, "errors": errors or []}, status_code=status)
 
@@ -97,6 +113,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         shutting_down.clear()
+        _repair_state_dir(control)
         stats.start()
         # The operator's file is watched here, in the one process that always runs beside the
         # ranks: an edit (or a ConfigMap swap, or SIGHUP) is published without anyone calling
@@ -133,6 +150,9 @@ def create_app(settings: SidecarSettings) -> FastAPI:
         update_rank_gauges(views)
         return generate_latest(registry)
 
+    app.state.stream_hub = StreamHub(
+        stats.dispatch_stats_json, tick_s=settings.stream_min_interval_s, max_streams=settings.max_streams
+    )
     app.state.metrics_cache = TtlCache(_exposition, settings.metrics_ttl_s)
     stats.extra_caches.append(app.state.metrics_cache)
 

@@ -78,6 +78,29 @@ def sidecar(
             "--metrics-ttl", min=0.0, max=60.0, help="Seconds a /metrics exposition is reused (0: never)."
         ),
     ] = 1.0,
+    stream_min_interval: Annotated[
+        float,
+        typer.Option(
+            "--stream-min-interval",
+            min=0.05,
+            help="Floor on a stream client's ?interval= (one payload per tick is shared by all streams).",
+        ),
+    ] = 0.5,
+    max_streams: Annotated[
+        int, typer.Option("--max-streams", min=1, help="Concurrent SSE streams; one more gets 503.")
+    ] = 64,
+    max_connections: Annotated[
+        int,
+        typer.Option("--max-connections", min=8, help="Concurrent connections; one more gets 503 at once."),
+    ] = 512,
+    request_timeout: Annotated[
+        float,
+        typer.Option(
+            "--request-timeout",
+            min=0.5,
+            help="Seconds a client has to send a whole request (head and body); a slower one is dropped.",
+        ),
+    ] = 10.0,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn/flyserve log level.")] = "info",
 ) -> None:
     """Serve /dispatch-stats, /thresholds and /metrics next to vLLM (uvicorn, one worker)."""
@@ -88,6 +111,7 @@ def sidecar(
     from flyserve.control.initialise import StateDirError, implicit_note, initialise, resolve
     from flyserve.sidecar.app import create_app
     from flyserve.sidecar.listen import BindError, bind
+    from flyserve.sidecar.server import server_config
     from flyserve.sidecar.settings import SidecarSettings, TokenError, read_token
     from flyserve.startup_checks import StartupError, check_profile
 
@@ -123,7 +147,9 @@ def sidecar(
         config_file=config_file,
         config_poll_s=config_poll,
         token=token,
-        stream_interval_s=stream_interval,
+        stream_interval_s=max(stream_interval, stream_min_interval),
+        stream_min_interval_s=stream_min_interval,
+        max_streams=max_streams,
         stale_after_s=stale_after,
         step_margin=step_margin,
         stats_ttl_s=stats_ttl,
@@ -137,14 +163,13 @@ def sidecar(
             err=True,
         )
     app = create_app(settings)
-    config = uvicorn.Config(
+    config = server_config(
         app,
         host=host,
         port=port,
-        workers=1,
-        log_level=log_level.lower(),
-        timeout_graceful_shutdown=5,
-        access_log=False,
+        log_level=log_level,
+        request_timeout_s=request_timeout,
+        max_connections=max_connections,
     )
 
     class _Server(uvicorn.Server):

@@ -78,9 +78,13 @@ class PrefillKernelView(_Frozen):
     """The rank's prefill kernel as found at start: which one, its revision, or why it is off."""
 
     kernel: str = Field(max_length=64)
-    revision: str | None = Field(None, max_length=200, description="e.g. FlyDSL's: has causal_lpt, page sizes.")
+    revision: str | None = Field(
+        None, max_length=200, description="e.g. FlyDSL's: has causal_lpt, page sizes."
+    )
     off_reason: str | None = Field(
-        None, max_length=400, description="Why the prefill path cannot run on this rank at all (null: it can)."
+        None,
+        max_length=400,
+        description="Why the prefill path cannot run on this rank at all (null: it can).",
     )
 
 
@@ -94,12 +98,20 @@ class RankView(_Frozen):
     applied_version: int | None
     applied_step: int | None
     circuit_open: bool | None = None
+    control_mode: str | None = Field(
+        None, description='How the rank learns of versions: "engine channel" or "file polling".'
+    )
     prefill_kernel: PrefillKernelView | None = None
     age_s: float | None = Field(
         description="Seconds since the rank's last report; null if it never reported."
     )
     stale: bool = Field(description="No report for stale_after_s seconds (or never): not an error.")
     totals: Totals | None = Field(None, description="This rank's own counters (equal across TP ranks).")
+    late_applies: int | None = Field(
+        None,
+        description="Versions this rank learned of after their effective step and applied at once (at a "
+        "step other ranks may not share). Should stay 0.",
+    )
 
 
 class EngineStats(_Frozen):
@@ -129,6 +141,14 @@ class DispatchStats(_Frozen):
         description="All live ranks applied the same thresholds version; null when no rank is live."
     )
     live_ranks: int
+    control_mode: str | None = Field(
+        None,
+        description='The live ranks\' mode: "engine channel" (vLLM pushes each version between two '
+        'steps), "file polling" (the fallback), "mixed", or null when no rank is live.',
+    )
+    late_applies: int = Field(
+        0, description="Sum of the ranks' late_applies: versions some rank applied at a step of its own."
+    )
     kernels: dict[str, KernelStats]
     engines: list[EngineStats]
     errors: list[str] = Field(default_factory=list, description="Problems reading the state directory.")
@@ -173,8 +193,9 @@ class History(_Frozen):
 
 
 class RollbackRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    version: int = Field(ge=0, description="The version to return to (from /thresholds/history).")
+    # strict: {"version": true} used to be read as version 1, {"version": "2"} as 2
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    version: int = Field(ge=0, le=1 << 62, description="The version to return to (from /thresholds/history).")
 
 
 class Health(_Frozen):

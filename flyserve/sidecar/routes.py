@@ -30,6 +30,7 @@ from flyserve.sidecar.models import (
     ThresholdsView,
 )
 from flyserve.sidecar.service import StatsService, thresholds_view
+from flyserve.sidecar.stream import StreamHub, StreamsFull
 from flyserve.telemetry.shape_sample import read_shape_samples, routing_change
 
 router = APIRouter(
@@ -129,28 +130,48 @@ async def dispatch_stats_stream(
     ] = None,
     max_events: Annotated[int | None, Query(ge=1, le=1_000_000, description="Stop after this many.")] = None,
 ) -> StreamingResponse:
-    """Server-sent events: the /dispatch-stats payload every few seconds. Ends on shutdown or disconnect."""
-    service = _service(request)
-    every = interval or request.app.state.settings.stream_interval_s
+    """Server-sent events: the /dispatch-stats payload every few seconds (never more often than the
+    sidecar's --stream-min-interval; every client shares one computed payload per tick). Ends on
+    shutdown or disconnect; 503 when --max-streams streams are already open."""
+    settings = request.app.state.settings
+    hub: StreamHub = request.app.state.stream_hub
+    every = max(interval or settings.stream_interval_s, settings.stream_min_interval_s)
     shutting_down = request.app.state.shutting_down
+    try:
+        hub.subscribe()
+    except StreamsFull as exc:
+        return JSONResponse(  # type: ignore[return-value]
+            {"detail": f"too many streams: {exc}; retry later", "field": None, "errors": []},
+            status_code=503,
+            headers={"Retry-After": str(max(1, int(every)))},
+        )
 
     async def events():
-        sent = 0
-        while not shutting_down.is_set():
-            payload = await asyncio.to_thread(service.dispatch_stats_json)
-            yield f"event: stats\nid: {sent}\ndata: {payload.decode()}\n\n"
-            sent += 1
-            if max_events is not None and sent >= max_events:
-                return
-            # Sleep in short slices so a shutdown or a gone client ends the stream within ~0.25 s.
-            deadline = asyncio.get_running_loop().time() + every
+        loop = asyncio.get_running_loop()
+        sent, last = 0, 0
+        try:
             while not shutting_down.is_set():
-                left = deadline - asyncio.get_running_loop().time()
-                if left <= 0:
-                    break
-                if await request.is_disconnected():
+                got = await hub.next(last, timeout_s=0.25)
+                if got is None:
+                    if await request.is_disconnected():
+                        return
+                    continue
+                last, payload = got
+                yield f"event: stats\nid: {sent}\ndata: {payload.decode()}\n\n"
+                sent += 1
+                if max_events is not None and sent >= max_events:
                     return
-                await asyncio.sleep(min(0.25, left))
+                # Sleep in short slices so a shutdown or a gone client ends the stream within ~0.25 s.
+                deadline = loop.time() + every
+                while not shutting_down.is_set():
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        break
+                    if await request.is_disconnected():
+                        return
+                    await asyncio.sleep(min(0.25, left))
+        finally:
+            hub.unsubscribe()
 
     return StreamingResponse(
         events(),

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flyserve.control import ConfigSnapshot, ControlPlane
+from flyserve.control.rank import CONTROL_MODES
 from flyserve.policy.profiles import load_profile, profile_path
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
@@ -93,7 +94,7 @@ def thresholds_view(snap: ConfigSnapshot) -> ThresholdsView:
 def _int_or_none(x: Any) -> int | None:
     try:
         return None if x is None else int(x)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
@@ -109,7 +110,9 @@ def _prefill_kernel_or_none(v: Any) -> PrefillKernelView | None:
     kernel = text("kernel", 64)
     if kernel is None:
         return None
-    return PrefillKernelView(kernel=kernel, revision=text("revision", 200), off_reason=text("off_reason", 400))
+    return PrefillKernelView(
+        kernel=kernel, revision=text("revision", 200), off_reason=text("off_reason", 400)
+    )
 
 
 def rank_views(
@@ -148,13 +151,23 @@ def rank_views(
                 applied_version=_int_or_none(d.get("applied_version")),
                 applied_step=_int_or_none(d.get("applied_step")),
                 circuit_open=d.get("circuit_open") if isinstance(d.get("circuit_open"), bool) else None,
+                control_mode=d.get("control_mode") if d.get("control_mode") in CONTROL_MODES else None,
                 prefill_kernel=_prefill_kernel_or_none(d.get("prefill_kernel")),
                 age_s=None if age is None else round(age, 3),
                 stale=age is None or age > stale_after_s,
                 totals=totals_of([c]) if c is not None else None,
+                late_applies=_int_or_none(d.get("late_applies")),
             )
         )
     return out
+
+
+def control_mode_of(views: list[RankView]) -> str | None:
+    """The live ranks' common mode, "mixed" when they differ, None when no live rank reports one."""
+    modes = {v.control_mode for v in views if not v.stale and v.control_mode is not None}
+    if not modes:
+        return None
+    return modes.pop() if len(modes) == 1 else "mixed"
 
 
 def _agree(views: list[RankView]) -> bool | None:
@@ -326,6 +339,8 @@ class StatsService:
             ranks=ranks,
             ranks_agree=_agree(ranks),
             live_ranks=sum(1 for v in ranks if not v.stale),
+            control_mode=control_mode_of(ranks),
+            late_applies=sum(v.late_applies or 0 for v in ranks),
             kernels=kernels_of(counters.values()),
             engines=engine_stats,
             errors=errors,

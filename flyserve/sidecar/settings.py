@@ -65,6 +65,13 @@ class SidecarSettings(BaseModel):
         description="The /metrics exposition is reused for this long (Prometheus scrapes every few s).",
     )
     stream_interval_s: float = Field(2.0, gt=0, description="Seconds between /dispatch-stats/stream events.")
+    stream_min_interval_s: float = Field(
+        0.5,
+        gt=0,
+        description="Floor on a client's ?interval=, and the tick of the one payload computation all "
+        "streams share (three streams at interval=0.000001 once held the sidecar at 99% CPU).",
+    )
+    max_streams: int = Field(64, ge=1, description="Concurrent SSE streams; one more gets 503.")
     step_margin: int | None = Field(
         None,
         ge=1,

@@ -201,6 +201,13 @@ CIRCUIT_OPEN: Final = FlyGauge(
     multiprocess_mode="livemostrecent",
     registry=None,
 )
+LATE_APPLIES: Final = FlyCounter(
+    "flyserve_control_late_applies",
+    "Thresholds versions this rank learned of after their effective step and applied at once (at a "
+    "step other ranks may not share); should stay 0.",
+    ["rank"],
+    registry=None,
+)
 
 # control side ----------------------------------------------------------------------------
 CONFIG_RELOADS: Final = FlyCounter(
@@ -267,6 +274,7 @@ RANK_METRICS: Final = (
     ENGINE_STEP,
     THRESHOLDS_VERSION,
     CIRCUIT_OPEN,
+    LATE_APPLIES,
 )
 CONTROL_METRICS: Final = (CONFIG_RELOADS, CONFIG_LAST_SUCCESS)
 SIDECAR_METRICS: Final = (SIDECAR_REQUESTS, SIDECAR_REQUEST_SECONDS, RANK_UP, RANK_REPORT_AGE, RANKS_AGREE)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flyserve.vllm.eligibility import PrefillKernelSpec
+from flyserve.vllm.flydsl_kernel import FLYDSL_SPEC
 from flyserve.vllm.forward_switch import SWITCH
 from flyserve.vllm.routing import routing_class
 
@@ -40,7 +41,7 @@ CLASS_NAMES = {
 
 CPU_PREFILL_SPEC = PrefillKernelSpec("cpu-sdpa-prefill")
 CUDA_PREFILL_SPEC = PrefillKernelSpec("FLASH_ATTN")
-ROCM_PREFILL_SPEC = PrefillKernelSpec("flydsl-dualwave", head_sizes=(64, 128))
+ROCM_PREFILL_SPEC = FLYDSL_SPEC
 
 _BUILT: dict[str, type] = {}
 
@@ -202,12 +203,17 @@ def build_composite(kind: str) -> type:
     return cls
 
 
-def mark_unsupported(routing: Any, reason: str) -> None:
-    """Turn the prefill path off for this routing's layer group (reason ``unsupported``), once per reason."""
+def mark_unsupported(routing: Any, reason: str, *, quiet: bool = False) -> None:
+    """Turn the prefill path off for this routing's layer group (reason ``unsupported``), once per reason.
+
+    ``quiet``: the reason was logged already, once for the process (a kernel missing at start).
+    """
     if reason in routing.problems:
         return
     routing.problems.append(reason)
     routing.unsupported = True
+    if quiet:
+        return
     log.warning(
         "flyserve: layers %s: prefill path off (%s); their prefill batches take the unified path, "
         "reason 'unsupported'",
@@ -228,7 +234,9 @@ def _bind_group(builder: Any, vllm_config: Any, status: PrefillStatus) -> None:
         bind = getattr(child, "bind_routing", None)
         if bind is not None:
             bind(routing)
-    for reason in ([status.off_reason] if status.off_reason else []) + status.config_problems(vllm_config):
+    if status.off_reason:
+        mark_unsupported(routing, status.off_reason, quiet=True)
+    for reason in status.config_problems(vllm_config):
         mark_unsupported(routing, reason)
     ctx = vllm_config.compilation_config.static_forward_context
     for name in routing.layer_names:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from flyserve.vllm.flydsl_kernel import (
+    FLYDSL_SPEC,
     FlyDSLRevision,
     call_paged,
     kv_layout_problem,
@@ -76,6 +77,9 @@ from vllm.v1.attention.backends.rocm_aiter_unified_attn import (
     RocmAiterUnifiedAttentionMetadataBuilder,
 )
 
+# Builds warmed up in this process -> whether the warm-up succeeded (see FlyDSLDualwaveImpl.warm_up).
+_WARMED: dict[tuple[Any, ...], bool] = {}
+
 
 class DecisionNotBound(RuntimeError):
     """The FlyDSL builder was asked to build without the routing object that decides its LPT flag."""
@@ -115,6 +119,8 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.kernel, self.unavailable = try_load()
+        if self.kernel is not None:
+            forced_block_size_problem(self.kernel.revision)  # judged now, while vLLM's config is current
         self.static_off: str | None = None  # set once: the path cannot run for this layer
         self.static_off_listeners: list[Callable[[str], None]] = []
         self._layout_checked = False
@@ -140,19 +146,36 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
         cfg = get_current_vllm_config_or_none()
         block_size = int(cfg.cache_config.block_size) if cfg is not None else 64
         page = page_size_for(block_size, self.kernel.revision)
-        if page is None:
-            return  # the routing already reports the block size (backends.static_problems)
+        if page is None or self.ineligible(act_dtype):
+            # The routing reports these (PrefillStatus.config_problems, static eligibility): a layer
+            # FlyDSL cannot run must not open the circuit for every other layer by failing here.
+            return
         self.warm_up(act_dtype, page, torch.device("cuda", torch.cuda.current_device()),
                      torch.cuda.is_current_stream_capturing)  # fmt: skip
 
+    def ineligible(self, act_dtype: Any) -> list[str]:
+        """This layer's static problems for FlyDSL (head size, scale, dtype, ...), [] if none."""
+        from flyserve.vllm.eligibility import group_problems
+
+        return group_problems([self], act_dtype, FLYDSL_SPEC)
+
     def warm_up(self, dtype: Any, page_size: int, device: Any, is_capturing: Callable[[], bool]) -> bool:
-        """Compile the dualwave variants now; on failure open the circuit and keep serving."""
+        """Compile the dualwave variants now; on failure open the circuit and keep serving.
+
+        Once per distinct build (dtype, heads, KV heads, head size, page size) in the process: the
+        layers of a model share one, and a failure is reported once, not once per layer.
+        """
+        key = (str(dtype), self.num_heads, self.num_kv_heads, self.head_size, page_size)
+        if key in _WARMED:
+            return _WARMED[key]
+        _WARMED[key] = False
         try:
             warm_up(
                 self.kernel, dtype=dtype, device=device, num_heads=self.num_heads,
                 num_kv_heads=self.num_kv_heads, head_size=self.head_size, page_size=page_size,
                 is_capturing=is_capturing,
             )  # fmt: skip
+            _WARMED[key] = True
             return True
         except Exception as exc:  # noqa: BLE001 - any compile/launch failure: serve on unified instead
             from flyserve.vllm.breaker import warm_up_failed
@@ -267,15 +290,24 @@ class FlyDSLDualwaveBackend(RocmAiterUnifiedAttentionBackend):
         return RocmAiterUnifiedAttentionBackend.supports_head_size(head_size)
 
 
+# The operator's forced block size, judged once with vLLM's config in hand and remembered for the
+# process: vLLM sets its "current config" while it builds the model (the impl's __init__ primes this)
+# but not around every later call of get_supported_kernel_block_sizes (e.g. its KV cache set-up).
+_FORCED: dict[str, str | None] = {}
+
+
 def forced_block_size_problem(revision: FlyDSLRevision, block_size: int | None = None) -> str | None:
     """Why the operator's --block-size keeps FlyDSL off (None: fine, or vLLM picks the size)."""
     if block_size is None:
         from vllm.config import get_current_vllm_config_or_none
 
         cfg = get_current_vllm_config_or_none()
-        if cfg is None or not getattr(cfg.cache_config, "user_specified_block_size", False):
-            return None
-        block_size = int(cfg.cache_config.block_size)
+        if cfg is None:
+            return _FORCED.get("problem")
+        forced = getattr(cfg.cache_config, "user_specified_block_size", False)
+        problem = forced_block_size_problem(revision, int(cfg.cache_config.block_size)) if forced else None
+        _FORCED["problem"] = problem
+        return problem
     if page_size_for(block_size, revision) is not None:
         return None
     return (

@@ -7,23 +7,46 @@ having flyserve installed never changes how vLLM runs.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 
 ENABLE_ENV = "FLYSERVE_ATTENTION"
+LOG_LEVEL_ENV = "FLYSERVE_LOG_LEVEL"
 
 
 def enabled() -> bool:
     return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def show_logs() -> None:
+    """Send the ``flyserve`` loggers to stderr in vLLM's processes (vLLM configures only its own
+    ``vllm`` logger, so without this the rank's start line, the mode in force and every applied
+    version would be dropped). Level: $FLYSERVE_LOG_LEVEL, default INFO. Idempotent."""
+    root = logging.getLogger("flyserve")
+    if any(getattr(h, "_flyserve", False) for h in root.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler._flyserve = True  # type: ignore[attr-defined]
+    handler.setFormatter(
+        logging.Formatter(f"(flyserve pid={os.getpid()}) %(levelname)s %(asctime)s [%(name)s] %(message)s")
+    )
+    root.addHandler(handler)
+    root.setLevel((os.environ.get(LOG_LEVEL_ENV) or "INFO").upper())
+
+
 def register() -> None:
-    """Register flyserve's composite attention backend for this platform (when enabled)."""
+    """Register flyserve's composite attention backend for this platform and the engine channel's
+    worker method (flyserve.vllm.engine_channel), when enabled."""
     if not enabled():
         return
     _check_profile_or_exit()
     from flyserve.vllm.backends import register_for_current_platform
+    from flyserve.vllm.engine_channel import install
 
+    show_logs()
     register_for_current_platform()
+    install()
 
 
 def _check_profile_or_exit() -> None:

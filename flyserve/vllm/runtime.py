@@ -221,11 +221,13 @@ class RankRuntime:
             )
             self._sample_thread.start()
         log.info(
-            "flyserve routing: rank %d, state dir %s, profile %s, thresholds version %d%s",
+            "flyserve routing: rank %d, state dir %s, profile %s, thresholds version %d, mode %s "
+            "(until an engine channel attaches)%s",
             rank,
             self.state_dir.path,
             self.profile,
             self.control.snapshot.version,
+            self.control.mode,
             f", FORCED path {self.forced}" if self.forced else "",
         )
 

@@ -172,7 +172,9 @@ def test_stats_match_decisions_and_patch_switches_all_ranks_at_one_step(sidecar:
     assert len(s["ranks"]) == ranks
     for rv in s["ranks"]:
         assert (rv["applied_version"], rv["applied_step"], rv["step"]) == (1, effective, steps - 1), rv
-    assert s["ranks_agree"] is True
+    # The ranks have finished: on a loaded machine their last reports may already be stale, and then
+    # nobody is live to agree (null), not "true" by default.
+    assert s["ranks_agree"] is (True if s["live_ranks"] else None), (s["live_ranks"], s["ranks_agree"])
 
     old = Thresholds.profile("gfx950")
     new = old.merged({"min_seq_len": 65536})

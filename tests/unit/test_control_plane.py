@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -192,17 +193,71 @@ def test_circuit_breaker_opens_and_closes(plane: ControlPlane) -> None:
     assert plane.rollback(1, actor="oncall").snapshot.circuit_open
 
 
-def test_effective_step_is_past_the_live_ranks_and_never_goes_back(tmp_path: Path) -> None:
+def rank_report(rank: int, step: int, now: float, **kw: object) -> dict[str, object]:
+    """A report as a live RankControl in this process writes it (measured idle rate by default)."""
+    from flyserve.control.reports import HOST, PIDNS
+
+    return {
+        "rank": rank,
+        "engine": 0,
+        "pid": os.getpid(),
+        "started": now - 600,
+        "step": step,
+        "steps_per_s": 0.0,
+        "time": now,
+        "host": HOST,
+        "pidns": PIDNS,
+        **kw,
+    }
+
+
+def test_effective_step_is_past_the_live_ranks_only(tmp_path: Path) -> None:
     p = ControlPlane(tmp_path / "s", step_margin=8, rank_stale_after_s=30)
     now = p._clock()
-    p.store.write_rank_report({"rank": 0, "step": 500, "time": now}, rank=0)
-    p.store.write_rank_report({"rank": 1, "step": 480, "time": now}, rank=1)
-    p.store.write_rank_report({"rank": 2, "step": 10**9, "time": now - 3600}, rank=2)  # a dead rank
+    p.store.write_rank_report(rank_report(0, 500, now), rank=0)
+    p.store.write_rank_report(rank_report(1, 480, now), rank=1)
+    p.store.write_rank_report(rank_report(2, 10**9, now - 3600, started=0.0), rank=2)  # long dead
     s = p.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
-    assert s.effective_step == 508
-    p.store.write_rank_report({"rank": 0, "step": 3, "time": now}, rank=0)  # ranks restarted
-    p.store.write_rank_report({"rank": 1, "step": 3, "time": now}, rank=1)
-    assert p.apply_overrides({"min_seq_len": 5000}, actor="a").snapshot.effective_step == 508
+    assert s.effective_step == 508 and s.step_for(0) == 508
+
+
+def test_an_engine_restart_resets_the_step_floor(tmp_path: Path) -> None:
+    """Issue 13 attack 2: after an engine restart on the same state dir (steps from 0 again, the
+    current version loaded at start) a change used to get the old generation's effective_step."""
+    p = ControlPlane(tmp_path / "s", step_margin=8, rank_stale_after_s=30)
+    now = p._clock()
+    p.store.write_rank_report(rank_report(0, 3577, now), rank=0)
+    assert p.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot.effective_step == 3585
+    p.store.write_rank_report(rank_report(0, 262, now, applied_version=1, started=now - 5), rank=0)
+    assert p.apply_overrides({"min_seq_len": 5000}, actor="a").snapshot.effective_step == 270
+    # A rank that still has the previous version pending keeps the floor: versions apply in order.
+    p.store.write_rank_report(rank_report(0, 100, now, applied_version=1, started=now - 5), rank=0)
+    assert p.apply_overrides({"min_seq_len": 5100}, actor="a").snapshot.effective_step == 270
+
+
+def test_poisoned_and_dead_rank_reports_do_not_pin_the_effective_step(tmp_path: Path) -> None:
+    """Issue 13 attacks 2 and 7: a stray ranks/7.json with step 1e9, or Infinity/1e308/1e400
+    values, or the report of a process that is gone, must not move effective_step (nor raise)."""
+    import subprocess
+    import sys
+
+    p = ControlPlane(tmp_path / "s", step_margin=8, rank_stale_after_s=30)
+    now = p._clock()
+    p.store.write_rank_report(rank_report(0, 100, now), rank=0)
+    ranks = p.state_dir.ranks_dir
+    (ranks / "7.json").write_text(json.dumps({"rank": 7, "step": 1_000_000_000, "time": now}))
+    (ranks / "8.json").write_text(json.dumps(rank_report(8, 10**9, now)))  # 10^9 steps in 600 s
+    (ranks / "9.json").write_text(json.dumps(rank_report(9, 5, now)).replace('"step": 5', '"step": Infinity'))
+    (ranks / "10.json").write_text(json.dumps(rank_report(10, 5, now, steps_per_s=1e308)))
+    (ranks / "11.json").write_text(json.dumps(rank_report(11, 5, now)).replace('"rank": 11', '"rank": 1e400'))
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True, text=True
+    )
+    (ranks / "12.json").write_text(json.dumps(rank_report(12, 50_000, now, pid=int(gone.stdout))))
+    s = p.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    assert s.effective_step == 108
+    assert p.store.live_ranks(now=now) == 1
+    assert p.set_circuit(True, actor="a", reason="x").snapshot.effective_step == 108
 
 
 def test_a_damaged_current_json_is_replaced_from_history(plane: ControlPlane) -> None:
@@ -235,8 +290,8 @@ def test_effective_step_is_sized_in_time_from_the_ranks_step_rate(tmp_path: Path
     now = 1_800_000_000.0
     p = ControlPlane(tmp_path / "s", step_margin=8, lead_s=3.0, clock=lambda: now)
     # Reported half a second ago at 100 steps/s: the rank is at about 1050 by now.
-    p.store.write_rank_report({"rank": 0, "step": 1000, "steps_per_s": 100.0, "time": now - 0.5}, rank=0)
-    p.store.write_rank_report({"rank": 1, "step": 1040, "steps_per_s": 20.0, "time": now}, rank=1)
+    p.store.write_rank_report(rank_report(0, 1000, now - 0.5, steps_per_s=100.0), rank=0)
+    p.store.write_rank_report(rank_report(1, 1040, now, steps_per_s=20.0), rank=1)
     s = p.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
     assert s.effective_step == 1050 + 300  # projected step + ceil(100/s * 3 s)
 
@@ -245,7 +300,7 @@ def test_the_first_version_may_not_change_decode_path_under_running_ranks(tmp_pa
     cfg = tmp_path / "flyserve.yaml"
     cfg.write_text("decode_path: prefill\n")
     p = ControlPlane(tmp_path / "s", config_file=cfg)
-    p.store.write_rank_report({"rank": 0, "step": 5, "time": p._clock()}, rank=0)  # a rank started on gfx950
+    p.store.write_rank_report(rank_report(0, 5, p._clock()), rank=0)  # a rank started on gfx950
     with pytest.raises(DecodePathChangeRefused):
         p.reload(actor="late-watcher")
     fresh = ControlPlane(tmp_path / "s2", config_file=cfg)  # nothing running yet: allowed

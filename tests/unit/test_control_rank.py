@@ -16,8 +16,19 @@ from flyserve.policy import Thresholds
 
 
 def report_step(plane: ControlPlane, step: int, rank: int = 9) -> None:
-    """Pretend a live rank is at ``step`` (what effective_step is computed from)."""
-    plane.store.write_rank_report({"rank": rank, "step": step, "time": time.time()}, rank=rank)
+    """Pretend a live rank (this process, measured idle rate) is at ``step``: what effective_step
+    is computed from."""
+    now = time.time()
+    report = {
+        "rank": rank,
+        "engine": 0,
+        "pid": os.getpid(),
+        "started": now - 60,
+        "step": step,
+        "steps_per_s": 0.0,
+        "time": now,
+    }
+    plane.store.write_rank_report(report, rank=rank)
 
 
 @pytest.fixture
@@ -64,6 +75,11 @@ def test_a_rank_that_learns_late_switches_at_once_and_says_so(plane: ControlPlan
     late.write_report()
     rep = json.loads(late.state_dir.rank_file(1).read_text())
     assert (rep["applied_version"], rep["applied_step"], rep["step"]) == (3, 40, 40)
+    # ... and says so: in its report (-> /dispatch-stats) and in flyserve_control_late_applies_total
+    from flyserve.telemetry.metrics import LATE_APPLIES
+
+    assert rep["late_applies"] == 1 and late.late_applies == 1
+    assert LATE_APPLIES.labels("1")._value.get() >= 1
 
 
 def test_versions_published_between_two_polls_are_each_applied_in_order(plane: ControlPlane) -> None:
@@ -157,19 +173,46 @@ def test_the_hot_path_does_no_io_takes_the_slow_path_once_and_keeps_nothing(
     assert retained < 2_000, f"{retained} bytes retained over 20000 steps"
 
 
-def test_first_report_carries_a_step_rate_so_an_early_change_gets_a_margin_in_time(
-    plane: ControlPlane,
-) -> None:
-    """A change published in a rank's first second must not fall back to the 8-step floor: the first
-    report's rate counts from construction, and the publisher sizes the margin from it."""
+def test_a_rank_without_a_measured_rate_gets_the_assumed_high_rate_margin(plane: ControlPlane) -> None:
+    """Issue 13 attack 3: a change published in a rank's first second used to get the 8-step floor
+    (its report said step 0, rate 0) and was applied late. Until a rank has measured its rate its
+    report says null, and the publisher assumes a high rate (ASSUMED_STEPS_PER_S) for the margin."""
+    from flyserve.control.effective import ASSUMED_STEPS_PER_S
+
     rc = RankControl(plane.state_dir, 0, report=False)
-    time.sleep(0.2)
     for step in range(1, 201):
         rc.current(step)
     rc.write_report()
     (report_file,) = plane.state_dir.ranks_dir.glob("*.json")
-    assert json.loads(report_file.read_text())["steps_per_s"] > 100  # 200 steps in ~0.2 s
+    assert json.loads(report_file.read_text())["steps_per_s"] is None  # well under a second old
     timed = ControlPlane(plane.state_dir, step_margin=8, lead_s=3.0)
     res = timed.apply_overrides({"min_seq_len": 2048}, actor="t")
-    # margin = max(8, rate * lead_s): at > 100 steps/s and a 3 s lead, 300+ steps ahead, not 8
-    assert res.snapshot.effective_step >= 200 + 300
+    assert res.snapshot.effective_step >= 200 + ASSUMED_STEPS_PER_S * 3.0
+
+
+def test_a_rank_measures_its_rate_after_a_second_of_steps(plane: ControlPlane) -> None:
+    rc = RankControl(plane.state_dir, 0, report=False)
+    rc.started -= 2.0  # as if constructed two seconds ago ...
+    rc._last_rate_sample = (rc.started, 0)
+    for step in range(1, 401):  # ... and 400 steps since
+        rc.current(step)
+    rate = rc.report_dict()["steps_per_s"]
+    assert rate is not None and 150 < rate < 250
+
+
+def test_each_engine_switches_at_its_own_step(plane: ControlPlane) -> None:
+    """Data-parallel engines count steps independently: a version carries one step per engine
+    (issue 13), each planned from that engine's live ranks only."""
+    now = time.time()
+    for engine, step in ((0, 1000), (1, 50)):
+        report = {"rank": 0, "engine": engine, "pid": os.getpid(), "started": now - 60, "step": step,
+                  "steps_per_s": 0.0, "time": now}  # fmt: skip
+        plane.store.write_rank_report(report, rank=0, engine=engine)
+    e0 = RankControl(plane.state_dir, 0, engine=0, report=False)
+    e1 = RankControl(plane.state_dir, 0, engine=1, report=False)
+    s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    assert (s.step_for(0), s.step_for(1)) == (1008, 58)
+    e0.poll()
+    e1.poll()
+    assert e1.current(57).version == 1 and e1.current(58).version == 2
+    assert e0.current(58).version == 1 and e0.current(1008).version == 2

@@ -45,7 +45,8 @@ def write_rank(state: Path, rank: int, *, step: int, version: int, age_s: float 
     (d / f"{rank}.json").write_text(
         json.dumps(
             {"pid": 1000 + rank, "rank": rank, "engine": 0, "step": step, "applied_version": version,
-             "applied_step": 5, "circuit_open": False, "time": time.time() - age_s}
+             "applied_step": 5, "circuit_open": False, "time": time.time() - age_s,
+             "started": time.time() - age_s - 600}
         )
     )  # fmt: skip
 
@@ -255,6 +256,12 @@ def test_dispatch_stats_ranks_stale_and_agreement(client: TestClient, tmp_path: 
     assert s["thresholds"]["version"] == 0 and s["thresholds"]["sha256"]
     write_rank(tmp_path, 1, step=51, version=2)
     assert client.get("/dispatch-stats").json()["ranks_agree"] is False
+    # a rank that applied a version late says so (issue 13): per rank and in total
+    report = json.loads((tmp_path / "ranks" / "1.json").read_text())
+    (tmp_path / "ranks" / "1.json").write_text(json.dumps({**report, "late_applies": 2}))
+    client.app.state.stats.invalidate()
+    s = client.get("/dispatch-stats").json()
+    assert s["late_applies"] == 2 and {v["rank"]: v["late_applies"] for v in s["ranks"]}[1] == 2
     (tmp_path / "ranks" / "3.json").write_text("{torn")  # a half-written file is skipped
     assert client.get("/dispatch-stats").status_code == 200
 

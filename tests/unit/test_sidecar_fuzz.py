@@ -30,7 +30,7 @@ def _report_rank() -> None:
     """A live rank, so /readyz answers 200 (its 503 is the documented 'not ready', not a crash)."""
     (_STATE / "ranks" / "0.json").write_text(
         json.dumps({"pid": 1, "rank": 0, "engine": 0, "step": 10, "applied_version": 0, "applied_step": 0,
-                    "circuit_open": False, "time": time.time()})
+                    "circuit_open": False, "time": time.time(), "started": time.time() - 600})
     )  # fmt: skip
 
 

@@ -39,6 +39,7 @@ def test_metric_names_are_the_agreed_ones() -> None:
         "flyserve_engine_step",
         "flyserve_thresholds_version",
         "flyserve_circuit_open",
+        "flyserve_control_late_applies_total",
         "flyserve_config_reloads_total",
         "flyserve_config_last_success_timestamp_seconds",
         "flyserve_sidecar_requests_total",

@@ -410,14 +410,23 @@ def test_a_layout_flydsl_would_copy_switches_the_path_off_and_tells_the_routing(
     assert len(heard) == 1 and heard[0].startswith("KV cache layout")
 
 
-def test_warm_up_failure_opens_the_circuit_instead_of_aborting(flydsl, fake, runtime, caplog):
+def test_warm_up_runs_once_per_build_and_its_failure_opens_the_circuit(
+    flydsl, fake, runtime, caplog, monkeypatch
+):
     from flyserve.control import ControlPlane
 
+    monkeypatch.setattr(flydsl, "_WARMED", {})
     impl = _impl(flydsl, fk.load_flydsl_kernel())
+    assert impl.warm_up(torch.bfloat16, 64, "cpu", lambda: False) is True
+    n = len(fake.calls)
+    assert n >= 1 and _impl(flydsl, impl.kernel).warm_up(torch.bfloat16, 64, "cpu", lambda: False) is True
+    assert len(fake.calls) == n  # a second layer with the same build compiles nothing again
     fake.fail = RuntimeError("no code object for gfx942")
     with caplog.at_level(logging.ERROR, logger="flyserve.vllm"):
-        ok = impl.warm_up(torch.bfloat16, 64, "cpu", lambda: False)
-    assert ok is False and runtime.local_circuit_open
+        ok = impl.warm_up(torch.float16, 64, "cpu", lambda: False)
+        again = _impl(flydsl, impl.kernel).warm_up(torch.float16, 64, "cpu", lambda: False)
+    assert ok is False and again is False and runtime.local_circuit_open
+    assert sum("warm-up failed" in r.getMessage() for r in caplog.records) == 1  # once, not per layer
     snap = ControlPlane(runtime.state_dir).snapshot()
     assert snap.circuit_open and "warm-up" in snap.circuit_reason and "gfx942" in snap.circuit_reason
     assert any("warm-up failed" in r.getMessage() for r in caplog.records)
@@ -448,6 +457,25 @@ def test_kernel_block_sizes_declared_to_vllm(flydsl, fake, monkeypatch):
     sizes = comp.get_supported_kernel_block_sizes()
     assert len(sizes) == 1 and isinstance(sizes[0], MultipleOf) and sizes[0].base == 16
     assert select_common_block_size(16, [comp]) == 16
+
+
+def test_forced_block_size_is_remembered_past_vllms_current_config(flydsl, fake, monkeypatch):
+    import vllm.config as vc
+
+    rev = fk.load_flydsl_kernel().revision
+    monkeypatch.setattr(flydsl, "_FORCED", {})
+    cfg = SimpleNamespace(cache_config=SimpleNamespace(user_specified_block_size=True, block_size=16))
+    monkeypatch.setattr(vc, "get_current_vllm_config_or_none", lambda: cfg)
+    assert "--block-size 64" in flydsl.forced_block_size_problem(rev)  # while the model is built
+    monkeypatch.setattr(vc, "get_current_vllm_config_or_none", lambda: None)
+    assert "--block-size 64" in flydsl.forced_block_size_problem(rev)  # later, at KV cache set-up
+    sizes = flydsl.FlyDSLDualwaveBackend.get_supported_kernel_block_sizes()
+    assert [getattr(s, "base", s) for s in sizes] == [16]  # AITER's: vLLM accepts 16, FlyDSL stays off
+    cfg.cache_config.user_specified_block_size = False  # no --block-size: vLLM picks FlyDSL's size
+    monkeypatch.setattr(vc, "get_current_vllm_config_or_none", lambda: cfg)
+    assert flydsl.forced_block_size_problem(rev) is None
+    monkeypatch.setattr(vc, "get_current_vllm_config_or_none", lambda: None)
+    assert flydsl.FlyDSLDualwaveBackend.get_supported_kernel_block_sizes()[0] == 64
 
 
 def test_forced_block_size_problem_names_the_flag(flydsl, fake):
@@ -532,3 +560,38 @@ def test_composite_pairs_aiter_unified_with_flydsl(flydsl):
     )
     # a head size FlyDSL lacks must not refuse the composite: the routing reports it 'unsupported'
     assert cls.supports_head_size(96) and cls.supports_head_size(128)
+
+
+def test_a_kernel_missing_at_start_is_one_log_line_not_one_per_group(flydsl, runtime, caplog):
+    from flyserve.vllm.backends import PrefillStatus, _bind_group
+
+    status = PrefillStatus("flydsl-dualwave", None, "FlyDSL not importable: ... VLLM_FLYDSL_KERNELS_PATH ...")
+    cfg = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context={}))
+    with caplog.at_level(logging.INFO, logger="flyserve.vllm"):
+        for g in range(3):
+            routing = SimpleNamespace(layer_names=[f"g{g}"], problems=[], unsupported=False, rt=runtime)
+            builder = SimpleNamespace(routing=routing, general_builder=object(), causal_builder=object())
+            _bind_group(builder, cfg, status)
+            assert routing.unsupported and routing.problems == [status.off_reason]
+    assert caplog.records == []  # rocm_prefill_status logged it once already
+    assert runtime.control.report_dict()["prefill_kernel"]["off_reason"] == status.off_reason
+
+
+def test_a_layer_flydsl_cannot_run_is_not_warmed_up(flydsl, fake, runtime, monkeypatch):
+    """Head size 96 (or another scale, fp32...) is reported 'unsupported' by the routing; warming it up
+    would raise and open the circuit for every other layer."""
+    monkeypatch.setattr(flydsl, "_WARMED", {})
+    impl = _impl(flydsl, fk.load_flydsl_kernel(), head=96)
+    impl.alibi_slopes = impl.sinks = None
+    impl.logits_soft_cap, impl.sliding_window, impl.kv_cache_dtype = 0, (-1, -1), "auto"
+    assert any("head size 96" in p for p in impl.ineligible(torch.bfloat16))
+    monkeypatch.setattr(
+        "vllm.v1.attention.backends.rocm_aiter_unified_attn.RocmAiterUnifiedAttentionImpl.process_weights_after_loading",
+        lambda self, dtype: None,
+    )
+    impl.process_weights_after_loading(torch.bfloat16)
+    assert not fake.calls and not runtime.local_circuit_open
+    ok = _impl(flydsl, impl.kernel)
+    ok.alibi_slopes = ok.sinks = None
+    ok.logits_soft_cap, ok.sliding_window, ok.kv_cache_dtype = 0, (-1, -1), "auto"
+    assert ok.ineligible(torch.bfloat16) == [] and ok.ineligible(torch.float32) != []

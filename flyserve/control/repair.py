@@ -1,0 +1,166 @@
+"""repair(plane): make a state directory consistent again from whatever is readable in it.
+
+Run by the sidecar at start and by `flyserve thresholds repair`. Under the writers' lock it:
+
+1. removes temp files a killed writer left (``control/.*.tmp``, ``history/.*.tmp``);
+2. sets aside history files that fail their checks (renamed ``*.json.bad``: their version numbers
+   still count, so no later version reuses one);
+3. rebuilds a missing or damaged current.json from the newest intact history entry, or, with none,
+   publishes the profile's values above every version on record (the overrides are then lost, and
+   the report says so);
+4. removes history files above the current version (written by a writer killed before it made
+   them current: no rank ever saw them);
+5. completes write-ahead audit lines ('publishing') that have no completion: 'success' with
+   ``recovered: true`` when the version did become current, 'abandoned' when it did not.
+
+Every step is logged and the whole repair is one audit entry naming what it dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from flyserve.control.errors import ControlIOError
+from flyserve.control.snapshot import ConfigSnapshot
+
+log = logging.getLogger("flyserve.control")
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReport:
+    """What repair() did (``actions``) and what it dropped, and the version current afterwards."""
+
+    version: int
+    actions: tuple[str, ...]
+    dropped: tuple[str, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.actions or self.dropped)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "actions": list(self.actions), "dropped": list(self.dropped)}
+
+
+def _remove_temp_files(plane: Any, dropped: list[str]) -> None:
+    sd = plane.state_dir
+    for d in (sd.control_dir, sd.history_dir):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for n in names:
+            if n.startswith(".") and n.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    os.unlink(d / n)
+                    dropped.append(f"temp file {d.name}/{n}")
+
+
+def _set_aside_bad_history(plane: Any, dropped: list[str]) -> list[ConfigSnapshot]:
+    good = []
+    for v in plane.store.history_versions():
+        try:
+            snap = plane.store.read_version(v)
+        except ControlIOError as exc:
+            path = plane.state_dir.history_file(v)
+            with contextlib.suppress(OSError):
+                os.replace(path, path.with_name(path.name + ".bad"))
+                dropped.append(f"history version {v} (unreadable: {str(exc)[:120]}), kept as {path.name}.bad")
+            continue
+        if snap is not None:
+            good.append(snap)
+    return good
+
+
+def _current(
+    plane: Any, good: list[ConfigSnapshot], actions: list[str], dropped: list[str]
+) -> ConfigSnapshot:
+    store = plane.store
+    try:
+        cur = store.read_current()
+        problem = None if cur is not None else "current.json is missing"
+    except ControlIOError as exc:
+        cur, problem = None, f"current.json is damaged ({str(exc)[:120]})"
+    if cur is not None:
+        return cur
+    if not good and store.version_floor() == 0 and store.max_audited_version() == 0:
+        return plane.snapshot()  # a fresh state directory: nothing to repair
+    if good:
+        newest = good[-1]
+        store.restore_current(newest)
+        actions.append(f"{problem}: rebuilt it from history version {newest.version}")
+        return newest
+    floor = max(store.version_floor(), store.max_audited_version())
+    snap = plane._initial().replace(version=floor + 1, time=time.time(), actor="repair")
+    store.publish(snap)
+    actions.append(
+        f"{problem} and no history is readable: published the profile {snap.profile!r} values as "
+        f"version {snap.version}"
+    )
+    dropped.append("every override and the file layer (nothing readable held them; reload the config file)")
+    return snap
+
+
+def _remove_orphans(plane: Any, cur: ConfigSnapshot, dropped: list[str]) -> None:
+    for v in plane.store.history_versions():
+        if v > cur.version:
+            with contextlib.suppress(OSError):
+                os.unlink(plane.state_dir.history_file(v))
+                dropped.append(
+                    f"history version {v} (written by a writer that stopped before making it current)"
+                )
+
+
+def _complete_audit(plane: Any, cur: ConfigSnapshot, actions: list[str]) -> None:
+    store = plane.store
+    entries = store.read_audit(raw=True)
+    done = {e.get("id") for e in entries if e.get("result") != "publishing"}
+    for e in entries:
+        if e.get("result") != "publishing" or e.get("id") in done:
+            continue
+        v = e.get("version")
+        published = isinstance(v, int) and (
+            v == cur.version or (v < cur.version and store.history_file_exists(v))
+        )
+        store.audit({**e, "result": "success" if published else "abandoned", "recovered": True})
+        actions.append(
+            f"audit: completed the entry of version {v} ({'published' if published else 'abandoned'})"
+        )
+
+
+def repair(plane: Any, *, actor: str = "repair") -> RepairReport:
+    """Make ``plane``'s state directory consistent; see the module docstring. Raises ControlIOError
+    when the directory cannot be locked or written."""
+    actions: list[str] = []
+    dropped: list[str] = []
+    with plane.store.lock(timeout_s=plane.lock_timeout_s):
+        _remove_temp_files(plane, dropped)
+        good = _set_aside_bad_history(plane, dropped)
+        cur = _current(plane, good, actions, dropped)
+        _remove_orphans(plane, cur, dropped)
+        _complete_audit(plane, cur, actions)
+        report = RepairReport(cur.version, tuple(actions), tuple(dropped))
+        if report.changed:
+            now = time.time()
+            plane.store.audit(
+                {
+                    "time": now,
+                    "actor": actor,
+                    "source": "repair",
+                    "action": "repair",
+                    "result": "repaired",
+                    "version": cur.version,
+                    "actions": list(actions)[:20],
+                    "dropped": list(dropped)[:20],
+                }
+            )
+            for a in actions:
+                log.warning("repair: %s", a)
+            for d in dropped:
+                log.warning("repair: dropped %s", d)
+    return report
