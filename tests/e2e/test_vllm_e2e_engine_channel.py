@@ -13,6 +13,7 @@ each batch by the version they hold; how many versions both applied at the same 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
@@ -111,7 +112,11 @@ def last_step(path: Path) -> int:
 
 
 def make_changes(
-    plane: ControlPlane, t_serving: float, shape_log: Path, via_http: tuple[str, str] | None = None
+    plane: ControlPlane,
+    t_serving: float,
+    shape_log: Path,
+    via_http: tuple[str, str] | None = None,
+    start_load: Any = None,
 ) -> list[tuple[int, float, Thresholds]]:
     """CHANGES versions at random moments; the first ones inside the first second of serving.
 
@@ -120,6 +125,9 @@ def make_changes(
     first step after start-up takes 7-18 s on this loaded 2-core machine: without this, all 50 could
     land before it and the test would exercise one step boundary, not 50), then a random pause.
     With ``via_http`` (vLLM's URL, token), 1 change in 10 goes through PATCH /flyserve/thresholds.
+    The first FIRST_SECOND changes land right after the server came up, before ``start_load``
+    starts the clients: the ranks have no measured step rate then (the case file polling gets
+    wrong), whatever a loaded machine does to the wall clock.
     Returns (version, seconds since serving began, thresholds)."""
     rng = random.Random(SEED)
     out: list[tuple[int, float, Thresholds]] = []
@@ -127,6 +135,8 @@ def make_changes(
     seen = 0
     step_at_start = last_step(shape_log)
     for i in range(CHANGES):
+        if i == FIRST_SECOND and start_load is not None:
+            start_load()  # the first changes land on a server that has not stepped since it came up
         if i >= FIRST_SECOND:
             wait_for(lambda seen=seen: last_step(shape_log) > seen, "the engine to run another step", 180)
             seen = last_step(shape_log)
@@ -150,7 +160,7 @@ def make_changes(
             # others within it too, or before the engine had run MIN_RATE_STEPS steps since serving
             # began (the ranks had no measured step rate yet: the case file polling gets wrong).
             t = out[-1][1]
-            early = t < 1.0 or (i > 0 and last_step(shape_log) - step_at_start < MIN_RATE_STEPS)
+            early = t < 1.0 or last_step(shape_log) - step_at_start < MIN_RATE_STEPS
             assert early, f"change {i + 1} came {t:.2f} s into serving, after the ranks measured a rate"
     return out
 
@@ -174,10 +184,18 @@ def run(tiny_model: Path, tmp: Path, *, channel: bool) -> dict[str, Any]:
     server.start(timeout=480)
     try:
         plane = ControlPlane(state, profile="cpu-tiny")
-        with Load(server.url) as load:
+        with contextlib.ExitStack() as stack:
+            loads: list[Load] = []
             t_serving = time.monotonic()
             logs = [tmp / f"shapes-{r}.jsonl" for r in range(TP)]
-            changes = make_changes(plane, t_serving, logs[0], (server.url, TOKEN) if channel else None)
+            changes = make_changes(
+                plane,
+                t_serving,
+                logs[0],
+                (server.url, TOKEN) if channel else None,
+                start_load=lambda: loads.append(stack.enter_context(Load(server.url))),
+            )
+            load = loads[0]
             last = changes[-1][0]
             wait_for(
                 lambda: all(any(x["version"] == last for x in read_rows(p)) for p in logs),
