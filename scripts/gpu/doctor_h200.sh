@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `flyserve doctor --run` on the lent H200: the CUDA pair (TRITON_ATTN + FLASH_ATTN) from the vLLM
-# 0.26 kernel bundle (../shared/scripts/vllm-device-bundle.sh), one device call. Writes doctor.json,
+# 0.26 kernel bundle (scripts/gpu/vllm-device-bundle.sh), one device call. Writes doctor.json,
 # doctor.txt and nvidia-smi.txt to $OUT (committed under results/gpu/<date>/).
 # Run from a folder holding flyserve/ and config/ (a copy of the checkout):
 #   bash scripts/gpu/doctor_h200.sh BUNDLE.tar.xz WHEEL_DIR

@@ -2,7 +2,7 @@
 # Everything the lab measures on the lent H200, in one device call (see docs/performance.md):
 #   calibrate (both block sizes) -> replay the six seed workloads -> check the cost model live
 #   -> instrumentation overhead loop. Results land in $OUT (copied into results/gpu/ afterwards).
-# Needs, carried with the working tree: .device/vllm-kernels.tar.xz (shared/scripts/
+# Needs, carried with the working tree: .device/vllm-kernels.tar.xz (scripts/gpu/
 # vllm-device-bundle.sh) and .whl/ (pydantic, opentelemetry, prometheus_client wheels: the
 # device image lacks them).
 # Usage: bash scripts/gpu/run_h200.sh [full|quick]

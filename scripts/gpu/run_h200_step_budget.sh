@@ -2,7 +2,7 @@
 # The per-step host budget on the lent H200 (docs/performance.md section 10), in one device call:
 # scripts/gpu/overhead_loop.py on this checkout ("after"), then the same loop on an older checkout
 # of flyserve ("before", optional), each 30 interleaved rounds. Results land in $OUT.
-# Needs: the vLLM kernel bundle (shared/scripts/vllm-device-bundle.sh) and the wheels the device
+# Needs: the vLLM kernel bundle (scripts/gpu/vllm-device-bundle.sh) and the wheels the device
 # image lacks (pydantic, pydantic_core, annotated-types, typing-inspection, typing_extensions,
 # opentelemetry-api/-sdk/-semantic-conventions; docs/performance.md section 8 says how).
 # Usage: bash scripts/gpu/run_h200_step_budget.sh BUNDLE.tar.xz WHEEL_DIR [BEFORE_CHECKOUT] [PAIRS]
