@@ -45,6 +45,10 @@ def _metadata(query_lens: list[int], max_seq_len: int) -> CommonAttentionMetadat
     qsl = torch.from_numpy(np.concatenate([[0], np.cumsum(q)]).astype(np.int32))
     n = len(query_lens)
     seq = torch.full((n,), max_seq_len, dtype=torch.int32)
+    # vLLM 0.32 hands both as prefixes of persistent CPU buffers (gpu_model_runner.py):
+    # query_start_loc.cpu[: num_reqs_padded + 1] and optimistic_seq_lens_cpu[:num_reqs_padded].
+    seq_host = torch.zeros(1024, dtype=torch.int32)
+    seq_host[:n] = seq
     return CommonAttentionMetadata(
         query_start_loc=qsl,
         query_start_loc_cpu=qsl,
@@ -56,6 +60,7 @@ def _metadata(query_lens: list[int], max_seq_len: int) -> CommonAttentionMetadat
         block_table_tensor=torch.zeros((n, 1), dtype=torch.int32),
         slot_mapping=torch.zeros(int(q.sum()), dtype=torch.int64),
         causal=True,
+        seq_lens_cpu_upper_bound=seq_host[:n],
     )
 
 

@@ -93,7 +93,7 @@ def test_select_sampled_step_before(benchmark, routing):
     rt, r, md = routing
     rt.shape_sample_every = 1
 
-    def old_sample(metadata, step, path):
+    def old_sample(metadata, step, path, qsl=None):
         qsl = metadata.query_start_loc_cpu
         lens = qsl[1:] - qsl[:-1]
         rt.shape_sample.add(step, lens, int(metadata.max_seq_len), r.num_heads, metadata.causal is True)

@@ -82,26 +82,37 @@ def lpt_rule(shape: BatchShape, t: Thresholds) -> bool:
     )
 
 
+# The unified decision per reason: decide()'s fallbacks without building a tuple key per call.
+_UNIFIED_BY_REASON: dict[str, Decision] = {r: _INTERNED[(UNIFIED, r, None)] for r in REASONS}
+
+
 def _fallback(reason: str) -> Decision:
-    return _INTERNED[(UNIFIED, reason, None)]
+    return _UNIFIED_BY_REASON[reason]
 
 
 def decide(shape: BatchShape, t: Thresholds) -> Decision:
-    """Route one batch. The first check that fails is the reason; see docs/policy.md."""
+    """Route one batch. The first check that fails is the reason; see docs/policy.md.
+
+    Called once per engine step that has a prefill row: each field is read once, and the rules are
+    written out rather than looped over (0.77 us for a batch that reaches the decode-row rule, on the
+    CI VM; ``max(1, x)`` alone was a tenth of it)."""
     if shape.max_query_len < t.min_query_len:
         if t.decode_path == PREFILL:
             return _INTERNED[(PREFILL, NO_PREFILL_ROWS, lpt_rule(shape, t))]
-        return _fallback(NO_PREFILL_ROWS)
+        return _UNIFIED_BY_REASON[NO_PREFILL_ROWS]
     if not t.prefill_enabled:
-        return _fallback(DISABLED)
+        return _UNIFIED_BY_REASON[DISABLED]
     if not shape.causal:
-        return _fallback(NOT_CAUSAL)
-    if t.max_seq_len and shape.max_seq_len > t.max_seq_len:
-        return _fallback(CONTEXT_TOO_LONG)
-    if shape.max_seq_len < t.min_seq_len:
-        return _fallback(SHORT_CONTEXT)
+        return _UNIFIED_BY_REASON[NOT_CAUSAL]
+    msl = shape.max_seq_len
+    cap = t.max_seq_len
+    if cap and msl > cap:
+        return _UNIFIED_BY_REASON[CONTEXT_TOO_LONG]
+    if msl < t.min_seq_len:
+        return _UNIFIED_BY_REASON[SHORT_CONTEXT]
     if shape.num_heads * shape.num_actual_tokens < t.min_qblock_rows * t.block_m:
-        return _fallback(LOW_OCCUPANCY)
-    if shape.num_decode_rows > t.decode_rows_base * max(1, shape.max_seq_len // t.decode_ctx_unit):
-        return _fallback(TOO_MANY_DECODE_ROWS)
+        return _UNIFIED_BY_REASON[LOW_OCCUPANCY]
+    units = msl // t.decode_ctx_unit
+    if shape.num_decode_rows > t.decode_rows_base * (units if units > 1 else 1):
+        return _UNIFIED_BY_REASON[TOO_MANY_DECODE_ROWS]
     return _INTERNED[(PREFILL, ADMITTED, lpt_rule(shape, t))]

@@ -16,6 +16,7 @@ Typical use inside a rank process (set up once, never per step)::
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from random import random
 from time import time
@@ -50,7 +51,11 @@ class HistogramBinding:
     __slots__ = ("bounds", "bucket_bufs", "bucket_idx", "sum_buf", "sum_i")
 
     def __init__(self, child: Any) -> None:
-        self.bounds, cells, (self.sum_buf, self.sum_i) = histogram_cells(child)
+        bounds, cells, (self.sum_buf, self.sum_i) = histogram_cells(child)
+        # Integral bounds as ints: bisect_left of an int count over int bounds cost 0.14 us against
+        # 0.22 us over the same bounds as floats (int-float compares are slower; timeit, CI VM), and
+        # Python compares ints with floats exactly, so every value lands in the same bucket.
+        self.bounds = [int(b) if math.isfinite(b) and b == int(b) else b for b in bounds]
         self.bucket_bufs = [c[0] for c in cells]
         self.bucket_idx = [c[1] for c in cells]
 
@@ -127,6 +132,8 @@ class DispatchRecorder:
         self._by_id = by_id
         self._decode_for: Decision | None = None  # record_decode()'s one-entry cache, re-filled on use
         self._decode_cells: tuple[Any, ...] = ()
+        self._record_for: Decision | None = None  # record()'s one-entry cache (a dict lookup less)
+        self._record_cells: tuple[Any, ...] = ()
         self._step_buf, self._step_i = value_cell(metrics.ENGINE_STEP.labels(r))
         self._version_value = value_of(metrics.THRESHOLDS_VERSION.labels(r))
         self._circuit_value = value_of(metrics.CIRCUIT_OPEN.labels(r))
@@ -137,6 +144,7 @@ class DispatchRecorder:
         """The metrics backend changed: the next record() misses its lookup and re-binds."""
         self._by_id = {}
         self._decode_for = None
+        self._record_for = None
 
     def _lookup_slow(self, decision: Decision) -> tuple[Any, ...]:
         """A lookup miss: cells invalidated by a backend change, or a Decision that is not the
@@ -159,9 +167,14 @@ class DispatchRecorder:
         metrics file): no label lookup, no method call per series, nothing allocated beyond the
         interpreter's float temporaries.
         """
-        b = self._by_id.get(id(decision))
-        if b is None:
-            b = self._lookup_slow(decision)
+        if decision is self._record_for:
+            b = self._record_cells
+        else:
+            b = self._by_id.get(id(decision))
+            if b is None:
+                b = self._lookup_slow(decision)
+            self._record_cells = b
+            self._record_for = decision
         (
             db,
             di,

@@ -5,9 +5,12 @@ attention group, on the host, before the forward pass, also when the step replay
 graph; graph capture itself goes through ``build_for_cudagraph_capture`` and takes
 ``capture_variant`` without calling select(). So this is where decisions are made and counted.
 
-The hot path (select) is: one np.diff over ``query_start_loc_cpu`` (host memory), one int compare
-in RankControl.current(step), decide(), and the recorder's pre-bound counter increments. No device
-tensor is read, nothing is synchronised, no label is looked up, nothing is written to disk.
+The hot path (select) is: one int compare in RankControl.current(step); on a decode-only step
+(``max_query_len`` below the decode bound, most serving steps) nothing else but the recorder's
+pre-bound stores (``record_decode``); on any other step one count of the decode rows over a kept
+numpy view of ``query_start_loc_cpu`` (host memory, host_view.py), decide(), and ``record``. No
+device tensor is read, nothing is synchronised, no label is looked up, nothing is written to disk.
+docs/performance.md section 11 has the per-part costs.
 
 New-step detection: the first routing object built in a process (attention group 0, the leader)
 advances the step counter; vLLM builds every group's metadata exactly once per step, so the other
@@ -39,6 +42,7 @@ from flyserve.policy.rules import ShortRowsNotCounted, lpt_rule
 from flyserve.policy.vocabulary import VARIANT
 from flyserve.vllm.eligibility import PrefillKernelSpec, group_problems
 from flyserve.vllm.forward_switch import SWITCH
+from flyserve.vllm.host_view import HostView
 from flyserve.vllm.runtime import RankRuntime
 
 log = logging.getLogger("flyserve.vllm")
@@ -72,17 +76,6 @@ def decode_fast_path(t: Any, capture_variant: int) -> tuple[int, Any]:
     if t.lpt == "auto":
         return 0, decision_for(PREFILL, NO_PREFILL_ROWS, False)
     return t.decode_query_len_max + 1, decision_for(PREFILL, NO_PREFILL_ROWS, t.lpt == "always")
-
-
-def _host_seq_lens(metadata: Any) -> np.ndarray | None:
-    """Per-row context lengths from host memory (never a device read), or None if this vLLM keeps
-    none: ``seq_lens_cpu_upper_bound`` where it exists, else ``seq_lens`` when it is on the CPU."""
-    seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)
-    if seq is None:
-        seq = metadata.seq_lens
-        if getattr(getattr(seq, "device", None), "type", "cpu") != "cpu":
-            return None
-    return seq.numpy() if hasattr(seq, "numpy") else np.asarray(seq)
 
 
 class FlyserveRouting:
@@ -135,7 +128,9 @@ class FlyserveRouting:
         self._decode_below = 0  # max_query_len below this: the decode fast path (set per snapshot)
         self._decode_decision = decision_for(UNIFIED, "no_prefill_rows")
         self._next_sample = self.rt.shape_sample_every  # the step of the next dry-run shape sample
-        self._qsl_cache: tuple[Any, ...] = (None, -1, None, None, None)  # see _qsl_view
+        # numpy views of vLLM's persistent CPU buffers, kept across steps (host_view.py)
+        self._qsl_view = HostView().view
+        self._seq_view = HostView().view
         self.last_decision = decision_for(UNIFIED, "no_prefill_rows")
         self._warned_no_seq_lens = False
 
@@ -149,31 +144,32 @@ class FlyserveRouting:
         snap = rt.control.current(step)
         if snap is not self._last_snapshot:
             self._on_new_snapshot(snap)  # rare: once per applied version (breaker, circuit gauge)
-        if metadata.max_query_len < self._decode_below:
+        mql = metadata.max_query_len
+        if mql < self._decode_below:
             # Decode-only (every row a decode row): the capture variant, decided from host ints with
             # no array touched. decide() gives the same (tests/unit/test_vllm_routing_fast_path.py).
             d = self._decode_decision
-            shape = None
+            shape = qsl = None
         else:
             t = snap.thresholds
-            causal = metadata.causal
+            n = metadata.num_reqs
             qsl = metadata.query_start_loc_cpu
             if qsl.__class__ is not np.ndarray:
-                qsl = self._qsl_view(qsl, metadata.num_reqs + 1)
+                qsl = self._qsl_view(qsl, n + 1)
             shape = BatchShape.from_step(
                 qsl,
-                metadata.num_reqs,
+                n,
                 metadata.num_actual_tokens,
-                metadata.max_query_len,
+                mql,
                 metadata.max_seq_len,
                 self.num_heads,
-                causal is True,
+                metadata.causal is True,
                 t.decode_query_len_max,
                 t.block_m,
             )
             try:
                 d = decide(shape, t)
-                if d.lpt is not None or rt.forced is not None or shape.max_query_len < t.min_query_len:
+                if d.lpt is not None or rt.forced is not None or mql < t.min_query_len:
                     d = self._adjust(d, shape, t, snap)  # a prefill decision, forced, or no prefill row
             except ShortRowsNotCounted:  # the LPT rule runs on this step: count the short rows
                 shape = shape.with_short_rows(qsl, t.block_m)
@@ -185,7 +181,7 @@ class FlyserveRouting:
                     d,
                     metadata.num_reqs,
                     metadata.num_actual_tokens,
-                    metadata.max_query_len,
+                    mql,
                     metadata.max_seq_len,
                     self.num_heads,
                     step,
@@ -195,7 +191,7 @@ class FlyserveRouting:
                 rt.recorder.record(d, shape, step, snap.version)
             if step >= self._next_sample:  # the one check for the 1-in-N dry-run shape sample
                 self._next_sample = step + rt.shape_sample_every
-                self._add_shape_sample(metadata, step, d.path)
+                self._add_shape_sample(metadata, step, d.path, qsl)
             if rt.shape_log is not None:
                 self._log_shape(metadata, step, d, snap.version)
             timer = rt.kernel_timer
@@ -234,23 +230,6 @@ class FlyserveRouting:
                 d = decision_for(UNIFIED, CIRCUIT_OPEN)
         return d
 
-    def _qsl_view(self, qsl: Any, n: int) -> np.ndarray:
-        """``query_start_loc_cpu[:n]`` as numpy, without a ``.numpy()`` call per step.
-
-        vLLM passes a prefix slice of one persistent contiguous CPU buffer
-        (``self.query_start_loc.cpu[: num_reqs_padded + 1]``): same address, same dtype, every
-        step. The numpy view of the longest slice seen is kept (with the tensor, so its memory
-        stays) and sliced; a new address or dtype, or a longer batch, takes ``.numpy()`` once.
-        ``.numpy()`` cost 1.7 us here against 0.8 us for the cached slice (2-core CI VM, timeit).
-        """
-        v = self._qsl_cache
-        if qsl.data_ptr() == v[0] and n <= v[1] and qsl.dtype is v[2]:
-            return v[3][:n]
-        a = qsl.numpy()
-        if a.ndim == 1 and a.strides[0] == a.itemsize:  # contiguous: a later prefix is a prefix
-            self._qsl_cache = (qsl.data_ptr(), a.size, qsl.dtype, a, qsl)
-        return a[:n]
-
     # ------------------------------------------------------------------ rare paths
 
     def _on_new_snapshot(self, snap: Any) -> None:
@@ -269,25 +248,37 @@ class FlyserveRouting:
         rt.recorder.set_circuit_open(snap.circuit_open or rt.local_circuit_open)
         self._decode_below, self._decode_decision = decode_fast_path(snap.thresholds, self.capture_variant)
 
-    def _add_shape_sample(self, metadata: Any, step: int, path: str) -> None:
+    def _add_shape_sample(self, metadata: Any, step: int, path: str, qsl: np.ndarray | None) -> None:
         """1 step in N: the rows' query and context lengths (what the sidecar's cost model prices),
-        the path the step ran and when. Host copies only; unsampled steps never get here."""
-        qsl = metadata.query_start_loc_cpu
-        if qsl.__class__ is not np.ndarray:
-            qsl = self._qsl_view(qsl, metadata.num_reqs + 1)
-        lens = qsl[1:] - qsl[:-1]  # a new array (np.diff's result, without its 1.5 us of set-up)
-        seq = _host_seq_lens(metadata)
+        the path the step ran and when. Host copies only; unsampled steps never get here.
+        ``qsl``: select()'s numpy view of ``query_start_loc_cpu``, None on a decode-only step."""
+        n = metadata.num_reqs
+        if qsl is None:
+            qsl = metadata.query_start_loc_cpu
+            if qsl.__class__ is not np.ndarray:
+                qsl = self._qsl_view(qsl, n + 1)
+        lens = qsl[1 : n + 1] - qsl[:n]  # a new array (np.diff's result, without its 1.5 us of set-up)
+        seq = self._host_seq_lens(metadata, n)
         causal = metadata.causal
         self.rt.shape_sample.add(
-            step,
-            lens,
-            int(metadata.max_seq_len),
-            self.num_heads,
-            causal is True,
-            None if seq is None else seq[: lens.size].copy(),
-            path,
-            time.time(),
+            step, lens, int(metadata.max_seq_len), self.num_heads, causal is True, seq, path, time.time()
         )
+
+    def _host_seq_lens(self, metadata: Any, n: int) -> np.ndarray | None:
+        """A copy of the first ``n`` per-row context lengths, from host memory (never a device
+        read), or None if this vLLM keeps none: ``seq_lens_cpu_upper_bound`` where it exists (a
+        prefix of a persistent CPU buffer: read through a kept view), else ``seq_lens`` when it is
+        on the CPU."""
+        seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)
+        if seq is None:
+            seq = metadata.seq_lens
+            if getattr(getattr(seq, "device", None), "type", "cpu") != "cpu":
+                return None
+        if seq.__class__ is np.ndarray:
+            return seq[:n].copy()
+        if hasattr(seq, "data_ptr"):
+            return self._seq_view(seq, n).copy()
+        return np.asarray(seq)[:n].copy()
 
     def _log_shape(self, metadata: Any, step: int, d: Any, version: int) -> None:
         seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)
