@@ -113,6 +113,6 @@ def decide(shape: BatchShape, t: Thresholds) -> Decision:
     if shape.num_heads * shape.num_actual_tokens < t.min_qblock_rows * t.block_m:
         return _UNIFIED_BY_REASON[LOW_OCCUPANCY]
     units = msl // t.decode_ctx_unit
-    if shape.num_decode_rows > t.decode_rows_base * (units if units > 1 else 1):
+    if shape.num_decode_rows > t.decode_rows_base * (units if units > 1 else 1):  # noqa: FURB136 (max() is a call)
         return _UNIFIED_BY_REASON[TOO_MANY_DECODE_ROWS]
     return _INTERNED[(PREFILL, ADMITTED, lpt_rule(shape, t))]

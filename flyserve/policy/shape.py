@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 _DEFAULT_DECODE_QUERY_LEN_MAX = 1
 _DEFAULT_BLOCK_M = 256
 # from_step counts the rows of a batch this small in Python rather than numpy (see there).
-_FEW_ROWS = 8
+FEW_ROWS = 8
 # tuple.__new__(BatchShape, values): the NamedTuple's generated __new__ is a Python frame around
 # this call (0.61 us against 0.24 us to build one shape, timeit on the CI VM).
 _new = tuple.__new__
@@ -29,7 +29,8 @@ _new = tuple.__new__
 _BOUND_0D: dict[int, np.ndarray] = {}
 
 
-def _bound_0d(v: int) -> np.ndarray:
+def int_bound(v: int) -> np.ndarray:
+    """``v`` as a 0-d int32 array (int64 or wider if it does not fit), for comparing row arrays."""
     b = _BOUND_0D.get(v)
     if b is None:
         if len(_BOUND_0D) > 64:
@@ -136,7 +137,7 @@ class BatchShape(NamedTuple):
         short = num_reqs if max_query_len < block_m else -1
         if max_query_len <= decode_query_len_max:
             dec = num_reqs
-        elif num_reqs <= _FEW_ROWS:
+        elif num_reqs <= FEW_ROWS:
             # A few rows: a Python loop over tolist() beats numpy's per-call cost and counts both
             # (2 rows: about 0.5 us against 2.5 us for .numpy() and one comparison, on the CI VM).
             dec = short = 0
@@ -155,9 +156,11 @@ class BatchShape(NamedTuple):
             # float cells cost it 3.7 us a step instead of 1.2 (H200 host, timeit).
             b = _BOUND_0D.get(decode_query_len_max)
             if b is None:
-                b = _bound_0d(decode_query_len_max)
+                b = int_bound(decode_query_len_max)
             dec = int(np.count_nonzero((a[1:] - a[:-1]) <= b))
-        return _new(cls, (num_reqs, num_actual_tokens, max_query_len, max_seq_len, num_heads, causal, dec, short))
+        return _new(
+            cls, (num_reqs, num_actual_tokens, max_query_len, max_seq_len, num_heads, causal, dec, short)
+        )
 
     def with_short_rows(self, qsl: Any, block_m: int) -> BatchShape:
         """This shape with ``num_short_query_rows`` counted from ``query_start_loc`` (a copy)."""

@@ -39,6 +39,7 @@ from flyserve.policy import (
     decision_for,
 )
 from flyserve.policy.rules import ShortRowsNotCounted, lpt_rule
+from flyserve.policy.shape import FEW_ROWS, int_bound
 from flyserve.policy.vocabulary import VARIANT
 from flyserve.vllm.eligibility import PrefillKernelSpec, group_problems
 from flyserve.vllm.forward_switch import SWITCH
@@ -46,6 +47,9 @@ from flyserve.vllm.host_view import HostView
 from flyserve.vllm.runtime import RankRuntime
 
 log = logging.getLogger("flyserve.vllm")
+
+# tuple.__new__(BatchShape, values): the NamedTuple's generated __new__ is a Python frame around it.
+_tuple_new = tuple.__new__
 
 
 def _layers(vllm_config: Any, layer_names: list[str]) -> list[Any]:
@@ -127,10 +131,12 @@ class FlyserveRouting:
         self._last_snapshot: Any = None
         self._decode_below = 0  # max_query_len below this: the decode fast path (set per snapshot)
         self._decode_decision = decision_for(UNIFIED, "no_prefill_rows")
+        self._decode_bound = int_bound(1)  # set per snapshot (_on_new_snapshot)
         self._next_sample = self.rt.shape_sample_every  # the step of the next dry-run shape sample
         # numpy views of vLLM's persistent CPU buffers, kept across steps (host_view.py)
-        self._qsl_view = HostView().view
-        self._seq_view = HostView().view
+        self._qsl = HostView()
+        self._seq = HostView()
+        self._qsl_view = self._qsl.view  # (tests and scripts/gpu/overhead_loop.py time it alone)
         self.last_decision = decision_for(UNIFIED, "no_prefill_rows")
         self._warned_no_seq_lens = False
 
@@ -149,30 +155,53 @@ class FlyserveRouting:
             # Decode-only (every row a decode row): the capture variant, decided from host ints with
             # no array touched. decide() gives the same (tests/unit/test_vllm_routing_fast_path.py).
             d = self._decode_decision
-            shape = qsl = None
+            shape = lens = None
         else:
             t = snap.thresholds
             n = metadata.num_reqs
             qsl = metadata.query_start_loc_cpu
-            if qsl.__class__ is not np.ndarray:
-                qsl = self._qsl_view(qsl, n + 1)
-            shape = BatchShape.from_step(
-                qsl,
-                n,
-                metadata.num_actual_tokens,
-                mql,
-                metadata.max_seq_len,
-                self.num_heads,
-                metadata.causal is True,
-                t.decode_query_len_max,
-                t.block_m,
-            )
+            if n > FEW_ROWS and qsl.__class__ is not np.ndarray:
+                # Most steps with a prefill row: the row lengths from the kept slices of vLLM's
+                # buffer (host_view.py), one count; the shape BatchShape.from_step would build.
+                lens = self._qsl.lens(qsl, n)
+                qsl = None
+                shape = _tuple_new(
+                    BatchShape,
+                    (
+                        n,
+                        metadata.num_actual_tokens,
+                        mql,
+                        metadata.max_seq_len,
+                        self.num_heads,
+                        metadata.causal is True,
+                        int(np.count_nonzero(lens <= self._decode_bound)),
+                        n if mql < t.block_m else -1,  # -1: not counted (the LPT rule asks)
+                    ),
+                )
+            else:
+                lens = None
+                if qsl.__class__ is not np.ndarray:
+                    qsl = self._qsl.view(qsl, n + 1)
+                shape = BatchShape.from_step(
+                    qsl,
+                    n,
+                    metadata.num_actual_tokens,
+                    mql,
+                    metadata.max_seq_len,
+                    self.num_heads,
+                    metadata.causal is True,
+                    t.decode_query_len_max,
+                    t.block_m,
+                )
             try:
                 d = decide(shape, t)
                 if d.lpt is not None or rt.forced is not None or mql < t.min_query_len:
                     d = self._adjust(d, shape, t, snap)  # a prefill decision, forced, or no prefill row
             except ShortRowsNotCounted:  # the LPT rule runs on this step: count the short rows
-                shape = shape.with_short_rows(qsl, t.block_m)
+                if lens is None:
+                    shape = shape.with_short_rows(qsl, t.block_m)
+                else:
+                    shape = shape._replace(num_short_query_rows=int(np.count_nonzero(lens < t.block_m)))
                 d = self._adjust(decide(shape, t), shape, t, snap)
         self.last_decision = rt.last_decision = d  # the causal builder reads .lpt next
         if self.is_leader:
@@ -191,7 +220,7 @@ class FlyserveRouting:
                 rt.recorder.record(d, shape, step, snap.version)
             if step >= self._next_sample:  # the one check for the 1-in-N dry-run shape sample
                 self._next_sample = step + rt.shape_sample_every
-                self._add_shape_sample(metadata, step, d.path, qsl)
+                self._add_shape_sample(metadata, step, d.path, lens)
             if rt.shape_log is not None:
                 self._log_shape(metadata, step, d, snap.version)
             timer = rt.kernel_timer
@@ -247,17 +276,20 @@ class FlyserveRouting:
             )
         rt.recorder.set_circuit_open(snap.circuit_open or rt.local_circuit_open)
         self._decode_below, self._decode_decision = decode_fast_path(snap.thresholds, self.capture_variant)
+        self._decode_bound = int_bound(snap.thresholds.decode_query_len_max)  # for the row count
 
-    def _add_shape_sample(self, metadata: Any, step: int, path: str, qsl: np.ndarray | None) -> None:
+    def _add_shape_sample(self, metadata: Any, step: int, path: str, lens: np.ndarray | None) -> None:
         """1 step in N: the rows' query and context lengths (what the sidecar's cost model prices),
         the path the step ran and when. Host copies only; unsampled steps never get here.
-        ``qsl``: select()'s numpy view of ``query_start_loc_cpu``, None on a decode-only step."""
+        ``lens``: the row lengths select() computed (a new array, never a view of vLLM's buffer),
+        or None."""
         n = metadata.num_reqs
-        if qsl is None:
+        if lens is None:
             qsl = metadata.query_start_loc_cpu
-            if qsl.__class__ is not np.ndarray:
-                qsl = self._qsl_view(qsl, n + 1)
-        lens = qsl[1 : n + 1] - qsl[:n]  # a new array (np.diff's result, without its 1.5 us of set-up)
+            if qsl.__class__ is np.ndarray:
+                lens = qsl[1 : n + 1] - qsl[:n]
+            else:
+                lens = self._qsl.lens(qsl, n)
         seq = self._host_seq_lens(metadata, n)
         causal = metadata.causal
         self.rt.shape_sample.add(
@@ -277,7 +309,7 @@ class FlyserveRouting:
         if seq.__class__ is np.ndarray:
             return seq[:n].copy()
         if hasattr(seq, "data_ptr"):
-            return self._seq_view(seq, n).copy()
+            return self._seq.view(seq, n).copy()
         return np.asarray(seq)[:n].copy()
 
     def _log_shape(self, metadata: Any, step: int, d: Any, version: int) -> None:

@@ -76,14 +76,21 @@ def _metadata(query_lens: list[int], max_seq_len: int, torch_mod) -> SimpleNames
     """The CommonAttentionMetadata fields the routing reads (query_start_loc_cpu a CPU tensor)."""
     q = np.asarray(query_lens, dtype=np.int32)
     qsl = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
+    n = len(query_lens)
+    # As vLLM 0.32 passes them: prefixes of persistent CPU buffers (gpu_model_runner.py).
+    qsl_buf = torch_mod.zeros(1024, dtype=torch_mod.int32)
+    qsl_buf[: n + 1] = torch_mod.from_numpy(qsl)
+    seq_buf = torch_mod.zeros(1024, dtype=torch_mod.int32)
+    seq_buf[:n] = max_seq_len
     return SimpleNamespace(
-        query_start_loc_cpu=torch_mod.from_numpy(qsl),
-        num_reqs=len(query_lens),
+        query_start_loc_cpu=qsl_buf[: n + 1],
+        num_reqs=n,
         num_actual_tokens=int(q.sum()),
         max_query_len=int(q.max()),
         max_seq_len=max_seq_len,
         causal=True,
-        seq_lens_cpu_upper_bound=None,
+        seq_lens_cpu_upper_bound=seq_buf[:n],
+        seq_lens=seq_buf[:n],
     )
 
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from flyserve.policy import PREFILL, UNIFIED, BatchShape, Thresholds, decide, decision_for
 from flyserve.policy.rules import ShortRowsNotCounted, lpt_rule
 from flyserve.vllm.eligibility import PrefillKernelSpec
+from flyserve.vllm.host_view import HostView
 from flyserve.vllm.routing import routing_class
 from flyserve.vllm.runtime import RankRuntime
 
@@ -185,6 +186,12 @@ def _check_select(routings, lens, max_seq_len, causal, t, capture_variant, pad_t
         _QSL_BUFFER[n:] = -7  # stale rows past the batch must never be read
         md.query_start_loc_cpu = _QSL_BUFFER[:n]
     variant = r.select(md)
+    if torch_buffer:
+        _QSL_BUFFER[:] = -9  # vLLM rewrites its buffer for the next step
+    ring = rt.shape_sample._ring
+    if ring and ring[-1][0] == rt.step:  # a sampled step (1 in N): the sample holds its own copy
+        assert [int(x) for x in ring[-1][1]] == list(lens)
+        assert [int(x) for x in ring[-1][5]] == [max_seq_len] * len(lens)
     want, full = reference(lens, max_seq_len, causal, t, capture_variant)
     assert r.last_decision is want  # interned: the same object
     assert variant == want.variant
@@ -342,3 +349,48 @@ def test_lpt_rule_refuses_an_uncounted_short_row_count():
     with pytest.raises(ShortRowsNotCounted):
         lpt_rule(s, SEED)
     assert lpt_rule(s, SEED.merged({"lpt": "never"})) is False  # not read: no error
+
+
+def test_host_view_lens_follows_the_buffer_and_never_reads_a_stale_one():
+    """HostView.lens: the row lengths of a query_start_loc prefix, from slices kept per row count:
+    the same buffer rewritten (same n, then another n), a longer prefix, another buffer, another
+    dtype or a strided tensor over the same memory; and the result is a new array, never a view."""
+    hv = HostView()
+    buf = torch.arange(40, dtype=torch.int32)
+    assert hv.lens(buf[:6], 5).tolist() == [1] * 5
+    buf[:6] = torch.tensor([0, 3, 4, 9, 10, 20], dtype=torch.int32)  # the next step, same rows
+    out = hv.lens(buf[:6], 5)
+    assert out.tolist() == [3, 1, 5, 1, 10]
+    buf[1] = 100
+    assert out.tolist() == [3, 1, 5, 1, 10]  # a copy: vLLM's rewrite does not reach it
+    assert hv.lens(buf[:4], 3).tolist() == [100, -96, 5]
+    assert hv.lens(buf[:30], 29).tolist() == [100, -96, 5, 1, 10, -14, *([1] * 23)]  # longer: new view
+    other = torch.arange(100, 140, dtype=torch.int32)
+    assert hv.lens(other[:4], 3).tolist() == [1, 1, 1]
+    as64 = other.view(torch.int64)  # the same address, another dtype
+    want = (as64[1:4] - as64[:3]).tolist()
+    assert hv.lens(as64[:4], 3).tolist() == want
+    strided = other[::2]  # the same address, every other element
+    assert hv.lens(strided[:4], 3).tolist() == [2, 2, 2]
+    assert hv.lens(other[:4], 3).tolist() == [1, 1, 1]
+
+
+def test_sampled_mixed_step_keeps_its_rows_after_vllm_rewrites_the_buffer(routings):
+    """A shape-sampled step of more than FEW_ROWS rows: the sample's query lengths are select()'s
+    own array, so the next step's rewrite of vLLM's buffer leaves them as they were."""
+    rt, by_capture = routings
+    r = by_capture[0]
+    rt.leader, r.is_leader = r, True
+    rt.control.set(SEED)
+    lens = [1] * 20 + [700, 1300]
+    for k in range(3):
+        md = step_metadata(lens, 8192, True)
+        n = len(lens) + 1
+        _QSL_BUFFER[:n] = torch.from_numpy(md.query_start_loc_cpu)
+        md.query_start_loc_cpu = _QSL_BUFFER[:n]
+        r._next_sample = rt.step + 1  # sample the next step
+        r.select(md)
+        step, q = rt.shape_sample._ring[-1][:2]
+        assert step == rt.step
+        _QSL_BUFFER[:] = k  # the next step's rewrite
+        assert q.tolist() == lens
