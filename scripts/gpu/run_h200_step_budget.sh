@@ -5,12 +5,14 @@
 # Needs: the vLLM kernel bundle (scripts/gpu/vllm-device-bundle.sh) and the wheels the device
 # image lacks (pydantic, pydantic_core, annotated-types, typing-inspection, typing_extensions,
 # opentelemetry-api/-sdk/-semantic-conventions; docs/performance.md section 8 says how).
-# Usage: bash scripts/gpu/run_h200_step_budget.sh BUNDLE.tar.xz WHEEL_DIR [BEFORE_CHECKOUT] [PAIRS]
+# Then the select()/np.diff table alone (--host-only), HOST_RUNS times per checkout, alternating.
+# Usage: bash scripts/gpu/run_h200_step_budget.sh BUNDLE.tar.xz WHEEL_DIR [BEFORE_CHECKOUT] [PAIRS] [HOST_RUNS]
 set -uo pipefail
 BUNDLE=$1
 WHEELS=$2
 BEFORE=${3:+$(cd "$3" && pwd)}
 PAIRS=${4:-30}
+HOST_RUNS=${5:-2}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/site
@@ -26,3 +28,10 @@ if [ -n "$BEFORE" ]; then
   (cd "$BEFORE" && PYTHONPATH=/tmp/site:$BEFORE python3 "$HERE/scripts/gpu/overhead_loop.py" "$OUT/step-budget-before.json" "$PAIRS") 2>&1 | tee -a "$OUT/step-budget.log"
   echo "before: $(( $(date +%s) - T0 )) s" | tee -a "$OUT/step-budget.log"
 fi
+for i in $(seq 1 "$HOST_RUNS"); do
+  (cd "$HERE" && PYTHONPATH=/tmp/site:$HERE python3 scripts/gpu/overhead_loop.py "$OUT/select-host-after-$i.json" --host-only) 2>&1 | tee -a "$OUT/select-host.log"
+  if [ -n "$BEFORE" ]; then
+    (cd "$BEFORE" && PYTHONPATH=/tmp/site:$BEFORE python3 "$HERE/scripts/gpu/overhead_loop.py" "$OUT/select-host-before-$i.json" --host-only) 2>&1 | tee -a "$OUT/select-host.log"
+  fi
+done
+echo "total: $(( $(date +%s) - T0 )) s" | tee -a "$OUT/step-budget.log"
