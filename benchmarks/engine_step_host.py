@@ -15,8 +15,8 @@ rounds).
   mixed    8 requests of 260-420 prompt tokens, 16 tokens each, 256-token batch budget: chunked
            prefill steps (prefill rows beside decode rows), then decode steps
 
-With --profile, also a cProfile view of select() inside one in-process engine (flyserve on, the
-decode workload): select()'s own time and its callees, per call.
+With --profile, instead a cProfile view of select() inside one in-process engine (flyserve on, each
+workload in turn): select()'s own time and its callees, per call.
 
 Run: .venv/bin/python benchmarks/engine_step_host.py [--rounds 20] [--profile]
 """
@@ -126,7 +126,8 @@ def measure(model: Path, rounds: int, state: Path) -> dict:
 
 
 def profile_select(model: Path, state: Path) -> str:
-    """cProfile of one in-process engine (flyserve on): select() and its callees, per call."""
+    """cProfile of one in-process engine (flyserve on): select() and its callees, per call, for
+    each workload in turn (the decode one: the fast path; the mixed one: steps with prefill rows)."""
     import cProfile
     import io
     import pstats
@@ -135,20 +136,33 @@ def profile_select(model: Path, state: Path) -> str:
     from vllm import SamplingParams
 
     llm = _engine(model, True, state)
-    w = WORKLOADS["decode"]
-    params = SamplingParams(max_tokens=w["max_tokens"], temperature=0.0, ignore_eos=True)
-    prompts = _prompts(w["lens"], seed=2)
-    llm.generate(prompts, params, use_tqdm=False)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(5):
-        llm.generate(prompts, params, use_tqdm=False)
-    prof.disable()
     buf = io.StringIO()
-    st = pstats.Stats(prof, stream=buf)
-    st.sort_stats("cumulative").print_callees(r"routing.py:\d+\(select\)")
-    st.sort_stats("tottime").print_stats(r"flyserve", 12)
+    for name, w in WORKLOADS.items():
+        params = SamplingParams(max_tokens=w["max_tokens"], temperature=0.0, ignore_eos=True)
+        prompts = _prompts(w["lens"], seed=2)
+        llm.generate(prompts, params, use_tqdm=False)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(5):
+            llm.generate(prompts, params, use_tqdm=False)
+        prof.disable()
+        buf.write(f"\n===== workload {name}: 5 generate() calls, flyserve's functions =====\n")
+        buf.write(_per_call_table(pstats.Stats(prof)))
     return buf.getvalue()
+
+
+def _per_call_table(st) -> str:
+    """flyserve's functions from a cProfile run, per call in microseconds (pstats prints seconds
+    to three decimals, too coarse for a select() of a few microseconds). cProfile's own overhead
+    inflates every call; compare rows with each other, not with the benchmarks."""
+    rows = []
+    for (file, line, func), (_cc, nc, tt, ct, _callers) in st.stats.items():
+        if "flyserve" in file and nc:
+            short = file[file.rindex("flyserve") :]
+            rows.append((ct, f"{nc:>8} {tt / nc * 1e6:>10.2f} {ct / nc * 1e6:>10.2f}  {short}:{line}({func})"))
+    rows.sort(reverse=True)
+    head = f"{'calls':>8} {'own us':>10} {'cum us':>10}  function (per call, under cProfile)"
+    return "\n".join([head] + [r for _, r in rows[:16]]) + "\n"
 
 
 def main() -> int:
