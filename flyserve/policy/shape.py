@@ -35,7 +35,9 @@ def int_bound(v: int) -> np.ndarray:
     if b is None:
         if len(_BOUND_0D) > 64:
             _BOUND_0D.clear()
-        b = _BOUND_0D[v] = np.array(v, dtype=np.int32) if -(2**31) <= v < 2**31 else np.array(v)
+        b = np.array(v, dtype=np.int32) if -(2**31) <= v < 2**31 else np.array(v)
+        b.flags.writeable = False  # shared by every caller: a stray in-place write would skew every count
+        _BOUND_0D[v] = b
     return b
 
 
@@ -121,7 +123,8 @@ class BatchShape(NamedTuple):
     ) -> BatchShape:
         """From one engine step's host ints (vLLM's ``num_reqs``, ``num_actual_tokens``,
         ``max_query_len``, ``max_seq_len``) and ``query_start_loc_cpu`` (numpy or CPU tensor),
-        read only for a row count that ``max_query_len`` does not already give.
+        read only for a row count that ``max_query_len`` does not already give, and only its first
+        ``num_reqs + 1`` entries (vLLM's slice runs to ``num_reqs_padded + 1``).
 
         Positional, for the hot path (keyword arguments cost a measurable share of a microsecond
         here). Equal to ``from_query_start_loc`` when the ints describe the same rows (vLLM pads
@@ -141,7 +144,7 @@ class BatchShape(NamedTuple):
             # A few rows: a Python loop over tolist() beats numpy's per-call cost and counts both
             # (2 rows: about 0.5 us against 2.5 us for .numpy() and one comparison, on the CI VM).
             dec = short = 0
-            v = qsl.tolist()
+            v = qsl[: num_reqs + 1].tolist()
             prev = v[0]
             for x in v[1:]:
                 n = x - prev
@@ -151,7 +154,7 @@ class BatchShape(NamedTuple):
                 if n < block_m:
                     short += 1
         else:
-            a = qsl if qsl.__class__ is np.ndarray else _as_int_array(qsl)
+            a = (qsl if qsl.__class__ is np.ndarray else _as_int_array(qsl))[: num_reqs + 1]
             # int(): np.count_nonzero returns a numpy integer, and numpy scalars in the recorder's
             # float cells cost it 3.7 us a step instead of 1.2 (H200 host, timeit).
             b = _BOUND_0D.get(decode_query_len_max)
@@ -163,8 +166,9 @@ class BatchShape(NamedTuple):
         )
 
     def with_short_rows(self, qsl: Any, block_m: int) -> BatchShape:
-        """This shape with ``num_short_query_rows`` counted from ``query_start_loc`` (a copy)."""
-        a = _as_int_array(qsl)
+        """This shape with ``num_short_query_rows`` counted from ``query_start_loc`` (a copy; its
+        first ``num_reqs + 1`` entries)."""
+        a = _as_int_array(qsl)[: self.num_reqs + 1]
         return self._replace(num_short_query_rows=int(np.count_nonzero((a[1:] - a[:-1]) < block_m)))
 
     @classmethod

@@ -8,10 +8,16 @@ object every step, over the same memory, rewritten in place. ``tensor.numpy()`` 
 with the checks below (timeit).
 
 A kept view is used only when the tensor starts at the same address, has the same dtype, is
-contiguous, and is no longer than the view: then its first ``n`` elements are the view's first
-``n``, whatever was written there since. Anything else (another buffer, a longer prefix, a strided
-tensor over the same memory) takes ``.numpy()`` once and, when contiguous, replaces the view. The
-kept tensor holds its memory alive, so the address cannot be reused by another allocation.
+contiguous, and ``n`` is within the view: then the tensor's first ``n`` elements are the view's
+first ``n``, whatever was written there since. Anything else (another buffer, a longer prefix) takes
+``.numpy()`` once and replaces the view; a strided tensor is read through ``.numpy()`` every time
+and never kept. The kept tensor holds its memory alive, so the address cannot be reused by another
+allocation.
+
+The caller promises ``n <= len(tensor)`` (vLLM's ``num_reqs <= num_reqs_padded``): the length of
+the tensor is not checked on the fast path (one more attribute read per step), so a tensor shorter
+than ``n`` could be read past its end through a kept view of a longer one. Conjugate and negative
+views (``torch._neg_view``) are not told apart either; vLLM passes neither.
 """
 
 from __future__ import annotations

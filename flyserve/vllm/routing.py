@@ -162,7 +162,9 @@ class FlyserveRouting:
             qsl = metadata.query_start_loc_cpu
             if n > FEW_ROWS and qsl.__class__ is not np.ndarray:
                 # Most steps with a prefill row: the row lengths from the kept slices of vLLM's
-                # buffer (host_view.py), one count; the shape BatchShape.from_step would build.
+                # buffer (host_view.py), one count; the shape BatchShape.from_step would build
+                # (which also counts, rather than skip, when max_query_len <= decode_query_len_max:
+                # the same count, reached only with a prefill capture variant and lpt auto).
                 lens = self._qsl.lens(qsl, n)
                 qsl = None
                 shape = _tuple_new(
@@ -180,8 +182,8 @@ class FlyserveRouting:
                 )
             else:
                 lens = None
-                if qsl.__class__ is not np.ndarray:
-                    qsl = self._qsl.view(qsl, n + 1)
+                # The first n + 1 entries: vLLM's slice runs to num_reqs_padded + 1.
+                qsl = qsl[: n + 1] if qsl.__class__ is np.ndarray else self._qsl.view(qsl, n + 1)
                 shape = BatchShape.from_step(
                     qsl,
                     n,

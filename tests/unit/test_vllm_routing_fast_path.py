@@ -173,16 +173,24 @@ def routings(tmp_path_factory):
 _QSL_BUFFER = torch.zeros(64, dtype=torch.int32)
 
 
-def _check_select(routings, lens, max_seq_len, causal, t, capture_variant, pad_tokens=0, torch_buffer=False):
+def _check_select(
+    routings, lens, max_seq_len, causal, t, capture_variant, pad_tokens=0, torch_buffer=False, pad_rows=0
+):
+    """pad_rows: query_start_loc_cpu runs that many entries past num_reqs + 1, each the last
+    offset again (vLLM's slice runs to num_reqs_padded + 1: zero-length rows that num_reqs leaves
+    out, so a read past num_reqs would count them as decode rows)."""
     rt, by_capture = routings
     r = by_capture[capture_variant]
     rt.leader = r  # this object counts and records the step
     r.is_leader = True
     rt.control.set(t)
     md = step_metadata(lens, max_seq_len, causal, pad_tokens)
+    qsl = md.query_start_loc_cpu
+    qsl = np.concatenate([qsl, np.full(pad_rows, qsl[-1], dtype=qsl.dtype)])
+    md.query_start_loc_cpu = qsl
     if torch_buffer:
-        n = len(lens) + 1
-        _QSL_BUFFER[:n] = torch.from_numpy(md.query_start_loc_cpu)
+        n = qsl.size
+        _QSL_BUFFER[:n] = torch.from_numpy(qsl)
         _QSL_BUFFER[n:] = -7  # stale rows past the batch must never be read
         md.query_start_loc_cpu = _QSL_BUFFER[:n]
     variant = r.select(md)
@@ -264,6 +272,33 @@ def test_select_equals_decide_on_the_full_shape(
     """torch_buffer: query_start_loc_cpu is a slice of one reused torch buffer, as vLLM passes it
     (select() keeps a numpy view of it across steps: _qsl_view)."""
     _check_select(routings, lens, max_seq_len, causal, t, capture_variant, torch_buffer=torch_buffer)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lens=lens_st,
+    max_seq_len=st.integers(1, 140_000),
+    t=thresholds_st(),
+    capture_variant=st.sampled_from([0, 1]),
+    torch_buffer=st.booleans(),
+    pad_rows=st.integers(1, 6),
+)
+@example(  # the review's case: 8 decode rows and 2 chunks, 6 padding entries past num_reqs + 1
+    lens=[1] * 8 + [300] * 2,
+    max_seq_len=8192,
+    t=SEED.merged({"decode_rows_base": 8, "min_qblock_rows": 0}),
+    capture_variant=0,
+    torch_buffer=False,
+    pad_rows=6,
+)
+def test_select_reads_only_num_reqs_rows(
+    routings, lens, max_seq_len, t, capture_variant, torch_buffer, pad_rows
+):
+    """query_start_loc_cpu longer than num_reqs + 1 (numpy or a torch slice): only the first
+    num_reqs + 1 entries count, for the decision, the recorder and the shape sample."""
+    _check_select(
+        routings, lens, max_seq_len, True, t, capture_variant, torch_buffer=torch_buffer, pad_rows=pad_rows
+    )
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
