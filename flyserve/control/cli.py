@@ -427,7 +427,13 @@ def audit(
     limit: int = typer.Option(20, "--limit", "-n", help="Show at most this many recent entries."),
 ) -> None:
     """The audit log's recent entries (JSON lines): every change tried, accepted or not."""
-    for e in _plane(_state(state_dir, write=False)).audit_log(limit):
+    from flyserve.control.errors import ControlIOError
+
+    try:
+        entries = _plane(_state(state_dir, write=False)).audit_log(limit)
+    except ControlIOError as exc:
+        raise _fail(f"error: {exc}", 2) from None
+    for e in entries:
         typer.echo(json.dumps(e, sort_keys=True, default=str))
 
 

@@ -107,6 +107,41 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
     return raw
 
 
+AUDIT_READ_MAX = 64 << 20
+"""Bytes of audit.jsonl's tail read at most: its newest lines (8192 of the longest, 4096 changes)."""
+
+
+def read_file_tail(path: Path, max_bytes: int) -> str | None:
+    """The last ``max_bytes`` of ``path`` as text, starting at a line (a cut first line is dropped),
+    or None if it does not exist. Like read_regular_file, a symlink, FIFO, socket, device or
+    directory raises ValueError instead of being followed, waited on or read without end (the audit
+    log was read with a plain open(): a symlink to /dev/zero filled the reader's memory, a FIFO
+    blocked it)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{path.name}: a symlink, not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path.name}: not a regular file (a directory, FIFO, socket or device)")
+        start = max(0, st.st_size - max_bytes)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            f.seek(start)
+            raw = f.read(max_bytes)
+    finally:
+        os.close(fd)
+    if start > 0:
+        cut = raw.find(b"\n")
+        raw = raw[cut + 1 :] if cut >= 0 else b""
+    return raw.decode("utf-8", "replace")
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from ``path``, or None if the file does not exist. Bad JSON, a file over
     MAX_JSON_BYTES, a symlink or a file that is not regular (read_regular_file), or a non-finite
@@ -285,18 +320,20 @@ class Store:
             names = os.listdir(self.dir.history_dir)
         except OSError:
             return []
-        return sorted(n for n in names if n.endswith(".json") and not n.startswith(".") and history_version(n) is None)
+        return sorted(
+            n for n in names if n.endswith(".json") and not n.startswith(".") and history_version(n) is None
+        )
 
     def max_audited_version(self, tail_bytes: int = 1 << 20) -> int:
         """The highest version the audit log's last ``tail_bytes`` mention (only read when current.json
-        and history are both unusable: the audit log is then the last witness of how far versions went)."""
+        and history are both unusable: the audit log is then the last witness of how far versions went).
+        An audit log that cannot be read, or is not a regular file, witnesses nothing (0)."""
         try:
-            with open(self.dir.audit_log, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - tail_bytes))
-                lines = f.read().decode("utf-8", "replace").splitlines()
-        except OSError:
+            text = read_file_tail(self.dir.audit_log, tail_bytes)
+        except (OSError, ValueError) as exc:
+            log.warning("audit log not read for the version floor: %s", exc)
             return 0
+        lines = text.splitlines() if text else []
         best = 0
         for ln in lines:
             with contextlib.suppress(ValueError, AttributeError, TypeError):
@@ -395,11 +432,19 @@ class Store:
 
     def read_audit(self, limit: int | None = None, *, raw: bool = False) -> list[dict[str, Any]]:
         """Audit entries, oldest first; a torn last line (crash mid-append) is skipped. A write-ahead
-        'publishing' line whose completion follows is left out unless ``raw``: one change, one entry."""
+        'publishing' line whose completion follows is left out unless ``raw``: one change, one entry.
+
+        Reads the log's newest AUDIT_READ_MAX bytes at most (with ``limit``, four lines' worth per
+        entry asked for). An audit log that is a symlink, FIFO or other non-regular file raises
+        ControlIOError naming it (it is never followed or waited on)."""
+        want = AUDIT_READ_MAX if not limit else min(AUDIT_READ_MAX, 4 * MAX_AUDIT_LINE * max(1, limit))
         try:
-            lines = self.dir.audit_log.read_text(encoding="utf-8", errors="replace").splitlines()
-        except FileNotFoundError:
+            text = read_file_tail(self.dir.audit_log, want)
+        except (OSError, ValueError) as exc:
+            raise ControlIOError(f"cannot read the audit log: {exc}", path=str(self.dir.audit_log)) from None
+        if text is None:
             return []
+        lines = text.splitlines()
         out = []
         for ln in lines:
             with contextlib.suppress(ValueError):

@@ -42,8 +42,17 @@ def finishes(fn: Callable[[], Any], deadline_s: float = DEADLINE_S) -> Any:
 
 def live_report(rank: int, step: int = 100) -> dict[str, Any]:
     now = time.time()
-    return {"rank": rank, "engine": 0, "pid": os.getpid(), "host": "", "started": now - 10,
-            "time": now, "step": step, "applied_version": 1, "steps_per_s": 10.0}
+    return {
+        "rank": rank,
+        "engine": 0,
+        "pid": os.getpid(),
+        "host": "",
+        "started": now - 10,
+        "time": now,
+        "step": step,
+        "applied_version": 1,
+        "steps_per_s": 10.0,
+    }
 
 
 # ---------------------------------------------------------------- 5: a FIFO among the rank reports
@@ -99,7 +108,9 @@ def test_6_a_lying_metrics_header_is_left_out_of_a_scrape(tmp_path: Path) -> Non
 # ---------------------------------------------------------------- 7: thousands of stale rank files
 
 
-def test_7_stale_rank_files_are_capped_and_odd_names_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_7_stale_rank_files_are_capped_and_odd_names_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from flyserve.control import store as store_mod
 
     plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
@@ -171,6 +182,115 @@ def test_10_a_symlinked_audit_log_is_not_followed(tmp_path: Path) -> None:
         plane.apply_overrides({"min_seq_len": 3001}, actor="t")
     assert decoy.read_text() == "precious\n"
     assert plane.snapshot().thresholds.min_seq_len == 3000  # refused before anything was published
+
+
+# ------------------------------------------------ 10, the read side (left open at stop 19, fixed at 20)
+
+
+def _plane_with_audit(tmp_path: Path) -> ControlPlane:
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    plane.apply_overrides({"min_seq_len": 3000}, actor="t")
+    plane.state_dir.audit_log.unlink()
+    return plane
+
+
+def test_10r_audit_reads_do_not_follow_a_symlink(tmp_path: Path) -> None:
+    """`thresholds audit`, repair and the version floor read audit.jsonl: a symlink to a decoy is
+    refused with the file named (read), or witnesses nothing (the floor), never followed."""
+    from flyserve.control import ControlIOError
+
+    plane = _plane_with_audit(tmp_path)
+    decoy = tmp_path / "decoy.jsonl"
+    decoy.write_text(json.dumps({"version": 999, "result": "success", "id": "x"}) + "\n")
+    plane.state_dir.audit_log.symlink_to(decoy)
+    with pytest.raises(ControlIOError, match="audit log: audit.jsonl: a symlink"):
+        plane.audit_log()
+    assert plane.store.max_audited_version() == 0  # the decoy's version 999 is not taken
+    assert decoy.read_text().count("\n") == 1
+
+
+def test_10r_audit_reads_refuse_a_fifo(tmp_path: Path) -> None:
+    """A FIFO with no writer as audit.jsonl (an open() that blocked for ever): refused at once."""
+    from flyserve.control import ControlIOError
+
+    plane = _plane_with_audit(tmp_path)
+    os.mkfifo(plane.state_dir.audit_log)
+    with pytest.raises(ControlIOError, match="not a regular file"):
+        finishes(plane.audit_log)
+    assert finishes(plane.store.max_audited_version) == 0
+
+
+_READ_DEV_ZERO = """
+import sys
+from pathlib import Path
+from flyserve.control import ControlIOError, ControlPlane
+plane = ControlPlane(Path(sys.argv[1]), step_margin=8, lead_s=0.0)
+assert plane.store.max_audited_version() == 0
+try:
+    plane.audit_log()
+except ControlIOError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_10r_audit_reads_refuse_an_endless_file(tmp_path: Path) -> None:
+    """audit.jsonl a symlink to /dev/zero: the plain read that was here read without end and filled
+    the reader's memory (seen: the OOM killer took a 24 GB test process). Run in a child capped at
+    1 GiB of address space, so a regression fails this test instead of the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    plane = _plane_with_audit(tmp_path)
+    plane.state_dir.audit_log.symlink_to("/dev/zero")
+    cap = 1 << 30
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    r = subprocess.run(
+        [sys.executable, "-c", _READ_DEV_ZERO, str(plane.state_dir.path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused: cannot read the audit log: audit.jsonl: a symlink" in r.stdout
+
+
+def test_10r_a_huge_audit_log_is_read_from_its_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the newest bytes are read (AUDIT_READ_MAX; with a limit, four lines' worth per entry):
+    the newest entries come back whole, a line cut by the window is dropped, not half-parsed."""
+    from flyserve.control import store as store_mod
+
+    plane = _plane_with_audit(tmp_path)
+    lines = [
+        json.dumps({"version": v, "result": "success", "id": f"c{v}", "pad": "x" * 200})
+        for v in range(1, 2001)
+    ]
+    plane.state_dir.audit_log.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(store_mod, "AUDIT_READ_MAX", 10_000)  # about 40 lines of this log
+    got = plane.audit_log()
+    assert 30 < len(got) < 50
+    assert [e["version"] for e in got] == list(range(2001 - len(got), 2001))  # whole, newest, in order
+    assert [e["version"] for e in plane.audit_log(5)] == [1996, 1997, 1998, 1999, 2000]
+    assert plane.store.max_audited_version() == 2000
+
+
+def test_10r_cli_audit_names_the_refused_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from flyserve.cli import app
+
+    plane = _plane_with_audit(tmp_path)
+    decoy = tmp_path / "decoy.jsonl"
+    decoy.write_text(json.dumps({"version": 7, "result": "success"}) + "\n")
+    plane.state_dir.audit_log.symlink_to(decoy)
+    r = CliRunner().invoke(app, ["thresholds", "audit", "--state-dir", str(plane.state_dir.path)])
+    assert r.exit_code == 2
+    assert "audit.jsonl: a symlink" in r.output and "Traceback" not in r.output
 
 
 # ---------------------------------------------------------------- 12: repeated Authorization / If-Match
