@@ -202,6 +202,7 @@ class Store:
         self.dir = StateDir(state_dir)
         self.history_keep = max(1, int(history_keep))
         self.ignored_rank_files = 0  # files in ranks/ left unread at the last look (_rank_file_names)
+        self.refused_rank_files = 0  # read at the last look but unreadable or implausible (_read_reports)
 
     # ------------------------------------------------------------------ lock
 
@@ -490,11 +491,18 @@ class Store:
 
     def _read_reports(self, now: float) -> list[tuple[dict[str, Any], RankReport | None]]:
         out = []
+        refused = 0
         for n in self._rank_file_names():
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 d = read_json(self.dir.ranks_dir / n)
-                if d is not None:
-                    out.append((d, parse_report(d, now=now)))
+            except (OSError, ValueError):
+                refused += 1
+                continue
+            if d is not None:
+                r = parse_report(d, now=now)
+                refused += r is None
+                out.append((d, r))
+        self.refused_rank_files = refused
         return out
 
     def live_ranks(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:

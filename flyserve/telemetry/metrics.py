@@ -261,6 +261,15 @@ RANKS_AGREE: Final = FlyGauge(
     registry=None,
     scope=SIDECAR,
 )
+SIDECAR_IGNORED_FILES: Final = FlyGauge(
+    "flyserve_sidecar_ignored_files",
+    "Files the sidecar did not use: kind=metrics (metric files skipped as corrupt or foreign, "
+    "distinct names since start), kind=rank_reports (files in ranks/ at the last look that are "
+    "badly named, beyond the newest 256, unreadable or refused as implausible).",
+    ["kind"],
+    registry=None,
+    scope=SIDECAR,
+)
 
 # live pricing (the sidecar started with --costs; flyserve.sidecar.live_costs) -----------------
 PRICED_SECONDS: Final = FlyCounter(
@@ -302,6 +311,7 @@ SIDECAR_METRICS: Final = (
     RANK_UP,
     RANK_REPORT_AGE,
     RANKS_AGREE,
+    SIDECAR_IGNORED_FILES,
     PRICED_SECONDS,
     COST_DRIFT,
 )

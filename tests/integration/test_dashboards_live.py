@@ -101,17 +101,23 @@ def test_annotations_mark_the_thresholds_and_circuit_changes(live, models):
         values = resolve_variables(stack, model)
         for ann in model["annotations"]["list"]:
             expr = substitute(ann["expr"], values)
-            hits = [
-                t
-                for _, t, v in samples(stack.query_range(expr, scenario.start, scenario.end, STEP_S))
-                if v > 0
+            points = [
+                (t, v) for _, t, v in samples(stack.query_range(expr, scenario.start, scenario.end, STEP_S))
             ]
+            hits = [t for t, v in points if v > 0]
             assert hits, f"{name}: annotation {ann['name']!r} marks nothing"
+            # Grafana draws a mark at every point the query returns: a point where nothing changed
+            # (a `>= 0` filter, say) would mark every step of the range.
+            assert len(hits) == len(points), f"{name}: annotation {ann['name']!r} marks unchanged moments"
             if "circuit" in ann["expr"]:
                 # Between the open command and Prometheus seeing the circuit closed; STEP_S: a
                 # range query's sample is reported at the step boundary after it.
                 first = min(hits)
-                assert scenario.at("circuit open") - STEP_S <= first <= scenario.at("circuit closed seen") + STEP_S
+                assert (
+                    scenario.at("circuit open") - STEP_S
+                    <= first
+                    <= scenario.at("circuit closed seen") + STEP_S
+                )
 
 
 def test_versions_step_together_and_end_equal(live, models):

@@ -313,6 +313,39 @@ def sidecar_client(tmp_path: Path):
         yield c
 
 
+def test_6_7_skipped_files_are_exported(sidecar_client, tmp_path: Path, monkeypatch) -> None:
+    """What the sidecar skipped (a poisoned metrics file, odd or implausible rank reports), until
+    stop 20 only logged: flyserve_sidecar_ignored_files{kind} on /metrics."""
+    from flyserve.sidecar import stats
+
+    monkeypatch.setattr(stats, "BAD_FILES_SEEN", set())
+    _forged_counter_file(tmp_path / "metrics")
+    ranks = tmp_path / "ranks"
+    ranks.mkdir(parents=True, exist_ok=True)
+    Store(ControlPlane(tmp_path, step_margin=8, lead_s=0.0).state_dir).write_rank_report(
+        live_report(0), rank=0
+    )
+    for odd in ("x.json", "99999.json", "notes.txt"):
+        (ranks / odd).write_text("{}")
+    (ranks / "3.json").write_text(json.dumps(dict(live_report(3), step=10**15)))  # implausible step
+    (ranks / "4.json").write_text("{not json")
+
+    def gauge(kind: str) -> float:
+        body = sidecar_client.get("/metrics").text
+        line = next(
+            ln
+            for ln in body.splitlines()
+            if ln.startswith(f'flyserve_sidecar_ignored_files{{kind="{kind}"}}')
+        )
+        return float(line.rsplit(" ", 1)[1])
+
+    assert sidecar_client.get("/dispatch-stats").status_code == 200  # reads the metrics files
+    assert gauge("metrics") == 1.0
+    assert gauge("rank_reports") == 5.0  # 3 odd names + 1 implausible + 1 unreadable
+    (ranks / "4.json").unlink()
+    assert gauge("rank_reports") == 4.0  # the last look's count, not a running total
+
+
 @pytest.mark.parametrize(
     "headers",
     [
