@@ -132,8 +132,9 @@ def read_file_tail(path: Path, max_bytes: int) -> str | None:
             raise ValueError(f"{path.name}: not a regular file (a directory, FIFO, socket or device)")
         start = max(0, st.st_size - max_bytes)
         with os.fdopen(os.dup(fd), "rb") as f:
-            f.seek(start)
-            raw = f.read(max_bytes)
+            # From the byte before the window: if it ends a line, the window's first line is whole.
+            f.seek(max(0, start - 1))
+            raw = f.read(max_bytes + (start > 0))
     finally:
         os.close(fd)
     if start > 0:

@@ -277,6 +277,10 @@ def test_10r_a_huge_audit_log_is_read_from_its_tail(tmp_path: Path, monkeypatch:
     assert [e["version"] for e in got] == list(range(2001 - len(got), 2001))  # whole, newest, in order
     assert [e["version"] for e in plane.audit_log(5)] == [1996, 1997, 1998, 1999, 2000]
     assert plane.store.max_audited_version() == 2000
+    # A window that starts exactly at a line keeps that line (the byte before it ends a line).
+    tail = lines[-5:]
+    monkeypatch.setattr(store_mod, "AUDIT_READ_MAX", sum(len(x) + 1 for x in tail))
+    assert [e["version"] for e in plane.audit_log()] == [1996, 1997, 1998, 1999, 2000]
 
 
 def test_10r_cli_audit_names_the_refused_file(tmp_path: Path) -> None:
