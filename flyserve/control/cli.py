@@ -426,7 +426,7 @@ def repair_cmd(
 @thresholds_app.command("audit")
 def audit(
     state_dir: Path | None = StateDirOpt,
-    limit: int = typer.Option(20, "--limit", "-n", help="Show at most this many recent entries."),
+    limit: int = typer.Option(20, "--limit", "-n", min=1, help="Show at most this many recent entries."),
 ) -> None:
     """The audit log's recent entries (JSON lines): every change tried, accepted or not."""
     from flyserve.control.errors import ControlIOError

@@ -160,7 +160,10 @@ def read_json(path: Path) -> dict[str, Any] | None:
             raise ValueError(f"{path.name}: number out of range")
         return v
 
-    data = json.loads(raw.decode("utf-8"), parse_constant=refuse, parse_float=finite_float)
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=refuse, parse_float=finite_float)
+    except RecursionError:  # a short line of 1000 '[' (review, stop 20): a traceback, not an error
+        raise ValueError(f"{path.name}: nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a JSON object")  # noqa: TRY004 - callers catch ValueError
     return data
@@ -202,8 +205,10 @@ class Store:
     def __init__(self, state_dir: StateDir | str | os.PathLike[str], *, history_keep: int = 50) -> None:
         self.dir = StateDir(state_dir)
         self.history_keep = max(1, int(history_keep))
-        self.ignored_rank_files = 0  # files in ranks/ left unread at the last look (_rank_file_names)
-        self.refused_rank_files = 0  # read at the last look but unreadable or implausible (_read_reports)
+        # Files in ranks/ not used at the last look: left unread (odd names, past the newest
+        # MAX_RANK_FILES) or read and refused (unreadable, implausible). One assignment per look, so
+        # a reader never sees parts of two looks (_read_reports).
+        self.skipped_rank_files = 0
 
     # ------------------------------------------------------------------ lock
 
@@ -338,7 +343,7 @@ class Store:
         lines = text.splitlines() if text else []
         best = 0
         for ln in lines:
-            with contextlib.suppress(ValueError, AttributeError, TypeError):
+            with contextlib.suppress(ValueError, AttributeError, TypeError, RecursionError):
                 v = json.loads(ln).get("version")
                 if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_VERSION:
                     best = max(best, v)
@@ -449,7 +454,7 @@ class Store:
         lines = text.splitlines()
         out = []
         for ln in lines:
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):
                 e = json.loads(ln)
                 if isinstance(e, dict):
                     out.append(e)
@@ -471,39 +476,46 @@ class Store:
         now = time.time() if now is None else now
         return [r for _, r in self._read_reports(now) if r is not None]
 
-    def _rank_file_names(self) -> list[str]:
+    def _rank_file_names(self) -> tuple[list[str], int]:
         """The rank report names worth reading: ``<rank>.json`` or ``<engine>-<rank>.json`` with
-        small ASCII-digit numbers, the MAX_RANK_FILES newest by mtime. 20,000 stale files once made
-        a PATCH hold the writers' lock for 5 s and /readyz answer 503 (attack review item 7); the
-        rest are ignored and counted in ``ignored_rank_files``."""
+        small ASCII-digit numbers, the MAX_RANK_FILES newest by mtime, and how many other entries
+        ranks/ holds. 20,000 stale files once made a PATCH hold the writers' lock for 5 s and
+        /readyz answer 503 (attack review item 7). Dot files (a rank's own atomic-write temp file,
+        an NFS silly-rename) are neither read nor counted."""
         try:
             entries = list(os.scandir(self.dir.ranks_dir))
         except OSError:
-            return []
+            return [], 0
         dated: list[tuple[float, str]] = []
+        others = 0
         for e in entries:
-            if _RANK_FILE_NAME.fullmatch(e.name) is None:
+            if e.name.startswith("."):
                 continue
-            with contextlib.suppress(OSError):
+            if _RANK_FILE_NAME.fullmatch(e.name) is None:
+                others += 1
+                continue
+            try:
                 dated.append((e.stat(follow_symlinks=False).st_mtime, e.name))
+            except OSError:  # gone since the scan
+                continue
         dated.sort(reverse=True)
-        self.ignored_rank_files = len(entries) - min(len(dated), MAX_RANK_FILES)
-        return sorted(n for _, n in dated[:MAX_RANK_FILES])
+        others += max(0, len(dated) - MAX_RANK_FILES)
+        return sorted(n for _, n in dated[:MAX_RANK_FILES]), others
 
     def _read_reports(self, now: float) -> list[tuple[dict[str, Any], RankReport | None]]:
         out = []
-        refused = 0
-        for n in self._rank_file_names():
+        names, skipped = self._rank_file_names()
+        for n in names:
             try:
                 d = read_json(self.dir.ranks_dir / n)
             except (OSError, ValueError):
-                refused += 1
+                skipped += 1
                 continue
             if d is not None:
                 r = parse_report(d, now=now)
-                refused += r is None
+                skipped += r is None
                 out.append((d, r))
-        self.refused_rank_files = refused
+        self.skipped_rank_files = skipped
         return out
 
     def live_ranks(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:

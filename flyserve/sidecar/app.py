@@ -75,12 +75,10 @@ def update_ignored_files(control: ControlPlane) -> None:
     """flyserve_sidecar_ignored_files: what the last looks at metrics/ and ranks/ skipped (attack
     review items 6 and 7: a poisoned metrics file, 20,000 rank files; until stop 20 only logged)."""
     from flyserve.sidecar.stats import BAD_FILES_SEEN
+    from flyserve.telemetry.multiprocess import SKIPPED_FILES
 
-    store = control.store
-    tm.SIDECAR_IGNORED_FILES.labels("metrics").set(float(len(BAD_FILES_SEEN)))
-    tm.SIDECAR_IGNORED_FILES.labels("rank_reports").set(
-        float(store.ignored_rank_files + store.refused_rank_files)
-    )
+    tm.SIDECAR_IGNORED_FILES.labels("metrics").set(float(len(BAD_FILES_SEEN | SKIPPED_FILES)))
+    tm.SIDECAR_IGNORED_FILES.labels("rank_reports").set(float(control.store.skipped_rank_files))
 
 
 def update_rank_gauges(views: list[RankView]) -> None:

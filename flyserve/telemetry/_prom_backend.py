@@ -440,17 +440,23 @@ def close_files() -> None:
 
 
 def values_file_used(path: str | os.PathLike[str]) -> int | None:
-    """The used size a metrics file's header claims, or None if that cannot be true: the file is
-    shorter than 8 bytes, or the header claims less than 8 or more than the file holds.
+    """The used size a metrics file's header claims, or None if that cannot be true: the header
+    claims less than 8 (but not 0) or more than the file holds.
     prometheus_client's reader believes the header and reads that many bytes: a header saying
     2^31-1 made /metrics and /dispatch-stats answer 500 (MemoryError) until the file was removed
-    (attack review item 6)."""
+    (attack review item 6).
+
+    0 for a file still being created: shorter than 8 bytes or a zero header (prometheus_client's
+    MmapedDict creates the file, truncates it to its first size, then writes the header): no
+    entries yet, not a bad file."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(8)
     if len(head) < 8:
-        return None
+        return 0
     used = struct.unpack_from("i", head, 0)[0]
+    if used == 0:
+        return 0
     return used if 8 <= used <= size else None
 
 
@@ -462,6 +468,8 @@ def read_values_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, float,
     used = values_file_used(path)
     if used is None:
         raise ValueError(f"{os.path.basename(path)}: header's used size does not fit the file")
+    if used == 0:  # still being created
+        return iter(())
     with open(path, "rb") as f:
         data = f.read(used)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import glob
+import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +23,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from flyserve.telemetry._prom_backend import BACKEND, close_files, reinit_values, values_file_used
+
+log = logging.getLogger("flyserve.telemetry")
 
 
 def _live(pid: int) -> bool:
@@ -145,17 +148,48 @@ def exposition_registry(
     return reg
 
 
+SKIPPED_FILES: set[str] = set()
+"""Names of metric files SoundFilesCollector left out (a lying header, an entry prometheus_client
+cannot parse), at most _SKIPPED_MAX; each logged once. The sidecar exports how many."""
+_SKIPPED_MAX = 1024
+
+
+def _skip(path: str, why: str) -> None:
+    name = os.path.basename(path)
+    if name not in SKIPPED_FILES and len(SKIPPED_FILES) < _SKIPPED_MAX:
+        SKIPPED_FILES.add(name)
+        log.warning("metrics file left out of the scrape: %s: %s", name, why[:200])
+
+
 class SoundFilesCollector(MultiProcessCollector):
-    """MultiProcessCollector that leaves out files whose header cannot be true (the used size is
-    over the file's size): prometheus_client would try to read that many bytes, and one file
-    claiming 2^31-1 made every scrape 500 (attack review item 6)."""
+    """MultiProcessCollector that leaves out files it cannot read: a header that cannot be true
+    (the used size over the file's size: prometheus_client would try to read that many bytes, and
+    one file claiming 2^31-1 made every scrape 500, attack review item 6), or an entry
+    prometheus_client fails on (a key that is not UTF-8 or not JSON: also a 500 on every scrape,
+    review of stop 20). The files are merged together as prometheus_client does; only when that
+    fails is each merged alone, to find the ones to leave out (a scrape of sound files pays
+    nothing more)."""
 
     def collect(self):  # type: ignore[no-untyped-def]  # prometheus_client's signature
         files = []
         for f in glob.glob(os.path.join(self._path, "*.db")):
             try:
-                if values_file_used(f) is not None:
-                    files.append(f)
+                used = values_file_used(f)
             except OSError:  # gone since the glob, or unreadable: as if absent
                 continue
-        return self.merge(files, accumulate=True)
+            if used is None:
+                _skip(f, "its header claims a size the file cannot hold")
+            elif used:  # 0: a file still being created, no entries yet
+                files.append(f)
+        try:
+            return self.merge(files, accumulate=True)
+        except Exception:  # noqa: BLE001 - a corrupt file, found below and left out
+            good = []
+            for f in files:
+                try:
+                    self.merge([f], accumulate=True)
+                except Exception as exc:  # noqa: BLE001 - whatever the parser raised on this file
+                    _skip(f, f"{type(exc).__name__}: {exc}")
+                else:
+                    good.append(f)
+            return self.merge(good, accumulate=True)

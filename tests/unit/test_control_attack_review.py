@@ -133,7 +133,7 @@ def test_7_stale_rank_files_are_capped_and_odd_names_ignored(
     assert store.live_ranks() == 1
     assert len(reads) <= 256
     assert {p.name for p in reads}.isdisjoint({"99999.json", "²³.json", "x.json", "1-2-3.json"})
-    assert store.ignored_rank_files >= 600 + 4 - 256
+    assert store.skipped_rank_files >= 600 + 4 - 256
 
 
 # ---------------------------------------------------------------- 9: a token file that is not a file
@@ -348,6 +348,117 @@ def test_6_7_skipped_files_are_exported(sidecar_client, tmp_path: Path, monkeypa
     assert gauge("rank_reports") == 5.0  # 3 odd names + 1 implausible + 1 unreadable
     (ranks / "4.json").unlink()
     assert gauge("rank_reports") == 4.0  # the last look's count, not a running total
+
+
+def _broken_entry_counter_file(metrics_dir: Path) -> Path:
+    """A counter file with a true header and one entry whose key is not UTF-8."""
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    body = struct.pack("i", 50) + b"\xff" * 46
+    data = struct.pack("i", 8 + len(body)) + b"\0" * 4 + body
+    f = metrics_dir / "counter_669.db"
+    f.write_bytes(data + b"\0" * (4096 - len(data)))
+    return f
+
+
+def test_6_a_broken_metrics_entry_is_left_out_of_a_scrape(
+    sidecar_client, tmp_path: Path, monkeypatch
+) -> None:
+    """A true header over an entry prometheus_client cannot parse made every /metrics a 500 (review
+    of stop 20); the file is left out, the rest is scraped, the gauge counts it."""
+    from flyserve.telemetry import multiprocess
+
+    monkeypatch.setattr(multiprocess, "SKIPPED_FILES", set())
+    assert sidecar_client.get("/metrics").status_code == 200
+    _broken_entry_counter_file(tmp_path / "metrics")
+    r = sidecar_client.get("/metrics")
+    assert r.status_code == 200 and "flyserve_sidecar_requests_total" in r.text
+    assert 'flyserve_sidecar_ignored_files{kind="metrics"} 1.0' in r.text
+    assert multiprocess.SKIPPED_FILES == {"counter_669.db"}
+
+
+def test_6_a_metrics_file_being_created_is_not_counted(tmp_path: Path, monkeypatch) -> None:
+    """prometheus_client creates a file, truncates it (a zero header), then writes the header: a
+    scrape in between sees no entries, and nothing skipped (it is not a bad file)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from flyserve.sidecar import stats
+    from flyserve.telemetry import multiprocess
+    from flyserve.telemetry.multiprocess import SoundFilesCollector
+
+    monkeypatch.setattr(multiprocess, "SKIPPED_FILES", set())
+    monkeypatch.setattr(stats, "BAD_FILES_SEEN", set())
+    m = tmp_path / "metrics"
+    m.mkdir()
+    (m / "counter_1.db").write_bytes(b"")
+    (m / "counter_2.db").write_bytes(b"\0" * 4096)
+    reg = CollectorRegistry()
+    SoundFilesCollector(reg, path=str(m))
+    assert generate_latest(reg) == b""
+    assert stats.read_counters(m) == {}
+    assert multiprocess.SKIPPED_FILES == set() and stats.BAD_FILES_SEEN == set()
+
+
+def test_7_rank_report_gauge_follows_ranks_dir_and_ignores_temp_files(sidecar_client, tmp_path: Path) -> None:
+    """ranks/ removed: the last look found nothing to skip (0, not the previous count); a rank's
+    own atomic-write temp file (a dot file) is not counted; repair removes an old one."""
+    import re
+
+    from flyserve.control.repair import repair
+
+    def gauge() -> float:
+        body = sidecar_client.get("/metrics").text
+        return float(re.search(r'flyserve_sidecar_ignored_files\{kind="rank_reports"\} (\S+)', body).group(1))
+
+    ranks = tmp_path / "ranks"
+    ranks.mkdir(parents=True, exist_ok=True)
+    for i in range(3):
+        (ranks / f"junk{i}").write_text("x")
+    tmp = ranks / ".0.json.abcd.tmp"
+    tmp.write_text("{")
+    assert gauge() == 3.0
+    old = time.time() - 3600
+    os.utime(tmp, (old, old))
+    report = repair(ControlPlane(tmp_path, step_margin=8, lead_s=0.0))
+    assert not tmp.exists() and any("ranks/.0.json.abcd.tmp" in d for d in report.dropped)
+    for i in range(3):
+        (ranks / f"junk{i}").unlink()
+    ranks.rmdir()
+    assert gauge() == 0.0
+
+
+def test_10r_repair_says_what_it_did_when_the_audit_log_is_refused(tmp_path: Path) -> None:
+    """A symlinked audit.jsonl: repair still rebuilds current.json, and reports the audit log as not
+    read instead of ending in an error that hides the rest."""
+    from flyserve.control.repair import repair
+
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    for v in (3000, 3001, 3002):
+        plane.apply_overrides({"min_seq_len": v}, actor="t")
+    plane.state_dir.current_json.unlink()
+    plane.state_dir.audit_log.unlink()
+    plane.state_dir.audit_log.symlink_to(tmp_path / "decoy")
+    report = repair(plane)
+    assert plane.state_dir.current_json.exists() and report.version == 3
+    assert any("audit log not read" in d and "symlink" in d for d in report.dropped)
+    assert not (tmp_path / "decoy").exists()
+
+
+def test_10r_deeply_nested_json_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    """A short audit line or rank report of 1000 '[' (under every size cap): skipped, not a
+    RecursionError out of `thresholds audit`, repair or /dispatch-stats."""
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    plane.apply_overrides({"min_seq_len": 3000}, actor="t")
+    nested = "[" * 100_000 + "]" * 100_000
+    with plane.state_dir.audit_log.open("a") as f:
+        f.write(nested + "\n")
+    assert [e.get("result") for e in plane.audit_log()] == ["success"]
+    assert plane.store.max_audited_version() == 1
+    ranks = plane.state_dir.ranks_dir
+    ranks.mkdir(parents=True, exist_ok=True)
+    (ranks / "0.json").write_text(nested[:60_000])
+    with pytest.raises(ValueError, match="nested too deeply|Expecting"):
+        read_json(ranks / "0.json")
+    assert plane.store.rank_reports() == [] and plane.store.skipped_rank_files == 1
 
 
 @pytest.mark.parametrize(

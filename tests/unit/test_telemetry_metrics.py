@@ -47,6 +47,7 @@ def test_metric_names_are_the_agreed_ones() -> None:
         "flyserve_rank_up",
         "flyserve_rank_report_age_seconds",
         "flyserve_ranks_agree",
+        "flyserve_sidecar_ignored_files",
         "flyserve_priced_attention_seconds_total",
         "flyserve_cost_drift_ratio",
     )
