@@ -61,6 +61,7 @@ SIDECAR_REQUEST_SECONDS = tm.exposed_name(tm.SIDECAR_REQUEST_SECONDS)
 RANK_UP = tm.exposed_name(tm.RANK_UP)
 RANK_REPORT_AGE = tm.exposed_name(tm.RANK_REPORT_AGE)
 RANKS_AGREE = tm.exposed_name(tm.RANKS_AGREE)
+SIDECAR_IGNORED_FILES = tm.exposed_name(tm.SIDECAR_IGNORED_FILES)
 KERNEL_SECONDS_BUCKET = KERNEL_SECONDS + "_bucket"
 KERNEL_SECONDS_COUNT = KERNEL_SECONDS + "_count"
 KERNEL_SECONDS_SUM = KERNEL_SECONDS + "_sum"
@@ -876,6 +877,18 @@ def _control_ranks_row(d: dash.Dashboard) -> dash.Dashboard:
                 )
             ],
             unit="s",
+            min_val=0,
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Files the sidecar skipped",
+            "Files in the state directory the sidecar did not use: metrics (corrupt or foreign metric "
+            "files, since the sidecar started) and rank_reports (odd, unreadable or implausible files "
+            "in ranks/ at its last look). Above 0: something writes there what flyserve did not; the "
+            "sidecar's log names each metrics file once (operations.md, Failure modes).",
+            [_target(f"max by (kind) ({SIDECAR_IGNORED_FILES}{{{INSTANCE_SEL}}})", "{{kind}}")],
+            unit="none",
             min_val=0,
         )
     )
