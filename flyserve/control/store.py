@@ -78,11 +78,10 @@ MAX_RANK_FILES = 256
 _RANK_FILE_NAME = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}\.json", re.ASCII)
 
 
-def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
-    """The bytes of ``path``, or None if it does not exist. A symlink, FIFO, socket, device or
-    directory, or a file over ``max_bytes``, raises ValueError: a FIFO among the rank reports once
-    blocked /readyz, /dispatch-stats and a PATCH holding the writers' lock for ever (attack review
-    item 5). O_NONBLOCK makes open() of a FIFO return at once; fstat then refuses it."""
+def _open_regular(path: Path) -> tuple[int, os.stat_result] | None:
+    """(fd, fstat) of ``path`` opened read-only, or None if it does not exist. A symlink, FIFO,
+    socket, device or directory raises ValueError: never followed (O_NOFOLLOW) and never waited on
+    (O_NONBLOCK makes open() of a FIFO return at once; fstat then refuses it). The caller closes fd."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -96,6 +95,22 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{path.name}: not a regular file (a directory, FIFO, socket or device)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
+    """The bytes of ``path``, or None if it does not exist. A symlink, FIFO, socket, device or
+    directory, or a file over ``max_bytes``, raises ValueError: a FIFO among the rank reports once
+    blocked /readyz, /dispatch-stats and a PATCH holding the writers' lock for ever (attack review
+    item 5). O_NONBLOCK makes open() of a FIFO return at once; fstat then refuses it."""
+    opened = _open_regular(path)
+    if opened is None:
+        return None
+    fd, st = opened
+    try:
         if st.st_size > max_bytes:
             raise ValueError(f"{path.name}: larger than {max_bytes} bytes")
         with os.fdopen(os.dup(fd), "rb") as f:
@@ -117,19 +132,11 @@ def read_file_tail(path: Path, max_bytes: int) -> str | None:
     directory raises ValueError instead of being followed, waited on or read without end (the audit
     log was read with a plain open(): a symlink to /dev/zero filled the reader's memory, a FIFO
     blocked it)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
+    opened = _open_regular(path)
+    if opened is None:
         return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError(f"{path.name}: a symlink, not a regular file") from None
-        raise
+    fd, st = opened
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path.name}: not a regular file (a directory, FIFO, socket or device)")
         start = max(0, st.st_size - max_bytes)
         with os.fdopen(os.dup(fd), "rb") as f:
             # From the byte before the window: if it ends a line, the window's first line is whole.

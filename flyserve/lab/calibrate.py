@@ -131,7 +131,9 @@ class CalibrationError(RuntimeError):
         self.exit_code = exit_code
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file and a rename (a crash leaves the old file or
+    the new one, never half of one); both calibrators write their profile and cost table with it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -300,8 +302,8 @@ def run_calibration(
         ),
         "",
     ]
-    _atomic_write(out_costs, table.to_json())
-    _atomic_write(out_profile, profile_yaml(fit.thresholds, header))
+    atomic_write_text(out_costs, table.to_json())
+    atomic_write_text(out_profile, profile_yaml(fit.thresholds, header))
     return (
         f"wrote {out_costs} ({len(entries)} shapes) and {out_profile}: routed/oracle on the grid "
         f"{fit.routed_over_oracle:.4f}, decode_path {fit.thresholds.decode_path}"

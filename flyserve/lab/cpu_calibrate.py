@@ -14,11 +14,10 @@ kernel's absolute speed.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 from pathlib import Path
 from typing import Any
 
-from flyserve.lab.calibrate import CalibrationError, GridPoint, build_grid, profile_yaml
+from flyserve.lab.calibrate import CalibrationError, GridPoint, atomic_write_text, build_grid, profile_yaml
 from flyserve.policy import PREFILL, UNIFIED, Thresholds
 from flyserve.pricing.costs import CostEntry, CostTable
 from flyserve.pricing.fit import fit_thresholds
@@ -43,13 +42,6 @@ CPU_GRIDS: dict[str, dict[str, Any]] = {
 }
 CPU_LAYER = {"num_heads": 4, "num_kv_heads": 2, "head_size": 32, "block_size": 128}
 """flyserve.vllm.tiny_model's attention layer, with vLLM's default CPU KV block size."""
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def run_cpu_calibration(
@@ -145,8 +137,8 @@ def run_cpu_calibration(
         f"  always-unified {fit.unified_s * 1e3:.2f} ms, always-prefill {fit.prefill_s * 1e3:.2f} ms",
         "",
     ]
-    _atomic_write(out_costs, table.to_json())
-    _atomic_write(out_profile, profile_yaml(fit.thresholds, header))
+    atomic_write_text(out_costs, table.to_json())
+    atomic_write_text(out_profile, profile_yaml(fit.thresholds, header))
     return (
         f"wrote {out_costs} ({len(entries)} shapes) and {out_profile}: routed/oracle on the grid "
         f"{fit.routed_over_oracle:.4f}, decode_path {fit.thresholds.decode_path}"
