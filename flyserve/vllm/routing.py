@@ -315,17 +315,14 @@ class FlyserveRouting:
         return np.asarray(seq)[:n].copy()
 
     def _log_shape(self, metadata: Any, step: int, d: Any, version: int) -> None:
-        seq = getattr(metadata, "seq_lens_cpu_upper_bound", None)
-        if seq is None:
-            seq = metadata.seq_lens
-            if getattr(getattr(seq, "device", None), "type", "cpu") != "cpu":
-                if not self._warned_no_seq_lens:
-                    self._warned_no_seq_lens = True
-                    log.warning("flyserve shape log: no host copy of seq_lens in this vLLM; not logging")
-                return
         qsl = metadata.query_start_loc_cpu
         q = np.diff(qsl.numpy() if hasattr(qsl, "numpy") else np.asarray(qsl))
-        s = (seq.numpy() if hasattr(seq, "numpy") else np.asarray(seq))[: q.size].copy()
+        s = self._host_seq_lens(metadata, q.size)
+        if s is None:
+            if not self._warned_no_seq_lens:
+                self._warned_no_seq_lens = True
+                log.warning("flyserve shape log: no host copy of seq_lens in this vLLM; not logging")
+            return
         self.rt.shape_log.append(step, q, s, int(metadata.max_seq_len), d.path, d.reason, version)
 
     # ------------------------------------------------------------------ protocol statics
