@@ -31,6 +31,7 @@ from pathlib import Path
 from flyserve.policy.vocabulary import NO_PREFILL_ROWS, PATHS, PREFILL, REASONS
 from flyserve.sidecar.models import KernelStats, Totals, Window
 from flyserve.telemetry import metrics as tm
+from flyserve.telemetry.multiprocess import note_skipped_file
 
 log = logging.getLogger("flyserve.sidecar")
 
@@ -132,18 +133,6 @@ def _parse_key(key: str) -> tuple[str, int, str, object] | None:
     return out
 
 
-BAD_FILES_SEEN: set[str] = set()
-"""Metrics files skipped as corrupt (a header claiming more than the file holds, a broken entry);
-each is logged once. len() of it is how many (attack review item 6)."""
-_BAD_FILES_MAX = 1024
-
-
-def _note_bad_file(name: str, exc: Exception) -> None:
-    if name not in BAD_FILES_SEEN and len(BAD_FILES_SEEN) < _BAD_FILES_MAX:
-        BAD_FILES_SEEN.add(name)
-        log.warning("metrics file skipped: %s", str(exc)[:200])
-
-
 def read_counters(metrics_dir: Path) -> dict[int, RankCounters]:
     """All ranks' dispatch counters from flyserve's multiprocess metrics directory (read-only).
 
@@ -165,7 +154,7 @@ def read_counters(metrics_dir: Path) -> dict[int, RankCounters]:
         except FileNotFoundError:  # wiped between listdir and open
             continue
         except (ValueError, OSError) as exc:  # a corrupt or foreign file: skipped, counted, logged once
-            _note_bad_file(name, exc)
+            note_skipped_file(name, str(exc))
             continue
         for key, value, _ts, _pos in values:
             parsed = _parse_key(key)

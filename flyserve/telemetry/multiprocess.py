@@ -149,16 +149,18 @@ def exposition_registry(
 
 
 SKIPPED_FILES: set[str] = set()
-"""Names of metric files SoundFilesCollector left out (a lying header, an entry prometheus_client
-cannot parse), at most _SKIPPED_MAX; each logged once. The sidecar exports how many."""
+"""Names of metric files left out as corrupt (a lying header, an entry that cannot be parsed), by
+SoundFilesCollector or the sidecar's own reader (flyserve.sidecar.stats), at most _SKIPPED_MAX;
+each logged once (attack review item 6). The sidecar exports how many."""
 _SKIPPED_MAX = 1024
 
 
-def _skip(path: str, why: str) -> None:
+def note_skipped_file(path: str, why: str) -> None:
+    """Count and log (once per name) a metrics file left out; ``why`` is cut to 200 characters."""
     name = os.path.basename(path)
     if name not in SKIPPED_FILES and len(SKIPPED_FILES) < _SKIPPED_MAX:
         SKIPPED_FILES.add(name)
-        log.warning("metrics file left out of the scrape: %s: %s", name, why[:200])
+        log.warning("metrics file left out: %s: %s", name, why[:200])
 
 
 class SoundFilesCollector(MultiProcessCollector):
@@ -178,7 +180,7 @@ class SoundFilesCollector(MultiProcessCollector):
             except OSError:  # gone since the glob, or unreadable: as if absent
                 continue
             if used is None:
-                _skip(f, "its header claims a size the file cannot hold")
+                note_skipped_file(f, "its header claims a size the file cannot hold")
             elif used:  # 0: a file still being created, no entries yet
                 files.append(f)
         try:
@@ -189,7 +191,7 @@ class SoundFilesCollector(MultiProcessCollector):
                 try:
                     self.merge([f], accumulate=True)
                 except Exception as exc:  # noqa: BLE001 - whatever the parser raised on this file
-                    _skip(f, f"{type(exc).__name__}: {exc}")
+                    note_skipped_file(f, f"{type(exc).__name__}: {exc}")
                 else:
                     good.append(f)
             return self.merge(good, accumulate=True)

@@ -88,10 +88,11 @@ def _forged_counter_file(metrics_dir: Path) -> Path:
 
 def test_6_a_lying_metrics_header_is_skipped_by_dispatch_stats(tmp_path: Path) -> None:
     from flyserve.sidecar import stats
+    from flyserve.telemetry import multiprocess
 
     _forged_counter_file(tmp_path / "metrics")
     assert stats.read_counters(tmp_path / "metrics") == {}
-    assert "counter_667.db" in stats.BAD_FILES_SEEN
+    assert "counter_667.db" in multiprocess.SKIPPED_FILES
 
 
 def test_6_a_lying_metrics_header_is_left_out_of_a_scrape(tmp_path: Path) -> None:
@@ -320,9 +321,9 @@ def sidecar_client(tmp_path: Path):
 def test_6_7_skipped_files_are_exported(sidecar_client, tmp_path: Path, monkeypatch) -> None:
     """What the sidecar skipped (a poisoned metrics file, odd or implausible rank reports), until
     stop 20 only logged: flyserve_sidecar_ignored_files{kind} on /metrics."""
-    from flyserve.sidecar import stats
+    from flyserve.telemetry import multiprocess
 
-    monkeypatch.setattr(stats, "BAD_FILES_SEEN", set())
+    monkeypatch.setattr(multiprocess, "SKIPPED_FILES", set())
     _forged_counter_file(tmp_path / "metrics")
     ranks = tmp_path / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
@@ -386,7 +387,6 @@ def test_6_a_metrics_file_being_created_is_not_counted(tmp_path: Path, monkeypat
     from flyserve.telemetry.multiprocess import SoundFilesCollector
 
     monkeypatch.setattr(multiprocess, "SKIPPED_FILES", set())
-    monkeypatch.setattr(stats, "BAD_FILES_SEEN", set())
     m = tmp_path / "metrics"
     m.mkdir()
     (m / "counter_1.db").write_bytes(b"")
@@ -395,7 +395,7 @@ def test_6_a_metrics_file_being_created_is_not_counted(tmp_path: Path, monkeypat
     SoundFilesCollector(reg, path=str(m))
     assert generate_latest(reg) == b""
     assert stats.read_counters(m) == {}
-    assert multiprocess.SKIPPED_FILES == set() and stats.BAD_FILES_SEEN == set()
+    assert multiprocess.SKIPPED_FILES == set()
 
 
 def test_7_rank_report_gauge_follows_ranks_dir_and_ignores_temp_files(sidecar_client, tmp_path: Path) -> None:
