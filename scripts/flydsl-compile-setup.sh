@@ -10,6 +10,7 @@
 #   FLYDSL_GIT (argument or environment): a git directory or clone of ROCm/FlyDSL holding the revisions;
 #   without it, https://github.com/ROCm/FlyDSL is cloned (bare) into .flydsl/FlyDSL.git.
 #   FLYDSL_REVS (environment): the revisions, default "943152de 11c4174d" (PR #1056 and main 2026-08-21).
+#   TORCH_INDEX_URL (environment): where to get the CPU build of torch, if pip would pick another.
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,16 +26,19 @@ mkdir -p "$ROOT"
 pip() { "$ROOT/venv/bin/python" -m pip "$@"; }
 if ! "$ROOT/venv/bin/python" -c 'import flydsl, torch, numpy' 2>/dev/null; then
   say "installing torch 2.13.0 (CPU), numpy, flydsl 0.4.2"
-  pip install -q torch==2.13.0 numpy flydsl==0.4.2
+  # The CPU build of torch is enough (nothing runs on a GPU). Where pip would otherwise fetch the
+  # CUDA build, set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu.
+  pip install -q torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  pip install -q numpy flydsl==0.4.2
 fi
 pip show -q flyserve >/dev/null 2>&1 || { say "installing flyserve (editable)"; pip install -q -e .; }
 
-if [ -z "$GITDIR" ]; then
-  GITDIR=$ROOT/FlyDSL.git
-  [ -d "$GITDIR" ] || { say "cloning ROCm/FlyDSL"; git clone -q --bare https://github.com/ROCm/FlyDSL "$GITDIR"; }
-fi
 for rev in $REVS; do
   if [ ! -d "$ROOT/FlyDSL-$rev/kernels/attention" ]; then
+    if [ -z "$GITDIR" ]; then
+      GITDIR=$ROOT/FlyDSL.git
+      [ -d "$GITDIR" ] || { say "cloning ROCm/FlyDSL"; git clone -q --bare https://github.com/ROCm/FlyDSL "$GITDIR"; }
+    fi
     say "FlyDSL $rev -> .flydsl/FlyDSL-$rev"
     mkdir -p "$ROOT/FlyDSL-$rev"
     git --git-dir "$(git -C "$GITDIR" rev-parse --absolute-git-dir 2>/dev/null || echo "$GITDIR")" archive "$rev" | tar -x -C "$ROOT/FlyDSL-$rev"

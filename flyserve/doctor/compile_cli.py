@@ -128,7 +128,7 @@ def compile_command(
         variants = [v for v in variants if v.batch in batch or v.batch == "wrong"]
     typer.echo(
         f"{len(variants)} variants of {os.path.basename(os.path.abspath(kernels_path))} ({rev['label']}), "
-        "one process each (~440 MB, 7-13 s on 2 cores)",
+        "one process each (~420 MB, 5-30 s on 2 cores)",
         err=True,
     )
     results = cc.run_variants(

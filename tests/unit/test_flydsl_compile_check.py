@@ -291,8 +291,13 @@ def test_recorded_run_of_each_revision_reports_every_variant_ok(rev):
             continue
         (k,) = r["kernels"]
         assert k["target"].endswith("gfx950") and k["vgpr_spills"] == 0 and k["sgpr_spills"] == 0
-        light = r["variant"]["batch"] == "light"
+        # the light kernel: contiguous short batches; on main also vLLM's short batches (main copies
+        # strided K/V to contiguous first, and flyserve keeps its path off for that reason)
+        light = r["variant"]["batch"] == "light" or (
+            r["variant"]["batch"] == "short" and not rec["revision"]["strided_kv"]
+        )
         assert ("generic" in k["symbol"]) is light, r["variant"]["name"]
+        assert (r["vllm_layout_problem"] is None) is rec["revision"]["strided_kv"]
     table = (RESULTS / f"{rev}.txt").read_text()
     assert cc.render(rec).split("\n", 1)[1] == table.split("\n", 1)[1].rstrip("\n")
 
