@@ -60,8 +60,9 @@ HEAD_SIZES = (64, 128)
 DUALWAVE_PAGE_SIZES = (64, 128)
 # The paged path walks KV in 64-token tiles (flash_attn_interface._PAGED_TILE).
 PAGED_TILE = 64
-# flash_attn_interface._VARLEN_LIGHT_MAX_SEQ: at page 64, a paged batch whose max_seqlen_q is at
-# most this goes to the "paged light" kernel on gfx950 (no LPT flag).
+# flash_attn_interface._VARLEN_LIGHT_MAX_SEQ: at page 64 with contiguous K/V, a paged batch whose
+# max_seqlen_q is at most this goes to the "paged light" kernel on gfx950 (no LPT flag). vLLM's
+# strided cache views never do on #1056 (results/flydsl/943152de.txt, short-p64: dualwave).
 LIGHT_MAX_QUERY = 256
 # Warm-up query length: two of the dualwave kernel's 256-row q-blocks, past the light kernel.
 WARMUP_QUERY_LEN = 512
