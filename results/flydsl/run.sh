@@ -11,6 +11,9 @@ for rev in 943152de 11c4174d; do
   flyserve flydsl compile --model-config $CFG --tp 8 --wrong-calls --kernels-path .flydsl/FlyDSL-$rev \
     --json-out $OUT/$rev.json > $OUT/$rev.txt
 done
+# more than one KV head per rank (TP 2: 4): compiles, but flyserve keeps the path off on vLLM's cache
+flyserve flydsl compile --model-config $CFG --tp 2 --page-size 64 --batch serve \
+  --kernels-path .flydsl/FlyDSL-943152de --json-out $OUT/943152de-tp2-serve.json > $OUT/943152de-tp2-serve.txt
 # one code object kept for the unit tests of the metadata reader
 rm -rf "$OUT/code-objects.tmp"
 flyserve flydsl compile --model-config $CFG --tp 8 --page-size 64 --batch warm-up \

@@ -369,3 +369,13 @@ def test_cache_location_follows_flydsls_rules(tmp_path, monkeypatch):
     monkeypatch.setenv(fk.CACHE_ENABLE_ENV, "TRUE")
     monkeypatch.setenv(fk.CACHE_DIR_ENV, "")
     assert fk.flydsl_cache_dir() is None
+
+
+def test_more_than_one_kv_head_per_rank_compiles_but_flyserve_keeps_the_path_off():
+    """TP 2 (4 KV heads per rank) on vLLM's cache: FlyDSL compiles (it would copy), flyserve says no."""
+    rec = json.loads((RESULTS / "943152de-tp2-serve.json").read_text())
+    assert rec["geometry"]["num_kv_heads"] == 4 and rec["summary"]["fail"] == 0
+    for r in rec["variants"]:
+        assert r["kernels"][0]["symbol"] == "flash_attn_dualwave_swp_gfx950_kernel_0"
+        assert "pages are not page_size rows apart" in r["vllm_layout_problem"]
+        assert cc.served_note(r) == "no: path off"
