@@ -79,7 +79,10 @@ def doctor(
 
 
 def register(app: typer.Typer) -> None:
+    from flyserve.doctor import compile_cli
+
     app.command("doctor")(doctor)
+    compile_cli.register(app)  # `flyserve flydsl compile`
 
 
 def main(argv: list[str] | None = None) -> int:

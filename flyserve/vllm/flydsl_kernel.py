@@ -17,8 +17,16 @@ descriptions are committed in tests/data/contracts/ with the commit each was rea
   anyway, so the call does not lean on that default;
 * page size 64 on ``main`` 11c4174d (2026-08-21); 64 or 128 on pull request #1056 (943152de,
   2026-08-22), which also adds ``causal_lpt`` and addresses strided K/V views in place;
-* a paged batch with ``max_seqlen_q <= 256`` at page 64 takes the "paged light" kernel, which has
-  no LPT flag: a warm-up must use a longer query to compile the dualwave LPT variants.
+* the "paged light" kernel (no LPT flag) takes a paged batch only when ``max_seqlen_q <= 256``, the
+  page is 64 and K/V are contiguous (#1056 also requires ``stride_kv_n is None``,
+  flash_attn_interface.py:582; main copies strided K/V first). vLLM's AITER cache hands strided
+  views, so with #1056 every serving batch, even one of <= 256 query tokens, takes the dualwave
+  kernel; only contiguous K/V (the lab adapter) reach the light one. A warm-up with a longer query
+  compiles the dualwave LPT variants either way. The K/V strides are a run-time argument of the
+  compiled kernel (FlyDSL's JIT marks every non-unit stride dynamic, so they are not in its cache
+  key): the warm-up's contiguous batch compiles exactly what serving on vLLM's strided cache runs.
+  Shown by FlyDSL's own compiler on a CPU (`flyserve flydsl compile`, results/flydsl/): the serving
+  batch's cache key equals the warm-up's and a run-only reload finds it.
 
 The installed revision is detected from the real function (``inspect.signature``: is
 ``causal_lpt`` a parameter) and from its module's page-size constant, once, at load.
@@ -31,6 +39,7 @@ import inspect
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,8 +60,9 @@ HEAD_SIZES = (64, 128)
 DUALWAVE_PAGE_SIZES = (64, 128)
 # The paged path walks KV in 64-token tiles (flash_attn_interface._PAGED_TILE).
 PAGED_TILE = 64
-# flash_attn_interface._VARLEN_LIGHT_MAX_SEQ: at page 64, a paged batch whose max_seqlen_q is at
-# most this goes to the "paged light" kernel on gfx950 (no LPT flag).
+# flash_attn_interface._VARLEN_LIGHT_MAX_SEQ: at page 64 with contiguous K/V, a paged batch whose
+# max_seqlen_q is at most this goes to the "paged light" kernel on gfx950 (no LPT flag). vLLM's
+# strided cache views never do on #1056 (results/flydsl/943152de.txt, short-p64: dualwave).
 LIGHT_MAX_QUERY = 256
 # Warm-up query length: two of the dualwave kernel's 256-row q-blocks, past the light kernel.
 WARMUP_QUERY_LEN = 512
@@ -247,15 +257,40 @@ def warm_up(
 ) -> list[bool]:
     """Compile the dualwave kernel's variants before any CUDA graph is captured.
 
-    The batch is one request of ``WARMUP_QUERY_LEN`` (512) query tokens: past the paged light
-    kernel (<= 256), so the dualwave kernel - the one with the LPT flag - is what compiles.
+    The batch (``warm_up_batch``) is one request of ``WARMUP_QUERY_LEN`` (512) query tokens: past
+    the paged light kernel (<= 256), so the dualwave kernel - the one with the LPT flag - is what
+    compiles. With FlyDSL's disk cache holding these specializations (built on a CPU by
+    `flyserve flydsl compile --cache-dir`), nothing compiles: the log line says which happened.
     Both LPT variants where the revision has the flag, else the one kernel. Returns the LPT
     values compiled. Raises whatever the kernel raises (the caller opens the circuit).
     """
-    import torch
-
     if is_capturing():
         raise RuntimeError("FlyDSL warm-up must run before CUDA-graph capture, not during it")
+    q, k, v, out, batch = warm_up_batch(
+        dtype=dtype, device=device, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        head_size=head_size, page_size=page_size,
+    )  # fmt: skip
+    variants = [False, True] if kernel.revision.has_causal_lpt else [False]
+    cache = flydsl_cache_entries()
+    t0 = time.perf_counter()
+    for lpt in variants:
+        call_paged(kernel, q, k, v, out, num_kv_heads=num_kv_heads, lpt=lpt, **batch)
+    log.info(
+        "flyserve: FlyDSL warm-up %s", warm_up_source(cache, flydsl_cache_entries(), time.perf_counter() - t0)
+    )
+    return variants
+
+
+def warm_up_batch(
+    *, dtype: Any, device: Any, num_heads: int, num_kv_heads: int, head_size: int, page_size: int
+) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    """The warm-up's batch: (q, k, v, out, the rest of call_paged's keywords but lpt/num_kv_heads).
+
+    One request of ``WARMUP_QUERY_LEN`` (512) query tokens on contiguous K/V. Also what
+    `flyserve flydsl compile` compiles as the warm-up variant, so the check and the server agree.
+    """
+    import torch
+
     n = WARMUP_QUERY_LEN
     blocks = -(-n // page_size)
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -270,16 +305,61 @@ def warm_up(
     cu = torch.tensor([0, n], dtype=torch.int32, device=device)
     seqlen_k = torch.tensor([n], dtype=torch.int32, device=device)
     table = torch.arange(blocks, dtype=torch.int32, device=device).view(1, blocks)
-    variants = [False, True] if kernel.revision.has_causal_lpt else [False]
-    for lpt in variants:
-        call_paged(
-            kernel, q, k, v, out,
-            cu_seqlens_q=cu, cu_seqlens_kv=cu, seqlen_k=seqlen_k, block_table=table,
-            max_seqlen_q=n, max_seqlen_kv=n, num_kv_heads=num_kv_heads, lpt=lpt,
-        )  # fmt: skip
-    return variants
+    batch = {
+        "cu_seqlens_q": cu, "cu_seqlens_kv": cu, "seqlen_k": seqlen_k, "block_table": table,
+        "max_seqlen_q": n, "max_seqlen_kv": n,
+    }  # fmt: skip
+    return q, k, v, out, batch
 
 
 def kernel_block_sizes(revision: FlyDSLRevision | None) -> tuple[int, ...]:
     """The KV block sizes the composite declares to vLLM (64 and, where accepted, 128)."""
     return revision.page_sizes if revision is not None else (PAGED_TILE,)
+
+
+# FlyDSL's disk cache (flydsl 0.4.2 utils/env.py RuntimeEnvManager): on by default, one folder per
+# JIT function under the cache dir, one ``<key hash>.pkl`` per compiled specialization
+# (compiler/jit_function.py JitCacheManager). A warm-up that adds no file compiled nothing.
+CACHE_DIR_ENV = "FLYDSL_RUNTIME_CACHE_DIR"
+CACHE_ENABLE_ENV = "FLYDSL_RUNTIME_ENABLE_CACHE"
+
+
+def flydsl_cache_dir() -> str | None:
+    """Where FlyDSL reads and writes compiled kernels in this process (None: its cache is off)."""
+    raw = os.environ.get(CACHE_ENABLE_ENV)
+    if raw is not None and raw.lower() not in ("1", "true", "yes", "on"):  # FlyDSL's OptBool
+        return None
+    root = os.environ.get(CACHE_DIR_ENV)
+    if root is None:
+        return os.path.join(os.path.expanduser("~"), ".flydsl", "cache")
+    return root or None  # set but empty: FlyDSL keeps no disk cache
+
+
+def flydsl_cache_entries() -> frozenset[str] | None:
+    """The compiled specializations in FlyDSL's disk cache now (None: the cache is off)."""
+    root = flydsl_cache_dir()
+    if root is None:
+        return None
+    try:
+        return frozenset(
+            f"{d.name}/{f.name}"
+            for d in os.scandir(root)
+            if d.is_dir()
+            for f in os.scandir(d.path)
+            if f.name.endswith(".pkl")
+        )
+    except OSError:  # no cache folder yet
+        return frozenset()
+
+
+def warm_up_source(before: frozenset[str] | None, after: frozenset[str] | None, seconds: float) -> str:
+    """What the warm-up did, for the log: compiled, or loaded from FlyDSL's cache."""
+    if before is None or after is None:
+        return f"compiled in {seconds:.1f} s (FlyDSL's disk cache is off: {CACHE_ENABLE_ENV})"
+    new = len(after - before)
+    if new:
+        return f"compiled {new} kernel(s) in {seconds:.1f} s, written to FlyDSL's cache {flydsl_cache_dir()}"
+    return (
+        f"loaded from FlyDSL's cache {flydsl_cache_dir()} in {seconds:.1f} s: nothing compiled "
+        f"({len(after)} cached kernel(s) there)"
+    )

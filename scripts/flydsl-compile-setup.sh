@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Set up FlyDSL's gfx950 compiler on an x86-64 Debian/Ubuntu CPU machine (an image builder, a laptop, CI
+# with the extra) for `flyserve flydsl compile`. Everything goes under .flydsl/ (ignored by git):
+#   .flydsl/venv/            torch 2.13.0 (CPU), numpy, flydsl 0.4.2, flyserve (editable, no extras)
+#   .flydsl/FlyDSL-<rev>/    `git archive` of each FlyDSL revision (the kernels/ package the wheel lacks)
+#   .flydsl/rocm/            ROCM_PATH for the compiler: amdgcn/bitcode (Debian's rocm-device-libs,
+#                            unpacked with dpkg -x, not installed) and llvm/bin/ld.lld (Debian's lld-22)
+#   .flydsl/env.sh           the environment `flyserve flydsl compile` needs (source it)
+# Usage: scripts/flydsl-compile-setup.sh [FLYDSL_GIT]
+#   FLYDSL_GIT (argument or environment): a git directory or clone of ROCm/FlyDSL holding the revisions;
+#   without it, https://github.com/ROCm/FlyDSL is cloned (bare) into .flydsl/FlyDSL.git.
+#   FLYDSL_REVS (environment): the revisions, default "943152de 11c4174d" (PR #1056 and main 2026-08-21).
+#   TORCH_INDEX_URL (environment): where to get the CPU build of torch, if pip would pick another.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD/.flydsl
+PY=${PYTHON:-python3}
+REVS=${FLYDSL_REVS:-943152de 11c4174d}
+GITDIR=${1:-${FLYDSL_GIT:-}}
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+say() { printf '\033[1m[flydsl-setup]\033[0m %s\n' "$*"; }
+mkdir -p "$ROOT"
+
+[ -x "$ROOT/venv/bin/python" ] || { say "creating .flydsl/venv"; $PY -m venv "$ROOT/venv"; }
+pip() { "$ROOT/venv/bin/python" -m pip "$@"; }
+if ! "$ROOT/venv/bin/python" -c 'import flydsl, torch, numpy' 2>/dev/null; then
+  say "installing torch 2.13.0 (CPU), numpy, flydsl 0.4.2"
+  # The CPU build of torch is enough (nothing runs on a GPU). Where pip would otherwise fetch the
+  # CUDA build, set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu.
+  pip install -q torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  pip install -q numpy flydsl==0.4.2
+fi
+pip show -q flyserve >/dev/null 2>&1 || { say "installing flyserve (editable)"; pip install -q -e .; }
+
+for rev in $REVS; do
+  if [ ! -d "$ROOT/FlyDSL-$rev/kernels/attention" ]; then
+    if [ -z "$GITDIR" ]; then
+      GITDIR=$ROOT/FlyDSL.git
+      [ -d "$GITDIR" ] || { say "cloning ROCm/FlyDSL"; git clone -q --bare https://github.com/ROCm/FlyDSL "$GITDIR"; }
+    fi
+    say "FlyDSL $rev -> .flydsl/FlyDSL-$rev"
+    mkdir -p "$ROOT/FlyDSL-$rev"
+    git --git-dir "$(git -C "$GITDIR" rev-parse --absolute-git-dir 2>/dev/null || echo "$GITDIR")" archive "$rev" | tar -x -C "$ROOT/FlyDSL-$rev"
+  fi
+done
+
+# MLIR's ROCDL serializer links the kernel with $ROCM_PATH/amdgcn/bitcode/ockl.bc (the kernel calls
+# __ockl_get_num_groups) and runs $ROCM_PATH/llvm/bin/ld.lld to make the HSA code object.
+BC=$ROOT/debs/x/usr/lib/x86_64-linux-gnu/amdgcn/bitcode
+if [ ! -f "$BC/ockl.bc" ]; then
+  say "unpacking Debian's rocm-device-libs (dpkg -x, not installed)"
+  mkdir -p "$ROOT/debs"
+  (cd "$ROOT/debs" && { apt-get download rocm-device-libs 2>/dev/null || { $SUDO apt-get update -qq && apt-get download rocm-device-libs; }; })
+  dpkg -x "$ROOT"/debs/rocm-device-libs_*.deb "$ROOT/debs/x"
+fi
+LLD=/usr/lib/llvm-22/bin/ld.lld
+if [ ! -x "$LLD" ]; then
+  say "installing Debian's lld-22"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y -q --no-install-recommends lld-22 llvm-22 >/dev/null 2>&1 \
+    || { $SUDO apt-get update -qq && $SUDO apt-get install -y -q --no-install-recommends lld-22 llvm-22 >/dev/null; }
+fi
+mkdir -p "$ROOT/rocm/amdgcn" "$ROOT/rocm/llvm/bin"
+ln -sfn "$BC" "$ROOT/rocm/amdgcn/bitcode"
+ln -sfn "$LLD" "$ROOT/rocm/llvm/bin/ld.lld"
+[ -x /usr/lib/llvm-22/bin/llvm-readelf ] && ln -sfn /usr/lib/llvm-22/bin/llvm-readelf "$ROOT/rocm/llvm/bin/llvm-readelf"
+
+first=${REVS%% *}
+cat > "$ROOT/env.sh" <<ENV
+# source .flydsl/env.sh: the environment for \`flyserve flydsl compile\` (written by scripts/flydsl-compile-setup.sh)
+export ROCM_PATH=$ROOT/rocm
+export VLLM_FLYDSL_KERNELS_PATH=\${VLLM_FLYDSL_KERNELS_PATH:-$ROOT/FlyDSL-$first}
+export PATH=$ROOT/venv/bin:\$PATH
+ENV
+"$ROOT/venv/bin/python" -c 'import flydsl, torch; print("flydsl", flydsl.__version__, "| torch", torch.__version__)'
+say "done: source .flydsl/env.sh; FlyDSL trees: $(cd "$ROOT" && ls -d FlyDSL-* | grep -v '\.git$' | tr '\n' ' ')"
