@@ -253,7 +253,12 @@ def explain_command(
         ),
     ] = None,
     state_dir: Annotated[
-        Path | None, typer.Option("--state-dir", envvar="FLYSERVE_STATE_DIR", help="State directory (for --version; default as for `thresholds`).")
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            envvar="FLYSERVE_STATE_DIR",
+            help="State directory (for --version; default as for `thresholds`).",
+        ),
     ] = None,
     costs: Annotated[
         str | None,
