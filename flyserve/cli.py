@@ -46,6 +46,7 @@ _COMMAND_MODULES = (
     "flyserve.sidecar.cli",  # sidecar
     "flyserve.sim.cli",  # simulate
     "flyserve.explain_cli",  # explain
+    "flyserve.top.cli",  # top
     "flyserve.dashboards_cli",  # dashboards build
     "flyserve.lab.cli",  # calibrate, replay
     "flyserve.arms.cli",  # arms compare
