@@ -140,8 +140,8 @@ def ranks_table(stats: dict[str, Any]) -> Table:
     t = Table(title="ranks (since start)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("engine", "rank", "pid", "step", "version", "applied@", "mode", "circuit", "late", "prefill"):
         t.add_column(col, no_wrap=True)
-    t.add_column("top fallbacks")
-    t.add_column("report", no_wrap=True)
+    t.add_column("top fallbacks", no_wrap=True)
+    t.add_column("report", no_wrap=True, overflow="ellipsis")
     for r in stats.get("ranks") or []:
         tot = r.get("totals")
         _b, share, _s = _shares(tot)
