@@ -424,7 +424,7 @@ def advise(
         _rerouted(samples, after_paths),
         before_paths,
         after_paths,
-        restart_advice(samples, proposed, block_sizes=block_sizes, reprice=reprice),
+        restart_advice(samples, proposed, block_sizes=block_sizes, reprice=reprice, paths=after_paths),
     )
 
 

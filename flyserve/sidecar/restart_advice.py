@@ -106,20 +106,31 @@ def _total(prices: Sequence[tuple[float, float]], paths: Sequence[str]) -> float
     return float(sum(pp if path == PREFILL else u for (u, pp), path in zip(prices, paths, strict=True)))
 
 
-def decode_path_advice(samples: Sequence[Priced], base: Thresholds) -> RestartKnobAdvice | None:
-    """The other decode_path, if it is cheaper on these samples under ``base``'s run-time knobs."""
+def decode_path_advice(
+    samples: Sequence[Priced], base: Thresholds, paths: Sequence[str] | None = None
+) -> RestartKnobAdvice | None:
+    """The other decode_path, if it is cheaper on these samples under ``base``'s run-time knobs.
+    ``paths``: decide()'s paths of ``samples`` under ``base`` when the caller has them. Only the
+    batches without a prefill row are routed again: decode_path is all decide() reads of them, and
+    nothing else reads it (tests/integration/test_restart_advice_live.py checks the saving against
+    `flyserve replay` routing every step)."""
     if not samples:
         return None
     prices = [(p.unified_s, p.prefill_s) for p in samples]
-    before_paths = _paths(samples, base)
+    before_paths = list(paths) if paths is not None else _paths(samples, base)
     before = _total(prices, before_paths)
     oracle = float(sum(min(u, pp) for u, pp in prices))
+    decode_only = [
+        i for i, p in enumerate(samples) if max(p.sample.query_lens, default=0) < base.min_query_len
+    ]
     best: RestartKnobAdvice | None = None
     for other in PATHS:
         if other == base.decode_path:
             continue
         t = base.model_copy(update={"decode_path": other})
-        after_paths = _paths(samples, t)
+        after_paths = list(before_paths)
+        for i, path in zip(decode_only, _paths([samples[i] for i in decode_only], t), strict=True):
+            after_paths[i] = path
         after = _total(prices, after_paths)
         moved = sum(a != b for a, b in zip(before_paths, after_paths, strict=True))
         cand = RestartKnobAdvice(
@@ -131,7 +142,11 @@ def decode_path_advice(samples: Sequence[Priced], base: Thresholds) -> RestartKn
 
 
 def block_size_advice(
-    samples: Sequence[Priced], base: Thresholds, block_sizes: Sequence[int], reprice: Reprice
+    samples: Sequence[Priced],
+    base: Thresholds,
+    block_sizes: Sequence[int],
+    reprice: Reprice,
+    paths: Sequence[str] | None = None,
 ) -> RestartKnobAdvice | None:
     """The cheapest other KV block size the cost table was measured at, if it saves time. Only when
     every sample says its block size and it is one value (one engine configuration)."""
@@ -139,7 +154,7 @@ def block_size_advice(
     if not samples or len(sizes) != 1 or None in sizes:
         return None
     current = int(next(iter(sizes)))  # type: ignore[arg-type]
-    paths = _paths(samples, base)
+    paths = list(paths) if paths is not None else _paths(samples, base)
     before = _total([(p.unified_s, p.prefill_s) for p in samples], paths)
     oracle = float(sum(min(p.unified_s, p.prefill_s) for p in samples))
     best: RestartKnobAdvice | None = None
@@ -158,7 +173,9 @@ def block_size_advice(
     return best
 
 
-START_ONLY_ADVISERS: dict[str, Callable[[Sequence[Priced], Thresholds], RestartKnobAdvice | None]] = {
+START_ONLY_ADVISERS: dict[
+    str, Callable[[Sequence[Priced], Thresholds, Sequence[str] | None], RestartKnobAdvice | None]
+] = {
     "decode_path": decode_path_advice,
 }
 """One adviser per start-only threshold (tests check it covers START_ONLY_FIELDS)."""
@@ -170,10 +187,14 @@ def restart_advice(
     *,
     block_sizes: Sequence[int] = (),
     reprice: Reprice | None = None,
+    paths: Sequence[str] | None = None,
 ) -> list[RestartKnobAdvice]:
     """Every start-time knob whose change would save time on ``samples``, biggest saving first.
-    ``proposed`` is the run-time advice's result: restarts are priced on top of the ready PATCH."""
-    out = [START_ONLY_ADVISERS[f](samples, proposed) for f in START_ONLY_FIELDS]
+    ``proposed`` is the run-time advice's result: restarts are priced on top of the ready PATCH.
+    ``paths``: decide()'s paths of ``samples`` under ``proposed``, if the caller has them."""
+    if paths is None:
+        paths = _paths(samples, proposed)
+    out = [START_ONLY_ADVISERS[f](samples, proposed, paths) for f in START_ONLY_FIELDS]
     if reprice is not None and len(block_sizes) > 1:
-        out.append(block_size_advice(samples, proposed, block_sizes, reprice))
+        out.append(block_size_advice(samples, proposed, block_sizes, reprice, paths))
     return sorted((a for a in out if a is not None), key=lambda a: -a.saving)
