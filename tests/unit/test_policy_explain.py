@@ -62,6 +62,33 @@ def _ctx(x: int) -> int:
 row_len = st.integers(0, 40_000).map(_row)
 
 
+def _on_boundaries(
+    t: Thresholds, lens: list[int], msl: int, heads: int, which: int, d: int
+) -> tuple[list[int], int]:
+    """Move the batch onto one threshold's boundary (plus ``d`` in -1, 0, 1), where an off-by-one
+    between the two statements of a rule shows: 0 context floor, 1 context cap, 2 a decode_ctx_unit
+    step, 3 the occupancy floor (a row padded to reach it), 4 the decode-row cap (decode rows added,
+    the context on a step of the cap)."""
+    lens = list(lens)
+    if which == 0:
+        msl = t.min_seq_len + d
+    elif which == 1 and t.max_seq_len:
+        msl = t.max_seq_len + d
+    elif which == 2:
+        msl = t.decode_ctx_unit * (1 + msl % 4) + d
+    elif which == 3:
+        target = -(-t.min_qblock_rows * t.block_m // heads) + d  # tokens that just reach the floor
+        if target > sum(lens):
+            lens.append(target - sum(lens))
+    elif which == 4:  # the context on a decode_ctx_unit step (or one below) too: the cap's own boundary
+        msl = max(t.decode_ctx_unit * (2 + msl % 3) - msl % 2, max(lens))
+        units = msl // t.decode_ctx_unit
+        cap = t.decode_rows_base * max(1, units)
+        have = sum(1 for x in lens if x <= t.decode_query_len_max)
+        lens += [1] * max(0, min(cap + d - have, 600))
+    return lens, max(msl, max(lens), 0)
+
+
 @settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     t=st.sampled_from(POOL),
@@ -69,12 +96,14 @@ row_len = st.integers(0, 40_000).map(_row)
     extra_ctx=st.integers(0, 200_000).map(_ctx),
     heads=st.sampled_from([1, 8, 16, 32, 64]),
     causal=st.booleans(),
+    boundary=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.integers(-1, 1))),
 )
-def test_explain_agrees_with_decide(t, lens, extra_ctx, heads, causal):
+def test_explain_agrees_with_decide(t, lens, extra_ctx, heads, causal, boundary):
+    msl = max(lens) + extra_ctx
+    if boundary is not None:
+        lens, msl = _on_boundaries(t, lens, msl, heads, *boundary)
     q = np.asarray(lens, dtype=np.int64)
-    shape = BatchShape.from_query_lens(
-        q, max_seq_len=int(q.max()) + extra_ctx, num_heads=heads, causal=causal, thresholds=t
-    )
+    shape = BatchShape.from_query_lens(q, max_seq_len=msl, num_heads=heads, causal=causal, thresholds=t)
     d = decide(shape, t)
     e = ex.explain(shape, t)
     assert (e.path, e.reason, e.lpt) == (d.path, d.reason, d.lpt)
