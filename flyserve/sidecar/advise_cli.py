@@ -55,6 +55,7 @@ def render(adv: dict[str, Any], url: str, shapes: int) -> str:
                 f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
             ),
         ]
+    lines += render_restart(adv.get("restart") or [])
     listed = adv["shapes"][-shapes:] if shapes else []
     if listed:
         lines.append(
@@ -67,6 +68,22 @@ def render(adv: dict[str, Any], url: str, shapes: int) -> str:
                 f"unified {s['unified_ms']:.3f} prefill {s['prefill_ms']:.3f}{moved}"
             )
     return "\n".join(lines)
+
+
+def render_restart(restart: list[dict[str, Any]]) -> list[str]:
+    """The start-time knobs worth a restart: marked as such, never part of the PATCH above."""
+    if not restart:
+        return []
+    lines = ["needs a restart (not in the PATCH; the saving is on top of it, each knob alone):"]
+    width = max(len(r["knob"]) for r in restart)
+    for r in restart:
+        ro = r.get("routed_over_oracle_after")
+        lines.append(
+            f"  {r['knob']:<{width}}  {r['current']} -> {r['advised']}: saves {r['saving']:.1%} of attention "
+            f"time, needs a restart" + ("" if ro is None else f" (routed/oracle -> {ro:.4f})")
+        )
+        lines.append(f"  {'':<{width}}  {r['how']}")
+    return lines
 
 
 def advise(

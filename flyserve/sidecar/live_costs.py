@@ -10,7 +10,9 @@ start (``--costs``), and keeps the priced samples of the last 15 minutes. From t
   the share of attention time the thresholds spent beyond the best per-batch choice. The same
   arithmetic as ``flyserve replay`` (flyserve.lab.replay), over live samples instead of a trace.
 * advice: calibrate's fitter (flyserve.pricing.fit) run on the window's priced shapes, starting
-  from the thresholds in force; only the run-time knobs it changes, never decode_path.
+  from the thresholds in force; only the run-time knobs it changes, never decode_path. The knobs
+  fixed at start (decode_path, the KV block size) are priced apart (flyserve.sidecar.restart_advice):
+  named with their saving, "needs a restart", never in the ready PATCH.
 * drift: per path, the median over the window of measured / predicted for the samples that carry
   a kernel time. 1.0: the table still describes this GPU and kernel build.
 
@@ -28,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,7 @@ import numpy as np
 from flyserve.policy import PATHS, PREFILL, UNIFIED, BatchShape, Thresholds, ThresholdsError, decide
 from flyserve.pricing.costs import CostEntry, CostModel, CostTable, CostTableError
 from flyserve.pricing.fit import PREFILL_KNOBS, fit_thresholds
+from flyserve.sidecar.restart_advice import Reprice, RestartKnobAdvice, restart_advice
 from flyserve.telemetry.shape_sample import ShapeSample
 
 FIT_CANDIDATES = 48
@@ -293,7 +296,22 @@ class LivePricing:
         with a prefill row (the ones the knobs route) and every decode-only batch of the window."""
         w = self.window(window_s)
         keep = {id(p) for p in [p for p in w if p.has_prefill_row][-max_shapes:]}
-        return advise([p for p in w if not p.has_prefill_row or id(p) in keep], current)
+        return advise(
+            [p for p in w if not p.has_prefill_row or id(p) in keep],
+            current,
+            block_sizes=self.table.block_sizes,
+            reprice=self.reprice,
+        )
+
+    def reprice(self, s: ShapeSample, block_size: int) -> tuple[float, float] | None:
+        """(unified, prefill) seconds of ``s`` at another KV block size, or None if the table cannot."""
+        try:
+            model = self._model(block_size)
+        except CostTableError:
+            return None
+        q = np.asarray(s.query_lens, dtype=np.int64)
+        sl = np.asarray(s.seq_lens, dtype=np.int64)
+        return model.predict(q, sl, UNIFIED), model.predict(q, sl, PREFILL)
 
 
 @dataclass(frozen=True)
@@ -305,6 +323,8 @@ class AdviceResult:
     after: RegretSummary
     paths_before: list[str]
     paths_after: list[str]
+    restart: list[RestartKnobAdvice] = field(default_factory=list)
+    """Start-time knobs (decode_path, KV block size) worth a restart: never part of ``changes``."""
 
     @property
     def changes(self) -> dict[str, tuple[Any, Any]]:
@@ -360,9 +380,16 @@ def minimal_change(samples: Sequence[PricedSample], current: Thresholds, fitted:
     return out
 
 
-def advise(samples: Sequence[PricedSample], current: Thresholds) -> AdviceResult:
+def advise(
+    samples: Sequence[PricedSample],
+    current: Thresholds,
+    *,
+    block_sizes: Sequence[int] = (),
+    reprice: Reprice | None = None,
+) -> AdviceResult:
     """Calibrate's fitter on live shapes. Before and after are both decide() under the thresholds
-    (not the recorded paths), so the comparison is like for like."""
+    (not the recorded paths), so the comparison is like for like. The start-time knobs are priced
+    on top of the result (flyserve.sidecar.restart_advice), apart from the run-time changes."""
     if not samples:
         raise ValueError("no priced shapes in the window")
     heads = {p.sample.num_heads for p in samples}
@@ -397,6 +424,7 @@ def advise(samples: Sequence[PricedSample], current: Thresholds) -> AdviceResult
         _rerouted(samples, after_paths),
         before_paths,
         after_paths,
+        restart_advice(samples, proposed, block_sizes=block_sizes, reprice=reprice, paths=after_paths),
     )
 
 

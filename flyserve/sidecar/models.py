@@ -278,6 +278,23 @@ class AdvicePatch(_Frozen):
     body: dict[str, ThresholdValue]
 
 
+class RestartAdvice(_Frozen):
+    """A knob fixed at start (decode_path, the KV block size) whose change would save time: a
+    restart, never part of the ready PATCH (flyserve.sidecar.restart_advice)."""
+
+    knob: str
+    current: ThresholdValue
+    advised: ThresholdValue
+    needs_restart: bool = Field(True, description="Always true: this change takes a restart.")
+    saving: float = Field(description="Share of the window's routed attention time it would remove.")
+    routed_s_before: float = Field(description="Routed seconds with the ready PATCH applied.")
+    routed_s_after: float = Field(description="The same with this knob changed (and a restart).")
+    routed_over_oracle_before: float | None
+    routed_over_oracle_after: float | None
+    samples_moved: int = Field(description="Sampled steps that would take the other path.")
+    how: str = Field(description="What to do: which file or flag, then restart vLLM.")
+
+
 class Advice(_Frozen):
     """Threshold values that would have routed the window's sampled batches best (calibrate's fitter)."""
 
@@ -292,3 +309,7 @@ class Advice(_Frozen):
     patch: AdvicePatch | None = Field(description="Null when nothing would change.")
     shapes_total: int
     shapes: list[AdviceShape] = Field(description="The newest fitted shapes (at most ?shapes=N).")
+    restart: list[RestartAdvice] = Field(
+        default_factory=list,
+        description="Knobs fixed at start worth a restart, biggest saving first; never in `patch`.",
+    )

@@ -30,6 +30,7 @@ from flyserve.sidecar.models import (
     HistoryEntry,
     Readiness,
     RegretWindow,
+    RestartAdvice,
     RollbackRequest,
     RoutingChange,
     ThresholdsView,
@@ -362,6 +363,7 @@ def advice_view(res: AdviceResult, window: str, version: int, shapes: int) -> Ad
             )
             for i, p in enumerate(listed)
         ],
+        restart=[RestartAdvice(**r.to_json()) for r in res.restart],
     )
 
 

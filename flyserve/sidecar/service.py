@@ -187,6 +187,9 @@ def count_priced(p: PricedSample) -> None:
     tm.PRICED_SECONDS.labels("oracle").inc(p.oracle_s)
     tm.PRICED_SECONDS.labels("always_unified").inc(p.unified_s)
     tm.PRICED_SECONDS.labels("always_prefill").inc(p.prefill_s)
+    batch = tm.PRICED_BATCHES[0] if p.has_prefill_row else tm.PRICED_BATCHES[1]
+    tm.PRICED_BY_BATCH.labels(batch, "routed").inc(p.routed_s)
+    tm.PRICED_BY_BATCH.labels(batch, "oracle").inc(p.oracle_s)
 
 
 class StatsService:

@@ -281,6 +281,18 @@ PRICED_SECONDS: Final = FlyCounter(
     registry=None,
     scope=SIDECAR,
 )
+PRICED_BATCHES: Final = ("with_prefill", "decode_only")
+"""Label values of PRICED_BY_BATCH: a batch with a prefill row (run-time thresholds route it) or
+decode only (it takes decode_path, fixed at start: only a restart moves its regret)."""
+PRICED_BY_BATCH: Final = FlyCounter(
+    "flyserve_priced_attention_by_batch_seconds",
+    "flyserve_priced_attention_seconds split by the kind of batch: batch=with_prefill (a row of 2+ "
+    "query tokens: the run-time thresholds route it) or decode_only (it takes decode_path, fixed at "
+    "start), policy=routed or oracle. Regret by cause: (routed - oracle) of one kind over all oracle.",
+    ["batch", "policy"],
+    registry=None,
+    scope=SIDECAR,
+)
 COST_DRIFT: Final = FlyGauge(
     "flyserve_cost_drift_ratio",
     "Median of measured / cost-table-predicted kernel time per path over the last 15 minutes "
@@ -313,6 +325,7 @@ SIDECAR_METRICS: Final = (
     RANKS_AGREE,
     SIDECAR_IGNORED_FILES,
     PRICED_SECONDS,
+    PRICED_BY_BATCH,
     COST_DRIFT,
 )
 SHARED_METRICS: Final = RANK_METRICS + CONTROL_METRICS

@@ -49,6 +49,7 @@ def test_metric_names_are_the_agreed_ones() -> None:
         "flyserve_ranks_agree",
         "flyserve_sidecar_ignored_files",
         "flyserve_priced_attention_seconds_total",
+        "flyserve_priced_attention_by_batch_seconds_total",
         "flyserve_cost_drift_ratio",
     )
     assert all(":" not in n and n.startswith("flyserve_") for n in metrics.METRIC_NAMES)

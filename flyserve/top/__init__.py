@@ -1,0 +1,1 @@
+"""`flyserve top`: a live terminal view of one sidecar's /dispatch-stats/stream, for someone on the node."""
