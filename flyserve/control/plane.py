@@ -497,7 +497,7 @@ class ControlPlane:
                     return ChangeResult(cur, False, {}, dry_run)
                 if dry_run:
                     return ChangeResult(candidate, True, diff, True)
-                snap = self._planned(cur, candidate, now)
+                snap = self._planned(cur, candidate, now, entry)
                 self._commit(entry, cur, snap, diff)
                 return ChangeResult(snap, True, diff, False)
         except (VersionConflict, ThresholdsError, ControlIOError) as exc:
@@ -544,9 +544,13 @@ class ControlPlane:
             )
         return candidate, _diff(cur, candidate)
 
-    def _planned(self, cur: ConfigSnapshot, candidate: ConfigSnapshot, now: float) -> ConfigSnapshot:
+    def _planned(
+        self, cur: ConfigSnapshot, candidate: ConfigSnapshot, now: float, entry: dict[str, Any]
+    ) -> ConfigSnapshot:
         """The candidate numbered above every version on record, with its effective step per engine
-        (flyserve.control.effective: live, plausible ranks only, per engine)."""
+        (flyserve.control.effective: live, plausible ranks only, per engine, confirmed ones first).
+        The audit entry gets what the step was based on: ``ranks`` {confirmed, unconfirmed,
+        unconfirmed_ignored}; unconfirmed reports are also logged (issue 22 item 3)."""
         reports = self.store.reports(now=now)
         plan = plan_steps(
             reports,
@@ -556,6 +560,20 @@ class ControlPlane:
             lead_s=self.lead_s,
             assumed_steps_per_s=self.assumed_steps_per_s,
         )
+        entry["ranks"] = {
+            "confirmed": plan.confirmed_ranks,
+            "unconfirmed": plan.unconfirmed_ranks,
+            "unconfirmed_ignored": plan.unconfirmed_ignored,
+        }
+        if plan.unconfirmed_ranks:
+            log.warning(
+                "thresholds: %d live rank report(s) cannot be confirmed by the process table (another "
+                "host or pid namespace, or a forgery); %s",
+                plan.unconfirmed_ranks,
+                f"{plan.unconfirmed_ignored} left out of effective_step (their engines have confirmed ranks)"
+                if plan.unconfirmed_ignored == plan.unconfirmed_ranks
+                else "effective_step is capped near the lowest rank of each engine",
+            )
         return candidate.replace(
             version=self.next_version(cur, reports),
             effective_step=plan.effective_step,
