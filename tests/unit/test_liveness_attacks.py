@@ -104,7 +104,9 @@ def test_liveness_is_confirmed_only_by_the_process_table(tmp_path: Path, other_p
 # ---------------------------------------------------------------- item 3: forged reports do not pin
 
 
-def test_3_forged_reports_from_another_host_do_not_move_the_step_of_confirmed_ranks(plane: ControlPlane) -> None:
+def test_3_forged_reports_from_another_host_do_not_move_the_step_of_confirmed_ranks(
+    plane: ControlPlane,
+) -> None:
     """Three plausible forgeries outvoted two real ranks: effective_step near 1e11 (was)."""
     for r in (0, 1):
         plane.store.write_rank_report(real_report(r), rank=r)
@@ -154,16 +156,24 @@ def test_3_the_bound_holds_for_any_forged_reports() -> None:
         assert r is not None
         return r
 
+    forged_rates = [None, 0.0, 5.0, 10_000.0]
     for _ in range(500):
         rate = rng.choice([0.0, 1.0, 10.0, 200.0, 2000.0, None])
         age = rng.uniform(0, 2)
         honest = mk(0, rng.randrange(0, 10**6), rate, rng.choice([HOST, "far"]), age)
         forged = [
-            mk(r, rng.randrange(0, 10**10), rng.choice([None, 0.0, 5.0, 10_000.0]), rng.choice([HOST, "x"]),
-               rng.uniform(0, 29))  # fmt: skip
+            mk(
+                r,
+                rng.randrange(0, 10**10),
+                rng.choice(forged_rates),
+                rng.choice([HOST, "x"]),
+                rng.uniform(0, 29),
+            )
             for r in range(1, rng.randrange(2, 40))
         ]
-        plan = plan_steps([honest, *forged], now=now, stale_after_s=30, step_margin=STEP_MARGIN, lead_s=LEAD_S)
+        plan = plan_steps(
+            [honest, *forged], now=now, stale_after_s=30, step_margin=STEP_MARGIN, lead_s=LEAD_S
+        )
         r = 500.0 if rate is None else rate
         p = honest.step + math.ceil(r * age)
         assert plan.engine_steps["0"] <= bound_steps(p, r), (rate, age, plan)
@@ -244,7 +254,8 @@ def test_6_a_version_never_in_force_whose_history_file_stayed_is_abandoned(tmp_p
         real(path, data, **kw)
         if path.parent.name == "history":
             raise KeyboardInterrupt  # stands in for kill -9: nothing after it runs
-    store_mod.atomic_write = killed_after_history  # fmt: skip
+
+    store_mod.atomic_write = killed_after_history
     try:
         with pytest.raises(KeyboardInterrupt):
             plane.apply_overrides({"min_seq_len": 3000}, actor="doomed")
