@@ -249,6 +249,9 @@ def test_3_forged_reports_refreshed_every_half_second_do_not_pin_a_patch(rig: Ri
             time.sleep(1.2)  # the forgeries are in place and refreshing
             m = patch_and_time_the_apply(rig, 4096)
             assert_within_the_bound(rig, m)
+            stats = httpx.get(rig.url + "/dispatch-stats", timeout=30).json()
+            seen = {v["rank"]: v["liveness"] for v in stats["ranks"]}
+            assert seen == {0: "confirmed", 1: "confirmed"} | dict.fromkeys((2, 3, 4), "unconfirmed"), seen
     finally:
         stop.set()
         forger.join(10)
