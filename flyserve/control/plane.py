@@ -21,7 +21,7 @@ from flyserve.control._metrics import count_reload
 from flyserve.control.effective import ASSUMED_STEPS_PER_S, plan_steps
 from flyserve.control.errors import ControlIOError, DecodePathChangeRefused, VersionConflict
 from flyserve.control.paths import MAX_VERSION, StateDir, default_state_dir
-from flyserve.control.reports import RankReport
+from flyserve.control.reports import Liveness, RankReport, liveness
 from flyserve.control.signals import signals_deferred
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
@@ -249,15 +249,17 @@ class ControlPlane:
         return v
 
     def _live_applied_version(self, reports: Iterable[RankReport], now: float) -> int:
-        """The highest version a live rank reports as applied (0 with none)."""
-        return max(
-            (
-                r.applied_version
-                for r in reports
-                if r.applied_version is not None and r.is_live(now, self.rank_stale_after_s)
-            ),
-            default=0,
-        )
+        """The highest version a live rank reports as applied (0 with none): the confirmed ranks'
+        when any rank is confirmed (flyserve.control.reports.liveness), else the unconfirmed ones'.
+        A forged report "from another host" with applied_version 10**18 - 1 next to confirmed ranks
+        would otherwise exhaust version numbers and refuse every later change."""
+        by_state: dict[Liveness, list[int]] = {Liveness.CONFIRMED: [], Liveness.UNCONFIRMED: []}
+        for r in reports:
+            if r.applied_version is not None:
+                state = liveness(r, now=now, stale_after_s=self.rank_stale_after_s)
+                if state is not Liveness.GONE:
+                    by_state[state].append(r.applied_version)
+        return max(by_state[Liveness.CONFIRMED] or by_state[Liveness.UNCONFIRMED], default=0)
 
     def _initial(self) -> ConfigSnapshot:
         return ConfigSnapshot.build(

@@ -179,6 +179,15 @@ def test_3_the_bound_holds_for_any_forged_reports() -> None:
         assert plan.engine_steps["0"] <= bound_steps(p, r), (rate, age, plan)
 
 
+def test_3_a_forged_applied_version_does_not_exhaust_version_numbers(plane: ControlPlane) -> None:
+    """A report "from another host" claiming version 10**18 - 1 applied, next to confirmed ranks:
+    the next version was 10**18, refused as exhausted - every change refused while it stayed."""
+    for r in (0, 1):
+        plane.store.write_rank_report(real_report(r), rank=r)
+    plane.store.write_rank_report(forged_report(2, applied_version=10**18 - 1), rank=2)
+    assert plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot.version == 1
+
+
 # ---------------------------------------------------------------- item 4: the reader is not gamed by mtimes
 
 
