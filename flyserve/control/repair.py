@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyserve.control.errors import ControlIOError
+from flyserve.control.reports import Liveness, liveness
 from flyserve.control.snapshot import ConfigSnapshot
 
 log = logging.getLogger("flyserve.control")
@@ -153,8 +154,8 @@ def _was_in_force(
     removes from a version that was in force, and which a writer killed before current.json leaves
     behind for a version that never was:
 
-    * it is current, or a rank reports it applied (reports that are not gone: a rank only applies
-      a version that was current);
+    * it is current, or a live rank reports it applied (the confirmed ranks' reports when any rank
+      is confirmed: a rank only applies a version that was current);
     * a later entry was computed from it (``version_before == v``: every change reads the current
       version under the writers' lock, so it was current then);
     * a later publish was computed from below it and numbered above it: it was skipped, never current.
@@ -191,11 +192,13 @@ def _complete_audit(plane: Any, cur: ConfigSnapshot, actions: list[str], dropped
         dropped.append(f"audit log not read, its entries not completed: {exc.message}"[:300])
         return
     now = plane._clock()
-    applied = {
-        r.applied_version
-        for r in store.reports(now=now)
-        if r.applied_version is not None and r.is_live(now, plane.rank_stale_after_s)
-    }
+    states = [
+        (r, liveness(r, now=now, stale_after_s=plane.rank_stale_after_s)) for r in store.reports(now=now)
+    ]
+    trusted = (
+        Liveness.CONFIRMED if any(st is Liveness.CONFIRMED for _, st in states) else Liveness.UNCONFIRMED
+    )
+    applied = {r.applied_version for r, st in states if st is trusted and r.applied_version is not None}
     done = {e.get("id") for e in entries if e.get("result") != "publishing"}
     for i, e in enumerate(entries):
         if e.get("result") != "publishing" or e.get("id") in done:
