@@ -26,6 +26,7 @@ from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import MAX_VERSION, StateDir, history_version, make_private_dir
 from flyserve.control.reports import CLOCK_SKEW_S, RankReport, _Process, parse_report, process_check
 from flyserve.control.snapshot import ConfigSnapshot
+from flyserve.control.witness import StepWitness
 from flyserve.policy.errors import describe_value
 from flyserve.policy.thresholds import ThresholdsError
 
@@ -230,6 +231,7 @@ class Store:
         self.skipped_rank_files = 0
         # Names whose report the process table confirmed at the last look: read first next time.
         self._confirmed_names: frozenset[str] = frozenset()
+        self._witness = StepWitness()
 
     # ------------------------------------------------------------------ lock
 
@@ -545,10 +547,15 @@ class Store:
                 r = parse_report(d, now=now, file_uid=uid)
                 if r is not None and self.dir.rank_file(r.rank, r.engine).name != n:
                     r = None  # a report under another rank's name: one key, one file
-                skipped += r is None
                 out.append((d, r))
-                if r is not None and r.local() and process_check(r) is _Process.OURS:
-                    confirmed.add(n)
+        # A report must agree with what this reader saw of the same process (control.witness).
+        refused = self._witness.look([r for _, r in out if r is not None], now)
+        if refused:
+            out = [(d, None if r is not None and r.key in refused else r) for d, r in out]
+        skipped += sum(r is None for _, r in out)
+        for _, r in out:
+            if r is not None and r.local() and process_check(r) is _Process.OURS:
+                confirmed.add(self.dir.rank_file(r.rank, r.engine).name)
         self.skipped_rank_files = skipped
         self._confirmed_names = frozenset(confirmed)
         return out

@@ -179,6 +179,26 @@ def test_3_the_bound_holds_for_any_forged_reports() -> None:
         assert plan.engine_steps["0"] <= bound_steps(p, r), (rate, age, plan)
 
 
+def test_3_a_forgery_over_a_live_ranks_own_file_contradicts_its_history(tmp_path: Path) -> None:
+    """Rank 0's own file rewritten with its confirmed pid and start time but a step 1e9: the reader
+    saw that process at step 2000 a moment ago, so the report is refused (not counted, not
+    confirmed), and the rank's next own report is believed again."""
+    now = [time.time()]
+    plane = ControlPlane(tmp_path / "state", step_margin=STEP_MARGIN, lead_s=LEAD_S, clock=lambda: now[0])
+    started = now[0] - 200_000  # so that step 1e9 passes parse_report's own limit
+    for r in (0, 1):
+        plane.store.write_rank_report(real_report(r, started=started, time=now[0]), rank=r)
+    assert [r.step for r in plane.store.reports(now=now[0])] == [2000, 2000]
+    now[0] += 1.0
+    plane.store.write_rank_report(real_report(0, started=started, step=10**9, time=now[0]), rank=0)
+    assert [(r.rank, r.step) for r in plane.store.reports(now=now[0])] == [(1, 2000)]
+    s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    assert s.effective_step == 2000 + 20 + math.ceil(20 * LEAD_S)  # rank 1 projected 1 s on: as without it
+    now[0] += 1.0
+    plane.store.write_rank_report(real_report(0, started=started, step=2020, time=now[0]), rank=0)
+    assert sorted(r.step for r in plane.store.reports(now=now[0])) == [2000, 2020]
+
+
 def test_3_a_forged_applied_version_does_not_exhaust_version_numbers(plane: ControlPlane) -> None:
     """A report "from another host" claiming version 10**18 - 1 applied, next to confirmed ranks:
     the next version was 10**18, refused as exhausted - every change refused while it stayed."""
