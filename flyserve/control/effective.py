@@ -9,6 +9,8 @@ fastest rank is now. The rules (issue 13):
 * per engine: data-parallel engines count steps independently;
 * a rank that has not measured its step rate yet (its first second, or an engine that has not
   stepped) is assumed to step at ``assumed_steps_per_s`` - late is worse than a few seconds' wait;
+* a report that contradicts what the reader saw of the same process (its step jumped faster than
+  any engine steps, by the reader's clock) never gets here (flyserve.control.witness);
 * files anyone can write do not decide (issue 22 item 3: three plausible reports "from another
   host" with step 1e11 outvoted two real ranks and pinned every change, ``circuit open`` included).
   A report is CONFIRMED when the process table vouches for it (flyserve.control.reports.liveness:
