@@ -499,7 +499,7 @@ class Store:
         now = time.time() if now is None else now
         return [r for _, r in self._read_reports(now) if r is not None]
 
-    def _rank_file_names(self, now: float) -> tuple[list[tuple[str, int]], int]:
+    def _rank_file_names(self) -> tuple[list[tuple[str, int]], int]:
         """The rank report names worth reading with their files' owners, at most MAX_RANK_FILES (see
         rank_file_order), and how many other entries ranks/ holds. 20,000 stale files once made a
         PATCH hold the writers' lock for 5 s (attack review item 7); 300 files dated an hour ahead
@@ -511,6 +511,7 @@ class Store:
             entries = list(os.scandir(self.dir.ranks_dir))
         except OSError:
             return [], 0
+        latest = time.time() + CLOCK_SKEW_S  # mtimes are the file system's: the real clock, not a plane's
         keyed: list[tuple[tuple[int, int, int, int], str, int]] = []
         others = 0
         for e in entries:
@@ -524,7 +525,7 @@ class Store:
                 st = e.stat(follow_symlinks=False)
             except OSError:  # gone since the scan
                 continue
-            if st.st_mtime > now + CLOCK_SKEW_S:
+            if st.st_mtime > latest:
                 others += 1
                 continue
             engine, rank = int(m.group(1) or 0), int(m.group(2))
@@ -536,7 +537,7 @@ class Store:
     def _read_reports(self, now: float) -> list[tuple[dict[str, Any], RankReport | None]]:
         out = []
         confirmed = set()
-        names, skipped = self._rank_file_names(now)
+        names, skipped = self._rank_file_names()
         for n, uid in names:
             try:
                 d = read_json(self.dir.ranks_dir / n)

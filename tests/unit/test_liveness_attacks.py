@@ -24,7 +24,13 @@ from flyserve.control.reports import HOST, PIDNS, RankReport, parse_report
 
 FORGED_STARTED = 1_577_836_800.0  # 2020-01-01, the earliest start a report may claim
 STEP_MARGIN, LEAD_S = 8, 3.0
-NOW = time.time()  # the planes' clock and the reports' time: projections are exact
+NOW = time.time()  # the planes' clock and the reports' time (set per test): projections are exact
+
+
+@pytest.fixture(autouse=True)
+def _now() -> None:
+    global NOW
+    NOW = time.time()
 
 
 @pytest.fixture
