@@ -139,6 +139,11 @@ def process_check(report: RankReport) -> _Process:
     return _Process.OURS
 
 
+def process_confirmed(report: RankReport) -> bool:
+    """The process table vouches for the report's process, whatever its age (liveness() adds it)."""
+    return report.local() and process_check(report) is _Process.OURS
+
+
 def liveness(report: RankReport, *, now: float, stale_after_s: float) -> Liveness:
     """CONFIRMED, UNCONFIRMED or GONE (module docstring). Two syscalls (kill 0, stat of
     /proc/<pid>), no read: fine per look at ranks/, never on a rank's hot path."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import MAX_VERSION, StateDir, history_version, make_private_dir
-from flyserve.control.reports import CLOCK_SKEW_S, RankReport, _Process, parse_report, process_check
+from flyserve.control.reports import CLOCK_SKEW_S, RankReport, parse_report, process_confirmed
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.witness import StepWitness
 from flyserve.policy.errors import describe_value
@@ -555,7 +555,7 @@ class Store:
             out = [(d, None if r is not None and r.key in refused else r) for d, r in out]
         skipped += sum(r is None for _, r in out)
         for _, r in out:
-            if r is not None and r.local() and process_check(r) is _Process.OURS:
+            if r is not None and process_confirmed(r):
                 confirmed.add(self.dir.rank_file(r.rank, r.engine).name)
         self.skipped_rank_files = skipped
         self._confirmed_names = frozenset(confirmed)
