@@ -4,18 +4,41 @@ A rank's background thread notices a new version up to one report interval after
 (longer on a loaded machine), so the step must lie ``lead_s`` seconds ahead of where the engine's
 fastest rank is now. The rules (issue 13):
 
-* only live ranks count (fresh report, pid alive where visible, finite plausible values), so a
-  dead engine's or a stray file's step cannot pin later changes;
+* only live ranks count (fresh report, finite plausible values, pid not known gone), so a dead
+  engine's or a stray file's step cannot pin later changes;
 * per engine: data-parallel engines count steps independently;
 * a rank that has not measured its step rate yet (its first second, or an engine that has not
   stepped) is assumed to step at ``assumed_steps_per_s`` - late is worse than a few seconds' wait;
-* the ranks of one engine step together (tensor parallel: the same step within a report interval),
-  so with two or more live ranks no rank is believed far above the engine's lower median: a forged
-  ranks/7.json (step 1e9, or steps_per_s at the 10000 limit) once pinned every later change for
-  25 minutes (issue 13 review). Each rank's projected step is capped at the lower median plus
-  CONSENSUS_S seconds at the median rate plus CONSENSUS_STEPS, its rate at twice the median's or the
-  assumed rate, whichever is higher.
-  A forged report can at worst make a change apply late (counted as late applies), never pin it;
+* a report that contradicts what the reader saw of the same process (its step jumped faster than
+  any engine steps, by the reader's clock) never gets here (flyserve.control.witness);
+* files anyone can write do not decide (issue 22 item 3: three plausible reports "from another
+  host" with step 1e11 outvoted two real ranks and pinned every change, ``circuit open`` included).
+  A report is CONFIRMED when the process table vouches for it (flyserve.control.reports.liveness:
+  this host, this pid namespace, pid alive, the file owned by that process's uid), else
+  UNCONFIRMED. Per engine:
+
+  - the step is planned from its confirmed ranks, or from its unconfirmed ranks when it has no
+    confirmed one (another container's pid namespace): an unconfirmed report never raises the
+    step of an engine that has a confirmed rank;
+  - anchored at the lowest: no rank is believed more than CONSENSUS_S seconds at the slowest
+    live rank's rate plus max(step_margin, CONSENSUS_STEPS) steps ahead of the lowest projected
+    step of any live rank of the engine (confirmed or not), and no rate above twice the slowest.
+    A report can pull the step down (the ranks then apply at once, each at its own next step,
+    counted as late applies) but cannot push it up past the honest ranks' by more than that.
+
+  **The bound.** For any honest live rank R of an engine (projected step p, rate r = its
+  ``steps_per_s``, or ``assumed_steps_per_s`` before it has measured one), whatever any number of
+  other reports say, confirmed or not::
+
+      effective_step <= p + ceil(r * CONSENSUS_S) + max(step_margin, CONSENSUS_STEPS)
+                          + max(step_margin, ceil(2 * r * lead_s))
+
+  so R applies the change at most CONSENSUS_S + 2 * lead_s seconds plus CONSENSUS_STEPS + 2 of its
+  engine's steps after it is published (defaults: 8 s + 66 steps), against lead_s (3 s) without
+  forgeries: forged reports delay a change by at most 5 s + 66 steps. Forged reports of the item-3
+  kind (another host: unconfirmed) next to confirmed ranks delay it by nothing. Measured with the
+  real simulator and sidecar (scripts/measure_forged_reports.py, docs/operations.md "Failure
+  modes"). In the engine-channel mode none of this applies: versions apply from the next step;
 * no floor from the previous version: a rank applies a newer version whose step has come even
   when an older one is still pending (RankControl), so a version published with a bad step is
   superseded by the next change instead of holding every later one back.
@@ -27,11 +50,12 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from flyserve.control.reports import RankReport
+from flyserve.control.reports import Liveness, RankReport, liveness
 
 CONSENSUS_S = 2.0
-"""How far (in seconds of the engine's median rate) one rank may be believed ahead of its engine's
-lower median: reports are written about once a second, so live ranks of one engine differ by less."""
+"""How far (in seconds of the engine's slowest live rank's rate) one rank may be believed ahead of
+the engine's lowest: reports are written about once a second, so live ranks of one engine differ
+by less."""
 CONSENSUS_STEPS = 64
 """... plus this many steps (an idle engine's ranks report rate 0 but may differ by a few steps)."""
 ASSUMED_STEPS_PER_S = 500.0
@@ -47,7 +71,10 @@ class StepPlan:
 
     engine_steps: Mapping[str, int]
     live_ranks: int
-    assumed_rate: bool  # some live rank had no measured rate
+    assumed_rate: bool  # some counted rank had no measured rate
+    confirmed_ranks: int = 0
+    unconfirmed_ranks: int = 0
+    unconfirmed_ignored: int = 0  # unconfirmed ranks of engines that had a confirmed one
 
     @property
     def effective_step(self) -> int:
@@ -55,8 +82,31 @@ class StepPlan:
         return self.engine_steps.get("0", self.engine_steps[DEFAULT_ENGINE])
 
 
-def _lower_median(values: list[float]) -> float:
-    return sorted(values)[(len(values) - 1) // 2]
+def _rate(r: RankReport, assumed: float) -> float:
+    return assumed if r.steps_per_s is None else r.steps_per_s
+
+
+def _engine_step(
+    counted: list[RankReport],
+    every: list[RankReport],
+    *,
+    now: float,
+    step_margin: int,
+    lead_s: float,
+    assumed: float,
+) -> int:
+    """One engine's effective step: the highest projected step of ``counted`` (its confirmed ranks,
+    else its unconfirmed ones), capped at the lowest projection of ``every`` live rank of the
+    engine plus the consensus slack, plus the lead margin (the module docstring's bound)."""
+    rates = [_rate(r, assumed) for r in counted]
+    projected = [r.step + math.ceil(rate * r.age(now)) for r, rate in zip(counted, rates, strict=True)]
+    if len(every) >= 2:  # one engine's ranks step together: no rank is believed far above the lowest
+        slowest = min(_rate(r, assumed) for r in every)
+        anchor = min(r.step + math.ceil(_rate(r, assumed) * r.age(now)) for r in every)
+        slack = math.ceil(slowest * CONSENSUS_S) + max(step_margin, CONSENSUS_STEPS)
+        projected = [min(p, anchor + slack) for p in projected]
+        rates = [min(rate, 2.0 * slowest) for rate in rates]
+    return int(max(projected) + max(step_margin, math.ceil(max(rates) * lead_s)))
 
 
 def plan_steps(
@@ -69,27 +119,30 @@ def plan_steps(
     assumed_steps_per_s: float = ASSUMED_STEPS_PER_S,
 ) -> StepPlan:
     """The effective step of a new version for each engine with a live rank, plus a default."""
-    by_engine: dict[str, list[RankReport]] = {}
+    confirmed: dict[str, list[RankReport]] = {}
+    unconfirmed: dict[str, list[RankReport]] = {}
     for r in reports:
-        if r.is_live(now, stale_after_s):
-            by_engine.setdefault(str(r.engine), []).append(r)
+        state = liveness(r, now=now, stale_after_s=stale_after_s)
+        if state is not Liveness.GONE:
+            into = confirmed if state is Liveness.CONFIRMED else unconfirmed
+            into.setdefault(str(r.engine), []).append(r)
     steps: dict[str, int] = {}
     assumed = False
-    for engine, ranks in by_engine.items():
-        rates = []
-        for r in ranks:
-            if r.steps_per_s is None:
-                assumed = True
-            rates.append(assumed_steps_per_s if r.steps_per_s is None else r.steps_per_s)
-        projected = [r.step + math.ceil(rate * r.age(now)) for r, rate in zip(ranks, rates, strict=True)]
-        if len(ranks) >= 2:  # one engine's ranks agree: a rank far above the rest is not believed
-            median_rate = _lower_median(rates)
-            slack = math.ceil(median_rate * CONSENSUS_S) + max(step_margin, CONSENSUS_STEPS)
-            top = _lower_median(projected) + slack
-            projected = [min(p, top) for p in projected]
-            cap = max(2.0 * median_rate, assumed_steps_per_s)  # no faster than an unmeasured rank
-            rates = [min(rate, cap) for rate in rates]
-        step = max(projected) + max(step_margin, math.ceil(max(rates) * lead_s))
-        steps[engine] = int(step)
+    ignored = 0
+    for engine in sorted(confirmed.keys() | unconfirmed.keys()):
+        sure, unsure = confirmed.get(engine, []), unconfirmed.get(engine, [])
+        counted = sure or unsure
+        ignored += len(unsure) if sure else 0
+        assumed = assumed or any(r.steps_per_s is None for r in counted)
+        steps[engine] = _engine_step(
+            counted,
+            sure + unsure,
+            now=now,
+            step_margin=step_margin,
+            lead_s=lead_s,
+            assumed=assumed_steps_per_s,
+        )
     steps[DEFAULT_ENGINE] = max(step_margin, math.ceil(assumed_steps_per_s * lead_s))
-    return StepPlan(steps, sum(len(v) for v in by_engine.values()), assumed)
+    n_sure = sum(map(len, confirmed.values()))
+    n_unsure = sum(map(len, unconfirmed.values()))
+    return StepPlan(steps, n_sure + n_unsure, assumed, n_sure, n_unsure, ignored)

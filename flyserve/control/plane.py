@@ -21,7 +21,7 @@ from flyserve.control._metrics import count_reload
 from flyserve.control.effective import ASSUMED_STEPS_PER_S, plan_steps
 from flyserve.control.errors import ControlIOError, DecodePathChangeRefused, VersionConflict
 from flyserve.control.paths import MAX_VERSION, StateDir, default_state_dir
-from flyserve.control.reports import RankReport
+from flyserve.control.reports import Liveness, RankReport, liveness
 from flyserve.control.signals import signals_deferred
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
@@ -249,15 +249,17 @@ class ControlPlane:
         return v
 
     def _live_applied_version(self, reports: Iterable[RankReport], now: float) -> int:
-        """The highest version a live rank reports as applied (0 with none)."""
-        return max(
-            (
-                r.applied_version
-                for r in reports
-                if r.applied_version is not None and r.is_live(now, self.rank_stale_after_s)
-            ),
-            default=0,
-        )
+        """The highest version a live rank reports as applied (0 with none): the confirmed ranks'
+        when any rank is confirmed (flyserve.control.reports.liveness), else the unconfirmed ones'.
+        A forged report "from another host" with applied_version 10**18 - 1 next to confirmed ranks
+        would otherwise exhaust version numbers and refuse every later change."""
+        by_state: dict[Liveness, list[int]] = {Liveness.CONFIRMED: [], Liveness.UNCONFIRMED: []}
+        for r in reports:
+            if r.applied_version is not None:
+                state = liveness(r, now=now, stale_after_s=self.rank_stale_after_s)
+                if state is not Liveness.GONE:
+                    by_state[state].append(r.applied_version)
+        return max(by_state[Liveness.CONFIRMED] or by_state[Liveness.UNCONFIRMED], default=0)
 
     def _initial(self) -> ConfigSnapshot:
         return ConfigSnapshot.build(
@@ -497,7 +499,7 @@ class ControlPlane:
                     return ChangeResult(cur, False, {}, dry_run)
                 if dry_run:
                     return ChangeResult(candidate, True, diff, True)
-                snap = self._planned(cur, candidate, now)
+                snap = self._planned(cur, candidate, now, entry)
                 self._commit(entry, cur, snap, diff)
                 return ChangeResult(snap, True, diff, False)
         except (VersionConflict, ThresholdsError, ControlIOError) as exc:
@@ -544,9 +546,13 @@ class ControlPlane:
             )
         return candidate, _diff(cur, candidate)
 
-    def _planned(self, cur: ConfigSnapshot, candidate: ConfigSnapshot, now: float) -> ConfigSnapshot:
+    def _planned(
+        self, cur: ConfigSnapshot, candidate: ConfigSnapshot, now: float, entry: dict[str, Any]
+    ) -> ConfigSnapshot:
         """The candidate numbered above every version on record, with its effective step per engine
-        (flyserve.control.effective: live, plausible ranks only, per engine)."""
+        (flyserve.control.effective: live, plausible ranks only, per engine, confirmed ones first).
+        The audit entry gets what the step was based on: ``ranks`` {confirmed, unconfirmed,
+        unconfirmed_ignored}; unconfirmed reports are also logged (issue 22 item 3)."""
         reports = self.store.reports(now=now)
         plan = plan_steps(
             reports,
@@ -556,6 +562,20 @@ class ControlPlane:
             lead_s=self.lead_s,
             assumed_steps_per_s=self.assumed_steps_per_s,
         )
+        entry["ranks"] = {
+            "confirmed": plan.confirmed_ranks,
+            "unconfirmed": plan.unconfirmed_ranks,
+            "unconfirmed_ignored": plan.unconfirmed_ignored,
+        }
+        if plan.unconfirmed_ranks:
+            log.warning(
+                "thresholds: %d live rank report(s) cannot be confirmed by the process table (another "
+                "host or pid namespace, or a forgery); %s",
+                plan.unconfirmed_ranks,
+                f"{plan.unconfirmed_ignored} left out of effective_step (their engines have confirmed ranks)"
+                if plan.unconfirmed_ignored == plan.unconfirmed_ranks
+                else "effective_step is capped near the lowest rank of each engine",
+            )
         return candidate.replace(
             version=self.next_version(cur, reports),
             effective_step=plan.effective_step,

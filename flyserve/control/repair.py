@@ -12,7 +12,9 @@ Run by the sidecar at start and by `flyserve thresholds repair`. Under the write
 4. removes history files above the current version (written by a writer killed before it made
    them current: no rank ever saw them);
 5. completes write-ahead audit lines ('publishing') that have no completion: 'success' with
-   ``recovered: true`` when the version did become current, 'abandoned' when it did not.
+   ``recovered: true`` when the version was in force, 'abandoned' when it never was - judged by
+   current.json, the ranks' applied versions and the later audit entries, not by whether its
+   history file still exists (_was_in_force; issue 22 item 6).
 
 Every step is logged and the whole repair is one audit entry naming what it dropped.
 """
@@ -23,10 +25,12 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from flyserve.control.errors import ControlIOError
+from flyserve.control.reports import Liveness, liveness
 from flyserve.control.snapshot import ConfigSnapshot
 
 log = logging.getLogger("flyserve.control")
@@ -137,6 +141,47 @@ def _remove_orphans(plane: Any, cur: ConfigSnapshot, dropped: list[str]) -> None
                 )
 
 
+def _was_in_force(
+    v: Any,
+    index: int,
+    entries: list[dict[str, Any]],
+    cur: ConfigSnapshot,
+    applied: set[int],
+    history_exists: Callable[[int], bool],
+) -> bool:
+    """Whether version ``v`` (of the unfinished write-ahead line ``entries[index]``) was ever in
+    force, judged by what records it (issue 22 item 6) - not by its history file, which pruning
+    removes from a version that was in force, and which a writer killed before current.json leaves
+    behind for a version that never was:
+
+    * it is current, or a live rank reports it applied (the confirmed ranks' reports when any rank
+      is confirmed: a rank only applies a version that was current);
+    * a later entry was computed from it (``version_before == v``: every change reads the current
+      version under the writers' lock, so it was current then);
+    * a later publish was computed from below it and numbered above it: it was skipped, never current.
+
+    With none of these on record (the audit log's later lines lost), its history file still decides."""
+    if not isinstance(v, int) or isinstance(v, bool):
+        return False
+    if v == cur.version or v in applied:
+        return True
+    for later in entries[index + 1 :]:
+        before = later.get("version_before")
+        if not isinstance(before, int) or isinstance(before, bool):
+            continue
+        if before == v:
+            return True
+        after = later.get("version")
+        if (
+            later.get("result") in ("publishing", "success")  # written under the lock, in order
+            and before < v
+            and isinstance(after, int)
+            and after > v
+        ):
+            return False
+    return v < cur.version and history_exists(v)
+
+
 def _complete_audit(plane: Any, cur: ConfigSnapshot, actions: list[str], dropped: list[str]) -> None:
     store = plane.store
     try:
@@ -146,14 +191,20 @@ def _complete_audit(plane: Any, cur: ConfigSnapshot, actions: list[str], dropped
         # the rest of the repair stands and says so, rather than ending in an error that hides it.
         dropped.append(f"audit log not read, its entries not completed: {exc.message}"[:300])
         return
+    now = plane._clock()
+    states = [
+        (r, liveness(r, now=now, stale_after_s=plane.rank_stale_after_s)) for r in store.reports(now=now)
+    ]
+    trusted = (
+        Liveness.CONFIRMED if any(st is Liveness.CONFIRMED for _, st in states) else Liveness.UNCONFIRMED
+    )
+    applied = {r.applied_version for r, st in states if st is trusted and r.applied_version is not None}
     done = {e.get("id") for e in entries if e.get("result") != "publishing"}
-    for e in entries:
+    for i, e in enumerate(entries):
         if e.get("result") != "publishing" or e.get("id") in done:
             continue
         v = e.get("version")
-        published = isinstance(v, int) and (
-            v == cur.version or (v < cur.version and store.history_file_exists(v))
-        )
+        published = _was_in_force(v, i, entries, cur, applied, store.history_file_exists)
         store.audit({**e, "result": "success" if published else "abandoned", "recovered": True})
         actions.append(
             f"audit: completed the entry of version {v} ({'published' if published else 'abandoned'})"

@@ -2,13 +2,25 @@
 
 A report is a file anyone with write access to the state directory can drop: a stray
 ``{"step": 1000000000}`` once pinned every later change (issue 13), ``"step": Infinity`` made
-every page answer 500. So a report counts only when every field is a finite, plausible number,
-and a rank counts as live only when its report is fresh and - where this process can see it -
-its pid is still alive.
+every page answer 500, and three plausible reports "from another host" outvoted two real ranks
+(issue 22 item 3). So a report counts only when every field is a finite, plausible number, and
+what a report says about its own process is checked against the process table where it can be
+(liveness()):
+
+* ``CONFIRMED``: fresh, written on this host in this pid namespace, its pid alive, and - where
+  the reader knows the file's owner - that process runs as the uid that owns the file. Only a
+  process that can act as the ranks' own user on this host can forge one.
+* ``UNCONFIRMED``: fresh, but from another host or pid namespace (a container that does not share
+  the pid namespace, or a forgery): nothing but its age can be checked.
+* ``GONE``: stale, or its process is gone (or the pid now belongs to a newer process).
+
+``is_live()`` is the one question the other modules ask (the effective step, /readyz, shape
+samples); control.effective decides how much an unconfirmed report may count.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import socket
@@ -68,28 +80,94 @@ class RankReport:
     late_applies: int
     host: str
     pidns: str
+    file_uid: int | None = None
+    """The uid that owns the report file, where the reader knows it (Store does)."""
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """(engine, rank): the report's identity, the same as its file name's."""
+        return (self.engine, self.rank)
 
     def age(self, now: float) -> float:
         return max(0.0, now - self.time)
 
+    def local(self) -> bool:
+        """Written on this host in this pid namespace: its pid means something here."""
+        return self.host == HOST and bool(self.pidns) and self.pidns == PIDNS
+
     def process_gone(self) -> bool:
         """True when the rank ran in this pid namespace on this host and its pid no longer exists."""
-        if self.host != HOST or not self.pidns or self.pidns != PIDNS:
-            return False  # another container or host: only the report's age can tell
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            return False
-        return False
+        return self.local() and process_check(self) is _Process.GONE
 
     def is_live(self, now: float, stale_after_s: float) -> bool:
-        return self.age(now) <= stale_after_s and not self.process_gone()
+        """Fresh and not known gone: confirmed or unconfirmed (see liveness())."""
+        return liveness(self, now=now, stale_after_s=stale_after_s) is not Liveness.GONE
 
 
-def parse_report(d: Any, *, now: float) -> RankReport | None:
-    """A RankReport, or None when any field is missing, non-finite or implausible."""
+class Liveness(enum.Enum):
+    """What the process table says about a report (module docstring)."""
+
+    CONFIRMED = "confirmed"
+    UNCONFIRMED = "unconfirmed"
+    GONE = "gone"
+
+
+class _Process(enum.Enum):
+    OURS = 1  # alive, and run by the uid that owns the report file (where known)
+    GONE = 2  # no such process
+    NOT_OURS = 3  # alive but run by another uid than the file's owner, or cannot be told
+
+
+def process_check(report: RankReport) -> _Process:
+    """Ask the process table about a local report's pid (callers check report.local() first)."""
+    try:
+        os.kill(report.pid, 0)
+    except ProcessLookupError:
+        return _Process.GONE
+    except PermissionError:
+        pass  # alive, another user's: the uid check below decides
+    except OSError:
+        return _Process.NOT_OURS
+    if report.file_uid is not None:
+        try:
+            if os.stat(f"/proc/{report.pid}").st_uid != report.file_uid:
+                return _Process.NOT_OURS
+        except FileNotFoundError:
+            return _Process.GONE
+        except OSError:
+            return _Process.NOT_OURS
+    return _Process.OURS
+
+
+def process_confirmed(report: RankReport) -> bool:
+    """The process table vouches for the report's process, whatever its age (liveness() adds it)."""
+    return report.local() and process_check(report) is _Process.OURS
+
+
+def liveness(report: RankReport, *, now: float, stale_after_s: float) -> Liveness:
+    """CONFIRMED, UNCONFIRMED or GONE (module docstring). Two syscalls (kill 0, stat of
+    /proc/<pid>), no read: fine per look at ranks/, never on a rank's hot path."""
+    if report.age(now) > stale_after_s:
+        return Liveness.GONE
+    if not report.local():
+        return Liveness.UNCONFIRMED
+    check = process_check(report)
+    if check is _Process.GONE:
+        return Liveness.GONE
+    return Liveness.CONFIRMED if check is _Process.OURS else Liveness.UNCONFIRMED
+
+
+def is_live(report: RankReport, *, now: float, stale_after_s: float, confirmed_only: bool = False) -> bool:
+    """Whether ``report``'s rank counts as live: fresh and not known gone, and with
+    ``confirmed_only`` also confirmed by the process table (liveness()). The stable entry point
+    for other modules (the effective step, shape samples from live ranks only)."""
+    state = liveness(report, now=now, stale_after_s=stale_after_s)
+    return state is Liveness.CONFIRMED if confirmed_only else state is not Liveness.GONE
+
+
+def parse_report(d: Any, *, now: float, file_uid: int | None = None) -> RankReport | None:
+    """A RankReport, or None when any field is missing, non-finite or implausible. ``file_uid``:
+    the report file's owner, for liveness()'s uid check."""
     if not isinstance(d, dict):
         return None
     rank, engine = _int(d, "rank", 0, MAX_RANK), _int(d, "engine", 0, MAX_RANK)
@@ -126,4 +204,5 @@ def parse_report(d: Any, *, now: float) -> RankReport | None:
         late_applies=late,
         host=host[:256],
         pidns=pidns[:64],
+        file_uid=file_uid,
     )

@@ -24,8 +24,9 @@ from typing import Any
 
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import MAX_VERSION, StateDir, history_version, make_private_dir
-from flyserve.control.reports import RankReport, parse_report
+from flyserve.control.reports import CLOCK_SKEW_S, RankReport, parse_report, process_confirmed
 from flyserve.control.snapshot import ConfigSnapshot
+from flyserve.control.witness import StepWitness
 from flyserve.policy.errors import describe_value
 from flyserve.policy.thresholds import ThresholdsError
 
@@ -73,9 +74,21 @@ MAX_AUDIT_LINE = 8192
 
 
 MAX_RANK_FILES = 256
-"""Rank reports read per look at ranks/ (the newest by mtime): far above any real TP x DP size."""
+"""Rank reports read per look at ranks/: far above any real TP x DP size (which ones: rank_file_order)."""
 
-_RANK_FILE_NAME = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}\.json", re.ASCII)
+_RANK_FILE_NAME = re.compile(r"(?:([1-9][0-9]{0,3})-)?(0|[1-9][0-9]{0,3})\.json", re.ASCII)
+"""The names StateDir.rank_file writes: ``<rank>.json`` (engine 0), ``<engine>-<rank>.json``,
+ASCII digits without leading zeros, so one (engine, rank) has exactly one name."""
+
+
+def rank_file_order(engine: int, rank: int, confirmed_last_look: bool) -> tuple[int, int, int, int]:
+    """Which rank reports are read first when ranks/ holds more than MAX_RANK_FILES candidates:
+    those the process table confirmed at the reader's last look, then by key, square by square
+    (max(engine, rank), engine, rank). A deployment's own ranks are numbered from 0 (engines
+    0..DP-1, ranks 0..TP-1), so with DP and TP of at most 16 they are all read before any other
+    name, whatever mtimes or names anyone else writes; larger ones are found as the long-lived
+    reader (the sidecar) confirms them. Never by mtime: anyone can date a file."""
+    return (0 if confirmed_last_look else 1, max(engine, rank), engine, rank)
 
 
 def _open_regular(path: Path) -> tuple[int, os.stat_result] | None:
@@ -216,6 +229,9 @@ class Store:
         # MAX_RANK_FILES) or read and refused (unreadable, implausible). One assignment per look, so
         # a reader never sees parts of two looks (_read_reports).
         self.skipped_rank_files = 0
+        # Names whose report the process table confirmed at the last look: read first next time.
+        self._confirmed_names: frozenset[str] = frozenset()
+        self._witness = StepWitness()
 
     # ------------------------------------------------------------------ lock
 
@@ -483,46 +499,66 @@ class Store:
         now = time.time() if now is None else now
         return [r for _, r in self._read_reports(now) if r is not None]
 
-    def _rank_file_names(self) -> tuple[list[str], int]:
-        """The rank report names worth reading: ``<rank>.json`` or ``<engine>-<rank>.json`` with
-        small ASCII-digit numbers, the MAX_RANK_FILES newest by mtime, and how many other entries
-        ranks/ holds. 20,000 stale files once made a PATCH hold the writers' lock for 5 s and
-        /readyz answer 503 (attack review item 7). Dot files (a rank's own atomic-write temp file,
-        an NFS silly-rename) are neither read nor counted."""
+    def _rank_file_names(self) -> tuple[list[tuple[str, int]], int]:
+        """The rank report names worth reading with their files' owners, at most MAX_RANK_FILES (see
+        rank_file_order), and how many other entries ranks/ holds. 20,000 stale files once made a
+        PATCH hold the writers' lock for 5 s (attack review item 7); 300 files dated an hour ahead
+        once pushed the live ranks out of "the 256 newest by mtime" (issue 22 item 4): mtimes are
+        anyone's to set, so they decide nothing but that a file dated in the future is skipped.
+        Dot files (a rank's own atomic-write temp file, an NFS silly-rename) are neither read nor
+        counted."""
         try:
             entries = list(os.scandir(self.dir.ranks_dir))
         except OSError:
             return [], 0
-        dated: list[tuple[float, str]] = []
+        latest = time.time() + CLOCK_SKEW_S  # mtimes are the file system's: the real clock, not a plane's
+        keyed: list[tuple[tuple[int, int, int, int], str, int]] = []
         others = 0
         for e in entries:
             if e.name.startswith("."):
                 continue
-            if _RANK_FILE_NAME.fullmatch(e.name) is None:
+            m = _RANK_FILE_NAME.fullmatch(e.name)
+            if m is None:
                 others += 1
                 continue
             try:
-                dated.append((e.stat(follow_symlinks=False).st_mtime, e.name))
+                st = e.stat(follow_symlinks=False)
             except OSError:  # gone since the scan
                 continue
-        dated.sort(reverse=True)
-        others += max(0, len(dated) - MAX_RANK_FILES)
-        return sorted(n for _, n in dated[:MAX_RANK_FILES]), others
+            if st.st_mtime > latest:
+                others += 1
+                continue
+            engine, rank = int(m.group(1) or 0), int(m.group(2))
+            keyed.append((rank_file_order(engine, rank, e.name in self._confirmed_names), e.name, st.st_uid))
+        keyed.sort()
+        others += max(0, len(keyed) - MAX_RANK_FILES)
+        return [(n, uid) for _, n, uid in keyed[:MAX_RANK_FILES]], others
 
     def _read_reports(self, now: float) -> list[tuple[dict[str, Any], RankReport | None]]:
         out = []
+        confirmed = set()
         names, skipped = self._rank_file_names()
-        for n in names:
+        for n, uid in names:
             try:
                 d = read_json(self.dir.ranks_dir / n)
             except (OSError, ValueError):
                 skipped += 1
                 continue
             if d is not None:
-                r = parse_report(d, now=now)
-                skipped += r is None
+                r = parse_report(d, now=now, file_uid=uid)
+                if r is not None and self.dir.rank_file(r.rank, r.engine).name != n:
+                    r = None  # a report under another rank's name: one key, one file
                 out.append((d, r))
+        # A report must agree with what this reader saw of the same process (control.witness).
+        refused = self._witness.look([r for _, r in out if r is not None], now)
+        if refused:
+            out = [(d, None if r is not None and r.key in refused else r) for d, r in out]
+        skipped += sum(r is None for _, r in out)
+        for _, r in out:
+            if r is not None and process_confirmed(r):
+                confirmed.add(self.dir.rank_file(r.rank, r.engine).name)
         self.skipped_rank_files = skipped
+        self._confirmed_names = frozenset(confirmed)
         return out
 
     def live_ranks(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:

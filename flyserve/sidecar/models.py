@@ -112,6 +112,13 @@ class RankView(_Frozen):
         description="Versions this rank learned of after their effective step and applied at once (at a "
         "step other ranks may not share). Should stay 0.",
     )
+    liveness: str | None = Field(
+        None,
+        description='What the process table says of the report (flyserve.control.reports.liveness): "confirmed" '
+        '(this host and pid namespace, pid alive, the file owned by its uid), "unconfirmed" (another host or pid '
+        'namespace, or a forgery: counts toward effective_step only in an engine with no confirmed rank), "gone"; '
+        "null when the report is not a valid one.",
+    )
 
 
 class EngineStats(_Frozen):

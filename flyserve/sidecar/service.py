@@ -17,6 +17,7 @@ from typing import Any
 
 from flyserve.control import ConfigSnapshot, ControlPlane
 from flyserve.control.rank import CONTROL_MODES
+from flyserve.control.reports import liveness as report_liveness
 from flyserve.policy.profiles import load_profile, profile_path
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
@@ -125,9 +126,11 @@ def rank_views(
     *,
     now: float,
     stale_after_s: float,
+    liveness: Mapping[tuple[int, int], str] | None = None,
 ) -> list[RankView]:
     """One view per rank seen in a report or in the counters. A rank that only left counters
-    behind (its report is gone) is shown stale, with its counters."""
+    behind (its report is gone) is shown stale, with its counters. ``liveness``: (engine, rank) ->
+    what the process table says of its report (issue 22 item 3), where the caller has it."""
     by_key: dict[tuple[int, int], Mapping[str, Any]] = {}
     for d in reports:
         r = _int_or_none(d.get("rank"))
@@ -161,6 +164,7 @@ def rank_views(
                 stale=age is None or age > stale_after_s,
                 totals=totals_of([c]) if c is not None else None,
                 late_applies=_int_or_none(d.get("late_applies")),
+                liveness=(liveness or {}).get((engine, rank)),
             )
         )
     return out
@@ -326,6 +330,13 @@ class StatsService:
             self.control.store.rank_reports(), {}, now=self._wall(), stale_after_s=self.settings.stale_after_s
         )
 
+    def _liveness(self, wall: float) -> dict[tuple[int, int], str]:
+        """(engine, rank) -> confirmed / unconfirmed / gone, for /dispatch-stats (issue 22 item 3)."""
+        return {
+            r.key: report_liveness(r, now=wall, stale_after_s=self.settings.stale_after_s).value
+            for r in self.control.store.reports(now=wall)
+        }
+
     def _compute(self, now_mono: float) -> DispatchStats:
         errors: list[str] = []
         wall = self._wall()
@@ -340,7 +351,11 @@ class StatsService:
             view = None
             errors.append(f"thresholds: {exc}")
         ranks = rank_views(
-            self.control.store.rank_reports(), counters, now=wall, stale_after_s=self.settings.stale_after_s
+            self.control.store.rank_reports(),
+            counters,
+            now=wall,
+            stale_after_s=self.settings.stale_after_s,
+            liveness=self._liveness(wall),
         )
         engines: dict[int, list[int]] = {}
         for v in ranks:

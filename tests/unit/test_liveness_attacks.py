@@ -1,0 +1,303 @@
+"""Issue 22 items 3, 4 and 6 in one process: forged rank reports must not pin the effective step
+(and its bound holds whatever they say), the rank-report reader cannot be gamed by mtimes or
+names, and `repair` judges an unfinished publish by what records it, not by its history file.
+The same attacks against the real simulator and sidecar: tests/integration/test_liveness_attacks_live.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flyserve.control import ControlPlane
+from flyserve.control.effective import CONSENSUS_S, CONSENSUS_STEPS, plan_steps
+from flyserve.control.reports import HOST, PIDNS, RankReport, parse_report
+
+FORGED_STARTED = 1_577_836_800.0  # 2020-01-01, the earliest start a report may claim
+STEP_MARGIN, LEAD_S = 8, 3.0
+NOW = time.time()  # the planes' clock and the reports' time (set per test): projections are exact
+
+
+@pytest.fixture(autouse=True)
+def _now() -> None:
+    global NOW
+    NOW = time.time()
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> ControlPlane:
+    return ControlPlane(tmp_path / "state", step_margin=STEP_MARGIN, lead_s=LEAD_S, clock=lambda: NOW)
+
+
+def real_report(rank: int, *, step: int = 2000, rate: float | None = 20.0, **over: Any) -> dict[str, Any]:
+    """As a rank of this process writes it: this host, this pid namespace, a live pid."""
+    now = NOW
+    d = {"pid": os.getpid(), "host": HOST, "pidns": PIDNS, "rank": rank, "engine": 0,
+         "started": now - 100.0, "step": step, "steps_per_s": rate, "applied_version": 0, "time": now}  # fmt: skip
+    d.update(over)
+    return d
+
+
+def forged_report(rank: int, **over: Any) -> dict[str, Any]:
+    """Item 3's forgery: plausible values, another host, a step of 1e11."""
+    d = {"pid": 4242 + rank, "host": "elsewhere", "pidns": "", "rank": rank, "engine": 0,
+         "started": FORGED_STARTED, "step": 10**11, "applied_version": 0, "time": NOW}  # fmt: skip
+    d.update(over)
+    return d
+
+
+def bound_steps(step: int, rate: float) -> int:
+    """effective.py's bound for an honest rank at ``step`` (projected to now) stepping at ``rate``."""
+    return (
+        step
+        + math.ceil(rate * CONSENSUS_S)
+        + max(STEP_MARGIN, CONSENSUS_STEPS)
+        + max(STEP_MARGIN, math.ceil(2 * rate * LEAD_S))
+    )
+
+
+@pytest.fixture
+def other_process() -> Iterator[int]:
+    """A live process of this user that is not a rank: what a local forger would name as its pid."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        yield p.pid
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+
+
+# ---------------------------------------------------------------- liveness: what the process table says
+
+
+def test_liveness_is_confirmed_only_by_the_process_table(tmp_path: Path, other_process: int) -> None:
+    from flyserve.control.reports import Liveness, is_live, liveness  # new in issue 22
+
+    now = NOW
+
+    def rep(**over: Any) -> RankReport:
+        r = parse_report(real_report(0, **over), now=now, file_uid=over.pop("uid", os.getuid()))
+        assert r is not None
+        return r
+
+    assert liveness(rep(), now=now, stale_after_s=30) is Liveness.CONFIRMED
+    assert liveness(rep(host="elsewhere"), now=now, stale_after_s=30) is Liveness.UNCONFIRMED
+    assert liveness(rep(pidns="pid:[1]"), now=now, stale_after_s=30) is Liveness.UNCONFIRMED
+    assert liveness(rep(time=now - 31), now=now, stale_after_s=30) is Liveness.GONE
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    assert liveness(rep(pid=dead.pid), now=now, stale_after_s=30) is Liveness.GONE
+    # A pid that is alive but run by another uid than the file's owner is not the rank's.
+    r = parse_report(real_report(0, pid=other_process), now=now, file_uid=os.getuid() + 1)
+    assert r is not None and liveness(r, now=now, stale_after_s=30) is Liveness.UNCONFIRMED
+    # The stable entry point other modules call (shape samples from live ranks only).
+    far = rep(host="elsewhere")
+    assert is_live(far, now=now, stale_after_s=30) and not is_live(
+        far, now=now, stale_after_s=30, confirmed_only=True
+    )
+    assert is_live(rep(), now=now, stale_after_s=30, confirmed_only=True)
+
+
+# ---------------------------------------------------------------- item 3: forged reports do not pin
+
+
+def test_3_forged_reports_from_another_host_do_not_move_the_step_of_confirmed_ranks(
+    plane: ControlPlane,
+) -> None:
+    """Three plausible forgeries outvoted two real ranks: effective_step near 1e11 (was)."""
+    for r in (0, 1):
+        plane.store.write_rank_report(real_report(r), rank=r)
+    for r in (2, 3, 4):
+        plane.store.write_rank_report(forged_report(r), rank=r)
+    res = plane.set_circuit(True, actor="a", reason="forged")
+    assert 2000 < res.snapshot.effective_step <= 2000 + max(STEP_MARGIN, math.ceil(20 * LEAD_S))
+    entry = plane.audit_log()[-1]
+    assert entry["ranks"] == {"confirmed": 2, "unconfirmed": 3, "unconfirmed_ignored": 3}
+
+
+def test_3_local_forgeries_with_live_pids_are_capped_within_the_bound(
+    plane: ControlPlane, other_process: int
+) -> None:
+    """A forger on this host, as the ranks' user, naming a live pid: confirmed like a rank, so only
+    the anchor at the lowest rank bounds it - within the documented bound, however many."""
+    for r in (0, 1):
+        plane.store.write_rank_report(real_report(r), rank=r)
+    for r in range(2, 12):
+        forged = real_report(r, pid=other_process, step=10**9, rate=10_000.0, started=NOW - 200_000)
+        plane.store.write_rank_report(forged, rank=r)
+    s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
+
+
+def test_3_with_only_unconfirmed_ranks_the_bound_still_holds(plane: ControlPlane) -> None:
+    """Ranks in another pid namespace (a container that does not share it): none confirmed; the
+    forgeries are as unconfirmed as they are, and the lowest rank still anchors the step."""
+    for r in (0, 1):
+        plane.store.write_rank_report(real_report(r, pidns="pid:[4026531999]"), rank=r)
+    for r in (2, 3, 4):
+        plane.store.write_rank_report(forged_report(r), rank=r)
+    s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
+
+
+def test_3_the_bound_holds_for_any_forged_reports() -> None:
+    """effective.py's bound, over random sets of forged reports (any step, rate, class, engine)
+    next to one honest rank: effective_step <= its projection + the bound."""
+    rng = random.Random(22)
+    now = 1_800_000_000.0
+
+    def mk(rank: int, step: int, rate: float | None, host: str, age: float) -> RankReport:
+        d = {"pid": os.getpid(), "host": host, "pidns": PIDNS, "rank": rank, "engine": 0,
+             "started": now - 10**6, "step": step, "steps_per_s": rate, "time": now - age}  # fmt: skip
+        r = parse_report(d, now=now)
+        assert r is not None
+        return r
+
+    forged_rates = [None, 0.0, 5.0, 10_000.0]
+    for _ in range(500):
+        rate = rng.choice([0.0, 1.0, 10.0, 200.0, 2000.0, None])
+        age = rng.uniform(0, 2)
+        honest = mk(0, rng.randrange(0, 10**6), rate, rng.choice([HOST, "far"]), age)
+        forged = [
+            mk(
+                r,
+                rng.randrange(0, 10**10),
+                rng.choice(forged_rates),
+                rng.choice([HOST, "x"]),
+                rng.uniform(0, 29),
+            )
+            for r in range(1, rng.randrange(2, 40))
+        ]
+        plan = plan_steps(
+            [honest, *forged], now=now, stale_after_s=30, step_margin=STEP_MARGIN, lead_s=LEAD_S
+        )
+        r = 500.0 if rate is None else rate
+        p = honest.step + math.ceil(r * age)
+        assert plan.engine_steps["0"] <= bound_steps(p, r), (rate, age, plan)
+
+
+def test_3_a_forgery_over_a_live_ranks_own_file_contradicts_its_history(tmp_path: Path) -> None:
+    """Rank 0's own file rewritten with its confirmed pid and start time but a step 1e9: the reader
+    saw that process at step 2000 a moment ago, so the report is refused (not counted, not
+    confirmed), and the rank's next own report is believed again."""
+    now = [time.time()]
+    plane = ControlPlane(tmp_path / "state", step_margin=STEP_MARGIN, lead_s=LEAD_S, clock=lambda: now[0])
+    started = now[0] - 200_000  # so that step 1e9 passes parse_report's own limit
+    for r in (0, 1):
+        plane.store.write_rank_report(real_report(r, started=started, time=now[0]), rank=r)
+    assert [r.step for r in plane.store.reports(now=now[0])] == [2000, 2000]
+    now[0] += 1.0
+    plane.store.write_rank_report(real_report(0, started=started, step=10**9, time=now[0]), rank=0)
+    assert [(r.rank, r.step) for r in plane.store.reports(now=now[0])] == [(1, 2000)]
+    s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    assert s.effective_step == 2000 + 20 + math.ceil(20 * LEAD_S)  # rank 1 projected 1 s on: as without it
+    now[0] += 1.0
+    plane.store.write_rank_report(real_report(0, started=started, step=2020, time=now[0]), rank=0)
+    assert sorted(r.step for r in plane.store.reports(now=now[0])) == [2000, 2020]
+
+
+def test_3_a_forged_applied_version_does_not_exhaust_version_numbers(plane: ControlPlane) -> None:
+    """A report "from another host" claiming version 10**18 - 1 applied, next to confirmed ranks:
+    the next version was 10**18, refused as exhausted - every change refused while it stayed."""
+    for r in (0, 1):
+        plane.store.write_rank_report(real_report(r), rank=r)
+    plane.store.write_rank_report(forged_report(2, applied_version=10**18 - 1), rank=2)
+    assert plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot.version == 1
+
+
+# ---------------------------------------------------------------- item 4: the reader is not gamed by mtimes
+
+
+def test_4_files_dated_ahead_do_not_push_live_ranks_out(plane: ControlPlane) -> None:
+    ranks = plane.state_dir.ranks_dir
+    for r in (0, 1):
+        plane.store.write_rank_report(real_report(r), rank=r)
+    ahead = time.time() + 3600
+    for i in range(300):
+        f = ranks / f"{1000 + i}.json"
+        f.write_text('{"garbage": ' + str(i) + "}")
+        os.utime(f, (ahead, ahead))
+    assert plane.store.live_ranks() == 2  # was 0: the 256 "newest" were all garbage
+    s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
+    assert s.effective_step > 2000  # was below the ranks' steps: each applied at its own
+    assert plane.store.skipped_rank_files >= 300
+
+
+def test_4_fresh_garbage_under_valid_names_is_read_after_the_ranks(plane: ControlPlane) -> None:
+    """Names and mtimes are anyone's: 600 files touched 'now' under rank names, and names that are
+    not the writer's (leading zeros, an engine-0 prefix, a report under another rank's name)."""
+    ranks = plane.state_dir.ranks_dir
+    for r in (0, 1):
+        plane.store.write_rank_report(real_report(r), rank=r)
+    for i in range(600):
+        (ranks / f"{7 + i % 9}-{20 + i}.json").write_text(json.dumps(forged_report(20 + i)))
+    for name in ("00.json", "0-1.json", "01.json"):
+        (ranks / name).write_text(json.dumps(real_report(1, step=10**6)))
+    (ranks / "5.json").write_text(json.dumps(real_report(0, step=10**6)))  # rank 0's under 5's name
+    got = sorted((r.rank, r.step) for r in plane.store.reports() if r.step < 10**6)
+    assert got == [(0, 2000), (1, 2000)]
+    assert all(r.step < 10**6 for r in plane.store.reports())
+
+
+# ---------------------------------------------------------------- item 6: repair's verdict on an unfinished publish
+
+
+def _drop_success_line(plane: ControlPlane, version: int) -> None:
+    """As if the writer of ``version`` was killed after current.json, before its completion line."""
+    log = plane.state_dir.audit_log
+    lines = log.read_text().splitlines(keepends=True)
+    keep = [ln for ln in lines if not (json.loads(ln).get("version") == version and '"success"' in ln)]
+    assert len(keep) == len(lines) - 1
+    log.write_text("".join(keep))
+
+
+def test_6_a_version_in_force_whose_history_was_pruned_is_not_recorded_abandoned(tmp_path: Path) -> None:
+    from flyserve.control.repair import repair
+
+    plane = ControlPlane(tmp_path / "state", history_keep=2)
+    for n in (2000, 3000, 4000):  # v1..v3; v3's writer "killed" before its success line
+        plane.apply_overrides({"min_seq_len": n}, actor="a")
+    _drop_success_line(plane, 3)
+    for n in (5000, 6000, 7000):  # v4 is computed from v3; history keeps v5, v6 only
+        plane.apply_overrides({"min_seq_len": n}, actor="a")
+    assert not plane.store.history_file_exists(3)
+    repair(plane)
+    completions = [e for e in plane.store.read_audit(raw=True) if e.get("recovered")]
+    assert [(e["version"], e["result"]) for e in completions] == [(3, "success")]  # was "abandoned"
+
+
+def test_6_a_version_never_in_force_whose_history_file_stayed_is_abandoned(tmp_path: Path) -> None:
+    """The other half: a writer killed after the history file, before current.json; the next writer
+    numbers above it (never making it current). Its history file exists below current."""
+    from flyserve.control import store as store_mod
+    from flyserve.control.repair import repair
+
+    plane = ControlPlane(tmp_path / "state")
+    plane.apply_overrides({"min_seq_len": 2000}, actor="a")
+    real = store_mod.atomic_write
+
+    def killed_after_history(path: Path, data: Any, **kw: Any) -> None:
+        real(path, data, **kw)
+        if path.parent.name == "history":
+            raise KeyboardInterrupt  # stands in for kill -9: nothing after it runs
+
+    store_mod.atomic_write = killed_after_history
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            plane.apply_overrides({"min_seq_len": 3000}, actor="doomed")
+    finally:
+        store_mod.atomic_write = real
+    assert plane.snapshot().version == 1 and plane.store.history_file_exists(2)
+    assert plane.apply_overrides({"min_seq_len": 4000}, actor="a").snapshot.version == 3
+    repair(plane)
+    completions = [e for e in plane.store.read_audit(raw=True) if e.get("recovered")]
+    assert [(e["version"], e["result"]) for e in completions] == [(2, "abandoned")]  # was "success"
