@@ -127,18 +127,16 @@ def _live_names(fn: Any, *, drop_first: bool = False) -> list[str]:
 
 
 def test_live_signatures_agree_with_the_record():
-    """inspect on the live objects says what ast read from the source (the reader is not fooling us)."""
-    from vllm.engine.protocol import EngineClient
+    """inspect on the live objects says what ast read from the source (the reader is not fooling us).
+    The engine client's collective_rpc is left to the source comparison above: importing AsyncLLM
+    costs seconds."""
     from vllm.v1.attention.backends import composite, registry
-    from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.executor.abstract import Executor
 
     rec = RECORDS[installed_version()]["touchpoints"]
     factory = inspect.unwrap(composite.create_composite_attention_backend)
     assert _live_names(factory) == _names(rec["composite factory"]["params"])
     assert _live_names(registry.register_backend) == _names(rec["register_backend"]["params"])
-    assert _live_names(AsyncLLM.collective_rpc) == _names(rec["collective_rpc (AsyncLLM)"]["params"])
-    assert _live_names(EngineClient.collective_rpc) == _names(rec["collective_rpc (engine client)"]["params"])
     assert _live_names(Executor.collective_rpc) == _names(rec["collective_rpc (executor)"]["params"])
     members = rec["AttentionImpl"]["members"]
     from vllm.v1.attention.backend import AttentionImpl
@@ -323,24 +321,60 @@ def test_routing_and_endpoint_plugin_fit_each_release(version):
             )
 
 
+CALLED = {
+    "create_composite_attention_backend": ("composite factory",),
+    "register_backend": ("register_backend",),
+    "collective_rpc": ("collective_rpc (engine client)", "collective_rpc (AsyncLLM)"),
+}
+"""vLLM functions flyserve calls -> the touch points whose parameter lists every call must fit."""
+
+
+def _calls() -> list[tuple[str, str, list[str], int]]:
+    """(function, file:line, keywords, positional count) of every call of a CALLED function in flyserve."""
+    out = []
+    for path in (REPO / "flyserve").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+                if name in CALLED:
+                    where = f"{path.relative_to(REPO)}:{node.lineno}"
+                    out.append((name, where, [k.arg for k in node.keywords], len(node.args)))
+    return out
+
+
 @pytest.mark.parametrize("version", VERSIONS)
-def test_plugin_groups_and_the_collective_rpc_call_fit_each_release(version):
+def test_flyserves_calls_into_vllm_fit_each_release(version):
+    """Every call of the composite factory, register_backend and collective_rpc binds to the release's
+    recorded parameter list: its keywords exist, its positional arguments fit before the first
+    keyword-only parameter (self dropped for methods)."""
+    tps = RECORDS[version]["touchpoints"]
+    calls = _calls()
+    assert {c[0] for c in calls} == set(CALLED), "the scan found every call site kind"
+    problems = []
+    for name, where, keywords, positional in calls:
+        for touch in CALLED[name]:
+            params = [p for p in tps[touch]["params"] if p not in ("self", "cls")]
+            names = _names(params)
+            cut = params.index("*") if "*" in params else len(params)
+            if any(k not in names for k in keywords) or positional > cut:
+                problems.append(f"{where}: {name}(+{positional} positional, {keywords}) vs {touch} {params}")
+    assert problems == []
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_plugin_groups_and_backend_enum_members_flyserve_uses_exist(version):
     tps = RECORDS[version]["touchpoints"]
     pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     assert f'[project.entry-points."{tps["plugin groups"]["DEFAULT_PLUGINS_GROUP"]}"]' in pyproject
     assert f'[project.entry-points."{tps["plugin groups"]["ENDPOINT_PLUGINS_GROUP"]}"]' in pyproject
-    accepted = set(_names(tps["collective_rpc (AsyncLLM)"]["params"])) & set(
-        _names(tps["collective_rpc (engine client)"]["params"])
-    )
-    calls = []
+    used = set()
     for path in (REPO / "flyserve").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "collective_rpc":
-                calls.append((path.name, [k.arg for k in node.keywords], len(node.args)))
-    assert calls, "flyserve calls collective_rpc somewhere (the engine channel)"
-    for where, keywords, positional in calls:
-        assert set(keywords) <= accepted, (where, keywords)
-        assert positional <= 1, where  # the method name only; the rest by keyword
+            if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "AttentionBackendEnum":
+                used.add(node.attr)
+    assert used and used <= set(tp.ENUM_MEMBERS), used
+    members = tps["AttentionBackendEnum"]["members"]
+    assert [m for m in used if isinstance(members[m], dict)] == []  # none missing in this release
 
 
 @pytest.mark.parametrize("version", VERSIONS)
