@@ -5,9 +5,13 @@ records in tests/data/contracts/vllm_touchpoints/ (and compare the installed vLL
 record, through ``extract`` on the installed package's directory). The source is the release's
 source distribution from the registry, so a record names exactly what it was read from:
 
-    pip download vllm==0.33.0 --no-deps --no-binary :all:   # or the sdist's URL; never built
+    # the sdist's URL and sha256 from the registry's index (pip download would build its metadata):
+    curl -sH 'Accept: application/vnd.pypi.simple.v1+json' https://pypi.org/simple/vllm/ | ...
     python scripts/contracts/vllm_touchpoints.py vllm-0.33.0.tar.gz \
         --uploaded 2026-11-02 > tests/data/contracts/vllm_touchpoints/0.33.0.json
+
+    # after flyserve's vLLM imports change: every record, the doctor's digests, the docs table
+    python scripts/contracts/vllm_touchpoints.py --refresh DIR_HOLDING_THE_SDISTS
 
 What is kept is data about vLLM's interfaces (names, parameter lists, literal defaults, which
 names a function uses), never vLLM's code. The touch points are the ``TOUCHPOINTS`` below plus
@@ -708,6 +712,58 @@ def all_imports(root: Path) -> list[tuple[str, str | None]]:
     return sorted({(s.module, s.name) for s in flyserve_imports(root)} | set(STRING_IMPORTS), key=str)
 
 
+RECORDS = Path("tests/data/contracts/vllm_touchpoints")
+DOCTOR = Path("flyserve/doctor/vllm_versions.py")
+DOCS = Path("docs/vllm.md")
+
+
+def make_record(
+    sdist: Path, repo_root: Path, uploaded: str = "", version: str | None = None
+) -> dict[str, Any]:
+    """The record of one release, read from its sdist (or a directory holding vllm/)."""
+    version = version or sdist.name.removeprefix("vllm-").removesuffix(".tar.gz")
+    source: dict[str, Any] = {"distribution": "vllm", "version": version}
+    if sdist.is_file():
+        source["sdist"] = sdist.name
+        source["sha256"] = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    if uploaded:
+        source["uploaded"] = uploaded
+    record: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "source": source}
+    record.update(extract(Tree.open(sdist), all_imports(repo_root)))
+    record["digest"] = digest(record)
+    return record
+
+
+def refresh(sdists: Path, repo_root: Path) -> list[str]:
+    """Rewrite every committed record from its sdist in ``sdists`` (same sha256 required), then the
+    digests pinned in flyserve/doctor/vllm_versions.py and the table in docs/vllm.md."""
+    out = []
+    records_dir = repo_root / RECORDS
+    for path in sorted(records_dir.glob("*.json")):
+        old = json.loads(path.read_text(encoding="utf-8"))
+        sdist = sdists / old["source"]["sdist"]
+        if hashlib.sha256(sdist.read_bytes()).hexdigest() != old["source"]["sha256"]:
+            raise SystemExit(f"{sdist.name}: not the sdist the record was read from (sha256 differs)")
+        new = make_record(sdist, repo_root, old["source"].get("uploaded", ""), old["source"]["version"])
+        path.write_text(json.dumps(new, indent=1) + "\n", encoding="utf-8")
+        doctor = repo_root / DOCTOR
+        text = doctor.read_text(encoding="utf-8")
+        pinned = f'"{old["source"]["version"]}",\n        "{old["digest"]}"'
+        if pinned not in text:
+            raise SystemExit(
+                f"{DOCTOR}: no RecordedRelease for {old['source']['version']} with its old digest"
+            )
+        doctor.write_text(
+            text.replace(pinned, pinned.replace(old["digest"], new["digest"])), encoding="utf-8"
+        )
+        out.append(f"{path.name}: {old['digest'][:12]} -> {new['digest'][:12]}")
+    docs = repo_root / DOCS
+    text = docs.read_text(encoding="utf-8")
+    a, b = text.index(TABLE_BEGIN), text.index(TABLE_END) + len(TABLE_END) + 1
+    docs.write_text(text[:a] + render_table(load_records(records_dir)) + text[b:], encoding="utf-8")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -719,6 +775,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--table", action="store_true", help="print the docs/vllm.md table of the records in source"
     )
+    p.add_argument("--refresh", action="store_true",
+                   help="source is a directory of the recorded sdists: rewrite records, digests, docs table")  # fmt: skip
     p.add_argument("--version", help="the release (default: from the sdist's file name)")
     p.add_argument("--uploaded", default="", help="the sdist's upload date in the registry")
     p.add_argument("--repo-root", type=Path, default=Path(__file__).resolve().parents[2])
@@ -726,17 +784,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         sys.stdout.write(render_table(load_records(args.source)))
         return 0
-    tree = Tree.open(args.source)
-    version = args.version or args.source.name.removeprefix("vllm-").removesuffix(".tar.gz")
-    source: dict[str, Any] = {"distribution": "vllm", "version": version}
-    if args.source.is_file():
-        source["sdist"] = args.source.name
-        source["sha256"] = hashlib.sha256(args.source.read_bytes()).hexdigest()
-    if args.uploaded:
-        source["uploaded"] = args.uploaded
-    record: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "source": source}
-    record.update(extract(tree, all_imports(args.repo_root)))
-    record["digest"] = digest(record)
+    if args.refresh:
+        print("\n".join(refresh(args.source, args.repo_root)))
+        return 0
+    record = make_record(args.source, args.repo_root, args.uploaded, args.version)
     json.dump(record, sys.stdout, indent=1, sort_keys=False)
     sys.stdout.write("\n")
     return 0

@@ -39,7 +39,7 @@ _spec.loader.exec_module(tp)
 
 RECORDS: dict[str, dict[str, Any]] = tp.load_records(RECORDS_DIR)
 VERSIONS = sorted(RECORDS)
-REGENERATE = "regenerate: python scripts/contracts/vllm_touchpoints.py vllm-<version>.tar.gz > <record>"
+REGENERATE = "with the recorded sdists in DIR: python scripts/contracts/vllm_touchpoints.py --refresh DIR"
 
 
 def record_problems(version: str, record: dict[str, Any]) -> list[str]:
