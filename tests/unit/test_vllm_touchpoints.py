@@ -321,6 +321,13 @@ def test_routing_and_endpoint_plugin_fit_each_release(version):
             )
 
 
+@functools.cache
+def _flyserve_trees() -> tuple[tuple[Path, ast.Module], ...]:
+    return tuple(
+        (p, ast.parse(p.read_text(encoding="utf-8"))) for p in sorted((REPO / "flyserve").rglob("*.py"))
+    )
+
+
 CALLED = {
     "create_composite_attention_backend": ("composite factory",),
     "register_backend": ("register_backend",),
@@ -332,8 +339,8 @@ CALLED = {
 def _calls() -> list[tuple[str, str, list[str], int]]:
     """(function, file:line, keywords, positional count) of every call of a CALLED function in flyserve."""
     out = []
-    for path in (REPO / "flyserve").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for path, tree in _flyserve_trees():
+        for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
                 if name in CALLED:
@@ -368,8 +375,8 @@ def test_plugin_groups_and_backend_enum_members_flyserve_uses_exist(version):
     assert f'[project.entry-points."{tps["plugin groups"]["DEFAULT_PLUGINS_GROUP"]}"]' in pyproject
     assert f'[project.entry-points."{tps["plugin groups"]["ENDPOINT_PLUGINS_GROUP"]}"]' in pyproject
     used = set()
-    for path in (REPO / "flyserve").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for _, tree in _flyserve_trees():
+        for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "AttentionBackendEnum":
                 used.add(node.attr)
     assert used and used <= set(tp.ENUM_MEMBERS), used
