@@ -245,6 +245,38 @@ def _bind_group(builder: Any, vllm_config: Any, status: PrefillStatus) -> None:
         control.prefill_kernel = status.report()
 
 
+VLLM = "forwarded by vLLM's composite"
+IMPL_METHODS: dict[str, str] = {
+    "__init__": VLLM + " (builds both children)",
+    "__new__": "vLLM's base class (context-parallel ranks): nothing to forward",
+    "forward": VLLM + " (the routed child), flyserve's checked_forward on timed/prefill steps",
+    "process_weights_after_loading": VLLM + " (both children: the prefill kernels warm up there)",
+    "get_impl_variants": VLLM,
+    "kv_quant_mode": "vLLM's base property over kv_cache_dtype, which the composite copies from the general child",
+    "fused_output_quant_supported": VLLM + " (only if both children support it)",
+    "fused_qk_norm_rope_kvcache_supported": VLLM + " (the general child, which writes the cache)",
+    "do_qk_norm_rope_kvcache_update": VLLM + " (the general child)",
+    "fused_rope_kvcache_supported": VLLM + " (the general child)",
+    "do_rope_and_kv_cache_update": VLLM + " (the general child)",
+    "fused_qk_norm_mrope_kvcache_supported": "not forwarded: the base's False keeps the MRoPE fusion off, so "
+    "do_qk_norm_mrope_kvcache_update is never called",
+    "do_qk_norm_mrope_kvcache_update": "not forwarded: never called (fused_qk_norm_mrope_kvcache_supported is False)",
+    "prepare_for_batch": "not forwarded: only sparse MLA impls use it; none of flyserve's children overrides it",
+    "set_interleaved_v_cache": "not forwarded, on purpose (TimedCompositeImpl pins the no-op): both children "
+    "read one shared cache, and the prefill kernels (FlyDSL, FLASH_ATTN, the CPU SDPA path) read only the "
+    "plain V layout; the general child's fused writer then keeps the plain layout too",
+}
+"""How flyserve's composite impl handles every method of vLLM's AttentionImplBase/AttentionImpl, in every
+recorded vLLM (tests/unit/test_vllm_touchpoints.py fails on a method missing here). MLAAttentionImpl's
+methods (0.33's ``reserve_workspace``) do not apply: flyserve composes no MLA backend."""
+
+KV_CACHE_UPDATE_BYPASS = False
+"""vLLM 0.33's ``AttentionBackend.supports_kv_cache_update_bypass`` (forward may run with key/value omitted
+after a fused op wrote the cache; used by vllm/models/muse_spark/.../fused_qk_norm_rope_kv.py). Pinned off
+for the composite: it holds only if both children run without key/value, and the general kernels flyserve
+composes (TRITON_ATTN, ROCM_AITER_UNIFIED_ATTN, CPU_ATTN) all declare False in 0.33."""
+
+
 def _with_flyserve_parts(base: type, name: str, status: PrefillStatus) -> type:
     """The composite with the routing bound into its builders and the impl's checked forward
     (timer, breaker) registered with the forward switch."""
@@ -308,6 +340,11 @@ def _with_flyserve_parts(base: type, name: str, status: PrefillStatus) -> type:
                 timer.forward_stop(tok)
             return out
 
+        def set_interleaved_v_cache(self) -> bool:
+            """vLLM 0.33's opt-in to an interleaved V cache (QkNormRopeKvCacheFusionPass): declined for
+            both children, whatever a newer vLLM composite does (IMPL_METHODS says why)."""
+            return False
+
     SWITCH.register(TimedCompositeImpl, plain, TimedCompositeImpl.checked_forward)
 
     def get_impl_cls() -> type:
@@ -323,6 +360,7 @@ def _with_flyserve_parts(base: type, name: str, status: PrefillStatus) -> type:
             "get_impl_cls": staticmethod(get_impl_cls),
             "get_builder_cls": staticmethod(get_builder_cls),
             "prefill_status": status,
+            "supports_kv_cache_update_bypass": KV_CACHE_UPDATE_BYPASS,
             "__module__": __name__,
         },
     )

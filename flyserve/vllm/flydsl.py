@@ -316,7 +316,7 @@ class FlyDSLDualwaveBackend(RocmAiterUnifiedAttentionBackend):
             or not _on_gfx950()
             or forced_block_size_problem(revision) is not None
         ):
-            return RocmAiterUnifiedAttentionBackend.get_supported_kernel_block_sizes(kv_cache_spec)
+            return _aiter_block_sizes(kv_cache_spec)
         return list(revision.page_sizes)
 
     @classmethod
@@ -324,6 +324,15 @@ class FlyDSLDualwaveBackend(RocmAiterUnifiedAttentionBackend):
         # The composite needs both children to accept the head size; a head size FlyDSL lacks
         # must leave the server on AITER with the prefill path 'unsupported', not refuse it.
         return RocmAiterUnifiedAttentionBackend.supports_head_size(head_size)
+
+
+def _aiter_block_sizes(kv_cache_spec: Any) -> list[Any]:
+    """AITER unified's kernel block sizes. vLLM 0.30's takes no argument (0.31 added
+    ``kv_cache_spec=None``; tests/data/contracts/vllm_touchpoints/), and its composite asks with
+    none: pass the spec on only when vLLM gave one."""
+    if kv_cache_spec is None:
+        return RocmAiterUnifiedAttentionBackend.get_supported_kernel_block_sizes()
+    return RocmAiterUnifiedAttentionBackend.get_supported_kernel_block_sizes(kv_cache_spec)
 
 
 # The operator's forced block size, judged once with vLLM's config in hand and remembered for the
