@@ -131,8 +131,9 @@ class FlyserveEndpointPlugin:
         )
         state.flyserve_channel = self.pusher
         log.info(
-            "flyserve thresholds: mode engine channel (pushing versions from %s to every worker)",
+            "flyserve thresholds: mode engine channel (pushing versions from %s to every worker of engines %s)",
             state_dir.path,
+            "[0]" if engines is None else list(engines),
         )
         try:
             # Attach before the server takes its first request: from here on every worker takes
