@@ -278,7 +278,8 @@ def test_two_nodes_without_a_shared_disk_every_engine_every_rank(tiny_model, tmp
 
 
 def test_file_polling_across_nodes_is_refused_at_start(tiny_model, tmp_path):
-    """Both nodes without the endpoint plugin: node 1's worker (engine 1, local engine 0) refuses."""
+    """Both nodes without the endpoint plugin: node 1's worker (engine 1, local engine 0) refuses at
+    start with a message naming the fix; node 1 stops (the head would wait for engine 1 in vain)."""
     rpc_port = free_port()
     env = flyserve_env(tmp_path / "node1-state", "cpu-tiny", VLLM_CPU_OMP_THREADS_BIND="1", VLLM_PLUGINS="flyserve",
                        VLLM_ENGINE_READY_TIMEOUT_S="300")  # fmt: skip
@@ -294,6 +295,7 @@ def test_file_polling_across_nodes_is_refused_at_start(tiny_model, tmp_path):
         stop(node1)
         stop(head)
     log = (tmp_path / "node1.log").read_text(errors="replace")
-    assert node1.returncode != 0
+    # vLLM's headless launcher exits (with status 0, as observed with 0.32) once its engine core died
+    # of the worker's refusal; the refusal is what the log must carry.
     assert "this vLLM launch spans nodes (data-parallel engine 1 is local engine 0 of its node" in log
     assert "which cannot cross nodes" in log and "VLLM_PLUGINS=flyserve,flyserve-endpoint" in log
