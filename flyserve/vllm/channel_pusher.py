@@ -91,8 +91,12 @@ class Push:
 
     @property
     def same_step(self) -> bool:
-        """Every worker answered from the same step (so all apply from the same next step)."""
-        return len(set(self.steps)) == 1
+        """Every worker of each engine answered from the same step (so all of an engine's workers
+        apply from the same next step; engines step on their own, so theirs may differ)."""
+        per_engine: dict[Any, set[int]] = {}
+        for a, step in zip(self.answers, self.steps, strict=True):
+            per_engine.setdefault(a.get("engine"), set()).add(step)
+        return all(len(s) == 1 for s in per_engine.values())
 
 
 REPORT_INT_FIELDS = ("rank", "engine", "pid", "step", "applied_version", "applied_step", "late_applies")
