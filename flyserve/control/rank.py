@@ -36,9 +36,12 @@ RATE_PEAK_REPORTS = 30
 
 FILE_POLLING = "file polling"
 ENGINE_CHANNEL = "engine channel"
-CONTROL_MODES: tuple[str, ...] = (FILE_POLLING, ENGINE_CHANNEL)
+FILE_POLLING_UNORDERED = "file polling (executor does not order RPCs)"
+CONTROL_MODES: tuple[str, ...] = (FILE_POLLING, ENGINE_CHANNEL, FILE_POLLING_UNORDERED)
 """How a rank learns of new versions: its own poll of control/current.json (the fallback), or a push
-from vLLM's API server between two engine steps (flyserve.vllm.engine_channel)."""
+from vLLM's API server between two engine steps (flyserve.vllm.engine_channel). The third is file
+polling kept on purpose: the executor runs RPCs apart from the steps (vLLM 0.32's legacy Ray DAG
+path), so a push could land at different steps on different workers; the channel is refused."""
 
 
 class RankControl:
@@ -151,10 +154,12 @@ class RankControl:
         applies it at the same step without a margin. The first call switches this rank to the
         engine channel for good: versions the file poll had queued are dropped and it stops queueing
         (two sources of one version would apply it at two steps). ``snap=None`` only switches.
-        Returns (applied, why): why is "applied", "switched", "already applied", "lower version" or
-        "same version, other content".
+        Returns (applied, why): why is "applied", "switched", "already applied", "lower version",
+        "same version, other content" or "unordered executor" (this rank keeps file polling).
         """
         with self._lock:
+            if self.mode == FILE_POLLING_UNORDERED:
+                return False, "unordered executor"
             self.mode = ENGINE_CHANNEL
             self._pending.clear()
             self._pending_step = _NEVER

@@ -174,6 +174,49 @@ class Regret(_Frozen):
     windows: dict[str, RegretWindow] = Field(description='Keys "60s", "900s".')
 
 
+class ChannelWorkerView(_Frozen):
+    """One worker as its last report through the engine channel gave it (any node)."""
+
+    rank: int
+    engine: int | None
+    host: str | None = Field(description="The worker's host name: which node it runs on.")
+    pid: int | None
+    step: int | None = Field(description="Its engine's last step it ran.")
+    applied_version: int | None
+    applied_step: int | None = Field(description="The step its applied version is in force from.")
+    control_mode: str | None
+    steps_per_s: float | None
+    decisions: dict[str, float] = Field(description="Its dispatch decisions per path so far.")
+
+
+class ChannelEngineView(_Frozen):
+    """One engine (a DP rank: its own scheduler and step counter) as the engine channel sees it."""
+
+    engine: int
+    confirmed_version: int | None = Field(description="The newest version every worker of it confirmed.")
+    from_step: int | None = Field(
+        description="The engine step that version is in force from, on all its workers."
+    )
+    unconfirmed: list[int] = Field(description="Versions pushed to it that it has not confirmed yet.")
+    error: str | None = Field(description="Why its last push or report failed; null when none did.")
+    workers: list[ChannelWorkerView]
+
+
+class ChannelView(_Frozen):
+    """The engine channel's pusher (vLLM's API server on the head node): every engine, every node."""
+
+    pid: int | None
+    age_s: float | None = Field(description="Seconds since the pusher last wrote its status.")
+    pushed_version: int | None = Field(description="The newest version every engine confirmed.")
+    pushes: int
+    split_steps: int = Field(
+        description="Versions some engine's workers applied at different steps (must be 0)."
+    )
+    errors: int
+    last_error: str | None
+    engines: list[ChannelEngineView]
+
+
 class DispatchStats(_Frozen):
     """GET /dispatch-stats: everything about dispatch, totals over all engines."""
 
@@ -198,6 +241,10 @@ class DispatchStats(_Frozen):
     engines: list[EngineStats]
     errors: list[str] = Field(default_factory=list, description="Problems reading the state directory.")
     regret: Regret | None = Field(None, description="Null unless the sidecar was started with --costs.")
+    channel: ChannelView | None = Field(
+        None,
+        description="The engine channel's view of every engine and worker (all nodes); null without one.",
+    )
 
 
 class RoutingChange(_Frozen):

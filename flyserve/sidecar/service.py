@@ -21,6 +21,7 @@ from flyserve.control.reports import liveness as report_liveness
 from flyserve.policy.profiles import load_profile, profile_path
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
+from flyserve.sidecar.channel_view import read_channel_view
 from flyserve.sidecar.live_costs import LivePricing, PricedSample
 from flyserve.sidecar.models import (
     DispatchStats,
@@ -382,6 +383,11 @@ class StatsService:
                 )
             )
         reps = [es.representative_rank for es in engine_stats]
+        try:
+            channel = read_channel_view(self.control.state_dir, now=wall)
+        except (ValueError, OSError) as exc:
+            channel = None
+            errors.append(f"channel: {exc}")
         regret = None
         if self.pricing is not None:
             try:
@@ -405,4 +411,5 @@ class StatsService:
             engines=engine_stats,
             errors=errors,
             regret=regret,
+            channel=channel,
         )

@@ -6,12 +6,25 @@ yet, oldest first (intermediate ones from history, so no worker skips one), all 
 RPC. vLLM runs the RPC between two engine steps on every worker; each worker answers with its step,
 so the pusher records the exact boundary and whether all workers agreed on it.
 
-What it leaves in the state directory (the sidecar and the tests read these; nothing else does):
-  channel/status.json   mode, pid, time, last pushed version, the workers' last answers, counts
-  channel/pushes.jsonl  one line per pushed version: version, sha256, time, every worker's answer
+Data parallel: every engine is its own engine core with its own step counter, and vLLM's DP client
+returns only the first engine's answer to a collective RPC. So ``rpc`` may answer per engine
+(``{engine: [worker answers] | exception}``, what flyserve.vllm.endpoint_plugin gets by calling the
+collective RPC on each engine core) and a version counts as pushed only when EVERY expected engine
+confirmed it: each of its workers has it in force from one step (``from_step``, the engine's own
+step). An engine that failed is retried with the whole batch; the engines that had applied it
+answer "already applied" with the step they applied it at, so their confirmation stands.
 
-No vLLM import here: ``rpc`` is any ``async (method, [json_doc, ...]) -> list[answer]``, so the unit
-tests drive the pusher with an in-process fake and the e2e tests with the real engine client.
+What it leaves in the state directory (the sidecar and the tests read these; nothing else does):
+  channel/status.json   mode, pid, time, last pushed version, counts, per engine: the version it
+                        confirmed and from which step, its workers' last reports (rank, host, step,
+                        applied version, dispatch counters: through the report RPC, so ranks on other
+                        nodes are seen too), and the versions it has not confirmed yet
+  channel/pushes.jsonl  one line per version once every engine confirmed it: version, sha256, time,
+                        per engine {engine, from_step, same_step, workers}, and every worker's answer
+
+No vLLM import here: ``rpc`` is any ``async (method, [json_doc, ...]) -> list[answer] | {engine:
+[answer]}``, so the unit tests drive the pusher with an in-process fake and the e2e tests with the
+real engine client.
 """
 
 from __future__ import annotations
@@ -21,7 +34,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,13 +48,21 @@ from flyserve.vllm.engine_channel import MAX_DOCS, METHOD
 
 log = logging.getLogger("flyserve.vllm")
 
-Rpc = Callable[[str, list[str]], Awaitable[list[Any]]]
+Rpc = Callable[[str, list[str]], Awaitable[Any]]
+"""(method, docs) -> the workers' answers: a list (one engine, or grouped by each answer's "engine")
+or {engine: [answers] | BaseException}."""
+ReportRpc = Callable[[], Awaitable[Any]]
+"""() -> every worker's REPORT_METHOD answer, in the same shapes as Rpc."""
 
 DEFAULT_POLL_S = 0.05
 """A stat of current.json every 50 ms: a few microseconds of the API server's loop each time, and
 a change reaches the workers within one poll plus one engine step."""
 STATUS_EVERY_S = 5.0
+REPORT_EVERY_S = 2.0
+"""One report RPC every 2 s: vLLM runs it between two steps on every worker (microseconds each)."""
 RETRY_MAX_S = 5.0
+MAX_ENGINES = 1024
+MAX_WORKERS_PER_ENGINE = 256
 
 
 def channel_dir(state_dir: StateDir) -> Path:
@@ -70,18 +91,58 @@ class Push:
 
     @property
     def same_step(self) -> bool:
-        """Every worker answered from the same step (so all apply from the same next step)."""
-        return len(set(self.steps)) == 1
+        """Every worker of each engine answered from the same step (so all of an engine's workers
+        apply from the same next step; engines step on their own, so theirs may differ)."""
+        per_engine: dict[Any, set[int]] = {}
+        for a, step in zip(self.answers, self.steps, strict=True):
+            per_engine.setdefault(a.get("engine"), set()).add(step)
+        return all(len(s) == 1 for s in per_engine.values())
+
+
+REPORT_INT_FIELDS = ("rank", "engine", "pid", "step", "applied_version", "applied_step", "late_applies")
+
+
+def _small_report(report: Any) -> dict[str, Any]:
+    """A worker's REPORT_METHOD answer, reduced to known fields of bounded size."""
+    if not isinstance(report, dict):
+        return {"why": "not a report"}
+    out: dict[str, Any] = {k: report[k] for k in REPORT_INT_FIELDS if _is_int(report.get(k))}
+    for k, n in (("host", 64), ("control_mode", 64), ("why", 40), ("error", 200)):
+        if isinstance(report.get(k), str):
+            out[k] = report[k][:n]
+    rate = report.get("steps_per_s")
+    out["steps_per_s"] = float(rate) if isinstance(rate, int | float) and not isinstance(rate, bool) else None
+    decisions = report.get("decisions")
+    if isinstance(decisions, dict):
+        out["decisions"] = {
+            str(p)[:32]: float(v)
+            for p, v in list(decisions.items())[:8]
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+    applied = report.get("applied")
+    if isinstance(applied, list):
+        out["applied"] = [
+            [int(x) for x in a] for a in applied[-8:]
+            if isinstance(a, list | tuple) and len(a) == 3 and all(_is_int(x) for x in a)
+        ]  # fmt: skip
+    return out
 
 
 def _small(answer: Any) -> dict[str, Any]:
     """A worker's answer, reduced to known fields of bounded size (it is input like any other)."""
     if not isinstance(answer, dict):
         return {"why": "not an answer", "error": repr(answer)[:200]}
-    out = {k: answer[k] for k in ("rank", "engine", "step", "version") if k in answer}
+    out = {k: answer[k] for k in ("rank", "engine", "step", "version") if _is_int(answer.get(k))}
+    if isinstance(answer.get("host"), str):
+        out["host"] = answer["host"][:64]
     results = answer.get("results")
     out["results"] = [
-        {"version": r.get("version"), "applied": bool(r.get("applied")), "why": str(r.get("why"))[:40]}
+        {
+            "version": r.get("version"),
+            "applied": bool(r.get("applied")),
+            "why": str(r.get("why"))[:40],
+            "from_step": r.get("from_step") if _is_int(r.get("from_step")) else None,
+        }
         for r in (results if isinstance(results, list) else [])[:MAX_DOCS]
         if isinstance(r, dict)
     ]
@@ -92,12 +153,53 @@ def _small(answer: Any) -> dict[str, Any]:
     return out
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def by_engine(raw: Any) -> dict[int, list[Any] | str]:
+    """The answers grouped per engine: {engine: [worker answers]} or {engine: "error text"}.
+
+    A mapping is taken as per-engine already (an exception value becomes its text); a list is
+    grouped by each answer's own "engine" (0 when it has none), as one engine's collective RPC
+    answers. Bounded: a foreign or absurd answer cannot make the pusher hold unbounded state."""
+    out: dict[int, list[Any] | str] = {}
+    if isinstance(raw, Mapping):
+        for k, v in list(raw.items())[:MAX_ENGINES]:
+            if not _is_int(k):
+                continue
+            if isinstance(v, BaseException):
+                out[k] = f"{type(v).__name__}: {v}"[:300]
+            elif isinstance(v, list | tuple):
+                out[k] = list(v)[:MAX_WORKERS_PER_ENGINE]
+            else:
+                out[k] = "not a list of worker answers"
+        return out
+    for a in (raw if isinstance(raw, list | tuple) else [raw])[: MAX_ENGINES * 8]:
+        e = a.get("engine", 0) if isinstance(a, dict) else 0
+        e = e if _is_int(e) and 0 <= e < 1 << 20 else 0
+        group = out.setdefault(e, [])
+        if isinstance(group, list) and len(group) < MAX_WORKERS_PER_ENGINE:
+            group.append(a)
+    return out
+
+
 class ChannelPusher:
     """Watches one state directory and pushes versions through ``rpc``. One per API server."""
 
     def __init__(
-        self, state_dir: StateDir | str | os.PathLike[str], rpc: Rpc, *, poll_s: float = DEFAULT_POLL_S
+        self,
+        state_dir: StateDir | str | os.PathLike[str],
+        rpc: Rpc,
+        *,
+        poll_s: float = DEFAULT_POLL_S,
+        engines: tuple[int, ...] | None = None,
+        report_rpc: ReportRpc | None = None,
+        report_every_s: float = REPORT_EVERY_S,
     ):
+        """``engines``: the engine indices every version must reach (the DP client's engines); None
+        takes the engines of the first answer. ``report_rpc``: the workers' reports, every
+        ``report_every_s`` seconds, for the engine view in status.json (None: no reports)."""
         if not poll_s > 0:
             raise ValueError(f"poll_s must be > 0, got {poll_s!r}")
         self.state_dir = StateDir(state_dir)
@@ -112,6 +214,18 @@ class ChannelPusher:
         self.last_error = ""
         self._seen: tuple[int, int, int] | None = None
         self._status_at = 0.0
+        self.engines: tuple[int, ...] | None = tuple(sorted(set(engines))) if engines else None
+        self.report_rpc = report_rpc
+        self.report_every_s = float(report_every_s)
+        self._report_at = 0.0
+        # Per engine: (version, from_step) it last confirmed; its workers' last reports and when.
+        self.confirmed: dict[int, tuple[int, int | None]] = {}
+        self.reports: dict[int, list[dict[str, Any]]] = {}
+        self.report_errors: dict[int, str] = {}
+        self.reported_at = 0.0
+        self.engine_errors: dict[int, str] = {}  # engines whose last push failed, and why
+        # Versions pushed but not yet confirmed by every engine: {version: {engine: record}}
+        self._partial: dict[int, dict[int, dict[str, Any]]] = {}
 
     # ------------------------------------------------------------------ one round
 
@@ -171,49 +285,146 @@ class ChannelPusher:
             await asyncio.to_thread(self.write_status)
         return len(snaps)
 
+    def _expected(self, groups: Mapping[int, Any]) -> tuple[int, ...]:
+        if self.engines is None:
+            self.engines = tuple(sorted(groups)) or (0,)
+            log.info("flyserve engine channel: engines %s", list(self.engines))
+        return self.engines
+
     async def _push(self, batch: list[ConfigSnapshot]) -> None:
-        raw = await self.rpc(METHOD, [s.to_json() for s in batch])
-        answers = [_small(a) for a in (raw if isinstance(raw, list) else [raw])]
-        bad = [a for a in answers if "error" in a or "why" in a]
-        if bad or not answers:
-            raise RuntimeError(f"a worker refused the push: {bad[0] if bad else 'no answer'}")
+        """Push ``batch`` to every engine; returns once every expected engine confirmed every version.
+        Raises (the caller retries the batch) naming the engines that did not."""
+        groups = by_engine(await self.rpc(METHOD, [s.to_json() for s in batch]))
+        expected = self._expected(groups)
+        failed: dict[int, str] = {}
+        answered: dict[int, list[dict[str, Any]]] = {}
+        for e in expected:
+            g = groups.get(e)
+            if g is None:
+                failed[e] = "no answer"
+            elif isinstance(g, str):
+                failed[e] = g
+            elif not g:
+                failed[e] = "no worker answered"
+            else:
+                answers = [_small(a) for a in g]
+                bad = [a for a in answers if "error" in a or "why" in a]
+                if bad:
+                    failed[e] = f"a worker refused the push: {bad[0]}"[:300]
+                else:
+                    answered[e] = answers
+        for e, why in failed.items():
+            self.engine_errors[e] = why
         if not batch:
-            log.info("flyserve engine channel: attached to %d worker(s), nothing published yet", len(answers))
+            if failed:
+                raise RuntimeError(
+                    f"engine(s) {sorted(failed)} did not attach: {next(iter(failed.values()))}"
+                )
+            n = sum(len(a) for a in answered.values())
+            log.info(
+                "flyserve engine channel: attached to %d worker(s) of %d engine(s), nothing published yet",
+                n,
+                len(answered),
+            )
             return
         lines = []
         for snap in batch:
-            per_worker = []
-            for a in answers:
-                r = next((r for r in a["results"] if r.get("version") == snap.version), None)
-                if r is None:
-                    raise RuntimeError(
-                        f"worker rank {a.get('rank')} did not answer for version {snap.version}"
+            partial = self._partial.setdefault(snap.version, {})
+            for e, answers in answered.items():
+                if e in partial:
+                    continue  # confirmed by an earlier round of this push; keep its first record
+                rec = self._engine_record(e, snap, answers)
+                if rec is None:
+                    failed.setdefault(e, f"a worker of engine {e} did not confirm version {snap.version}")
+                    continue
+                partial[e] = rec
+                self.confirmed[e] = (snap.version, rec["from_step"])
+                self.engine_errors.pop(e, None)
+                if not rec["same_step"]:
+                    self.split_steps += 1
+                    log.error(
+                        "flyserve engine channel: version %d reached engine %d's workers at different steps %s",
+                        snap.version,
+                        e,
+                        [w["from_step"] for w in rec["workers"]],
                     )
-                per_worker.append({"rank": a.get("rank"), "engine": a.get("engine"), "step": a.get("step"),
-                                   "applied": r.get("applied"), "why": r.get("why")})  # fmt: skip
-            push = Push(snap.version, snap.sha256, tuple(per_worker))
-            self.last = push
-            self.pushes += 1
-            if not push.same_step:
-                self.split_steps += 1
-                log.error(
-                    "flyserve engine channel: version %d reached the workers at different steps %s",
-                    snap.version,
-                    push.steps,
-                )
-            lines.append({"version": snap.version, "sha256": snap.sha256, "time": time.time(),
-                          "answers": per_worker, "same_step": push.same_step})  # fmt: skip
-        applied = sum(1 for a in answers for r in a["results"] if r.get("applied"))
-        log.info(
-            "flyserve engine channel: version(s) %d..%d pushed to %d worker(s) (%d applications), "
-            "in force from step(s) %s",
-            batch[0].version,
-            batch[-1].version,
-            len(answers),
-            applied,
-            sorted({int(a.get("step", -1)) + 1 for a in answers}),
-        )
-        await asyncio.to_thread(self._record, lines)
+            if all(e in partial for e in expected):
+                engines = [partial[e] for e in expected]
+                self._partial.pop(snap.version, None)
+                flat = [w for rec in engines for w in rec["workers"]]
+                push = Push(snap.version, snap.sha256, tuple(flat))
+                self.last = push
+                self.pushes += 1
+                lines.append({"version": snap.version, "sha256": snap.sha256, "time": time.time(),
+                              "engines": engines, "answers": flat,
+                              "same_step": all(r["same_step"] for r in engines)})  # fmt: skip
+        if lines:
+            log.info(
+                "flyserve engine channel: version(s) %d..%d confirmed by %d engine(s), in force from "
+                "step(s) %s",
+                lines[0]["version"],
+                lines[-1]["version"],
+                len(expected),
+                {r["engine"]: r["from_step"] for r in lines[-1]["engines"]},
+            )
+            await asyncio.to_thread(self._record, lines)
+        if failed:
+            first = min(failed)
+            raise RuntimeError(f"engine(s) {sorted(failed)} did not confirm: engine {first}: {failed[first]}")
+
+    def _engine_record(
+        self, engine: int, snap: ConfigSnapshot, answers: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """One engine's confirmation of ``snap``, or None when a worker does not have it in force."""
+        workers = []
+        for a in answers:
+            r = next((r for r in a["results"] if r.get("version") == snap.version), None)
+            if r is None:
+                return None
+            confirmed = r.get("applied") or r.get("why") == "already applied"
+            if not confirmed or r.get("from_step") is None and not r.get("applied"):
+                return None
+            from_step = r.get("from_step")
+            if from_step is None:  # an older worker's answer: applied from its next step
+                from_step = int(a.get("step", -1)) + 1
+            workers.append({"rank": a.get("rank"), "engine": engine, "host": a.get("host"),
+                            "step": a.get("step"), "from_step": from_step,
+                            "applied": r.get("applied"), "why": r.get("why")})  # fmt: skip
+        steps = {w["from_step"] for w in workers}
+        return {
+            "engine": engine,
+            "from_step": min(steps),
+            "same_step": len(steps) == 1,
+            "workers": workers,
+        }
+
+    def unconfirmed(self) -> dict[int, list[int]]:
+        """{engine: versions pushed to it that it has not confirmed}, engines with none left out."""
+        out: dict[int, list[int]] = {}
+        for v, partial in sorted(self._partial.items()):
+            for e in self.engines or ():
+                if e not in partial:
+                    out.setdefault(e, []).append(v)
+        return out
+
+    # ------------------------------------------------------------------ reports
+
+    async def report_once(self) -> int:
+        """Ask every worker for its report (REPORT_METHOD); the number of workers that answered."""
+        if self.report_rpc is None:
+            return 0
+        self._report_at = time.monotonic()
+        groups = by_engine(await self.report_rpc())
+        reports: dict[int, list[dict[str, Any]]] = {}
+        errors: dict[int, str] = {}
+        for e in sorted(set(groups) | set(self.engines or ())):
+            g = groups.get(e)
+            if g is None or isinstance(g, str):
+                errors[e] = g or "no answer"
+                continue
+            reports[e] = [_small_report(a) for a in g]
+        self.reports, self.report_errors, self.reported_at = reports, errors, time.time()
+        return sum(len(r) for r in reports.values())
 
     def _record(self, lines: list[dict[str, Any]]) -> None:
         try:
@@ -238,7 +449,27 @@ class ChannelPusher:
             "errors": self.errors,
             "last_error": self.last_error,
             "workers": [] if last is None else list(last.answers),
+            "engines": self.engine_view(),
+            "unconfirmed": {str(e): v for e, v in self.unconfirmed().items()},
+            "reported_at": self.reported_at or None,
         }
+
+    def engine_view(self) -> list[dict[str, Any]]:
+        """Per engine: the version it confirmed last and from which step, the versions it has not
+        confirmed, its last push error, and its workers' last reports (through the engine channel)."""
+        unconfirmed = self.unconfirmed()
+        out = []
+        for e in sorted(set(self.engines or ()) | set(self.reports) | set(self.confirmed)):
+            version, from_step = self.confirmed.get(e, (None, None))
+            out.append({
+                "engine": e,
+                "confirmed_version": version,
+                "from_step": from_step,
+                "unconfirmed": unconfirmed.get(e, []),
+                "error": self.engine_errors.get(e) or self.report_errors.get(e),
+                "workers": self.reports.get(e, []),
+            })  # fmt: skip
+        return out
 
     def write_status(self) -> None:
         self._status_at = time.monotonic()
@@ -267,6 +498,14 @@ class ChannelPusher:
                 )
                 await asyncio.to_thread(self.write_status)
                 backoff = min(RETRY_MAX_S, backoff * 2)
+            if self.report_rpc is not None and time.monotonic() - self._report_at >= self.report_every_s:
+                try:
+                    await self.report_once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - reports are observability only
+                    self.report_errors = {e: str(exc)[:300] for e in self.engines or (0,)}
+                await asyncio.to_thread(self.write_status)
             if time.monotonic() - self._status_at >= STATUS_EVERY_S:
                 await asyncio.to_thread(self.write_status)
             try:

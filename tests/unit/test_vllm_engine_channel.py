@@ -18,7 +18,7 @@ from flyserve.control.rank import ENGINE_CHANNEL, FILE_POLLING
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.vllm import channel_pusher, endpoint_plugin
 from flyserve.vllm.channel_pusher import ChannelPusher, pushes_path, status_path
-from flyserve.vllm.engine_channel import MAX_DOCS, METHOD, parse_doc, parse_docs
+from flyserve.vllm.engine_channel import MAX_DOCS, METHOD, _from_step, parse_doc, parse_docs
 
 
 @pytest.fixture
@@ -119,12 +119,15 @@ def test_the_worker_method_applies_in_order_and_a_bad_push_changes_nothing(
     ok = engine_channel._worker_method(object(), [v2.to_json(), v3.to_json()])
     assert (ok["rank"], ok["step"], ok["version"]) == (1, 5, 3)
     assert ok["results"] == [
-        {"version": 2, "applied": True, "why": "applied"},
-        {"version": 3, "applied": True, "why": "applied"},
+        {"version": 2, "applied": True, "why": "applied", "from_step": 6},
+        {"version": 3, "applied": True, "why": "applied", "from_step": 6},
     ]
     assert rt.control.mode == ENGINE_CHANNEL and rt.control.current(6).thresholds.min_seq_len == 300
     again = engine_channel._worker_method(object(), [v2.to_json()])
-    assert again["results"] == [{"version": 2, "applied": False, "why": "lower version"}]
+    assert again["results"] == [{"version": 2, "applied": False, "why": "lower version", "from_step": 6}]
+    rt.control.current(7)
+    repeat = engine_channel._worker_method(object(), [v3.to_json()])  # a retried push: the step it applied at
+    assert repeat["results"] == [{"version": 3, "applied": False, "why": "already applied", "from_step": 6}]
     assert rt.control.current(7).version == 3
 
 
@@ -172,8 +175,9 @@ class Workers:
                 rc.apply_pushed(None)
             for snap in snaps:
                 applied, why = rc.apply_pushed(snap)
-                results.append({"version": snap.version, "applied": applied, "why": why})
-            out.append({"rank": rc.rank, "engine": 0, "pid": 1, "step": rc.step,
+                results.append({"version": snap.version, "applied": applied, "why": why,
+                                "from_step": _from_step(rc, snap.version)})  # fmt: skip
+            out.append({"rank": rc.rank, "engine": rc.engine, "pid": 1, "step": rc.step,
                         "version": rc.snapshot.version, "results": results})  # fmt: skip
         return out
 
@@ -299,7 +303,20 @@ def test_endpoint_plugin_attaches_before_init_state_returns(
 
     asyncio.run(scenario())
     assert {rc.snapshot.version for rc in w.ranks} == {2}
-    assert "mode engine channel" in caplog.text and "Ray executor" in caplog.text
+    assert "mode engine channel" in caplog.text  # Ray with RayExecutorV2 (0.32's default) keeps the channel
+
+    async def legacy_ray() -> None:
+        monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", "0")
+        monkeypatch.setattr(endpoint_plugin, "_vllm_version", lambda: "0.32.0+cpu")
+        p = endpoint_plugin.plugin()
+        state = SimpleNamespace()
+        await p.init_state(EngineClient(), state, SimpleNamespace(distributed_executor_backend="ray"))
+        assert p.task is None and p.pusher is None and not hasattr(state, "flyserve_channel")
+
+    calls = len(w.calls)
+    asyncio.run(legacy_ray())
+    assert len(w.calls) == calls  # nothing pushed
+    assert "NOT started: executor RayDistributedExecutor" in caplog.text
 
     async def no_engine() -> None:
         p = endpoint_plugin.plugin()
