@@ -51,7 +51,7 @@ def make_changes(plane: ControlPlane, logs: list[Path]) -> list[tuple[int, Thres
     cur = plane.snapshot().thresholds
     seen = steps_so_far(logs)
     for _ in range(CHANGES):
-        wait_for(lambda seen=seen: steps_so_far(logs) > seen, "an engine to run another step", 180)
+        wait_for(lambda seen=seen: steps_so_far(logs) > seen, "an engine to run another step", 90)
         seen = steps_so_far(logs)
         time.sleep(rng.uniform(0.05, 0.4))
         msl = rng.choice([v for v in (64, 96, 128, 200, 300, 500) if v != cur.min_seq_len])
@@ -87,7 +87,7 @@ def run(tiny_model: Path, tmp: Path) -> dict[str, Any]:
             wait_for(
                 lambda: all(any(x["version"] == last for x in read_rows(p)) for p in logs),
                 f"both engines to log a step of version {last}",
-                240,
+                180,
             )
         wait_for(
             lambda: _status(state).get("reported_at") and _status(state)["engines"][-1]["workers"],
@@ -104,6 +104,9 @@ def run(tiny_model: Path, tmp: Path) -> dict[str, Any]:
         time.sleep(2.5)  # one more report round, after the load stopped: every worker at the last version
         with TestClient(create_app(settings)) as c:
             stats = c.get("/dispatch-stats").json()
+    except BaseException:
+        _diagnose(tmp, state, logs)
+        raise
     finally:
         server.stop()
     return {
@@ -115,6 +118,19 @@ def run(tiny_model: Path, tmp: Path) -> dict[str, Any]:
         "stats": stats,
         "log": (tmp / "vllm.log").read_text(errors="replace"),
     }
+
+
+def _diagnose(tmp: Path, state: Path, logs: list[Path]) -> None:
+    """On a failure, what CI needs to tell a hang from a slow machine: steps per engine, the last
+    version each logged, the pusher's status and the end of vLLM's log (shown by pytest)."""
+    for p in logs:
+        rows = read_rows(p)
+        print(f"{p.name}: {len(rows)} steps, last {rows[-1]['step'] if rows else None} "
+              f"at version {rows[-1]['version'] if rows else None}")  # fmt: skip
+    print("channel/status.json:", json.dumps(_status(state))[:3000])
+    log_path = tmp / "vllm.log"
+    if log_path.exists():
+        print("vllm.log (tail):\n" + "\n".join(log_path.read_text(errors="replace").splitlines()[-80:]))
 
 
 def _status(state: Path) -> dict[str, Any]:
