@@ -116,6 +116,9 @@ def rotate_if_due(log_path: Path, incoming: int, policy: AuditRotation) -> bool:
         return False
     if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or st.st_size + incoming <= policy.max_bytes:
         return False
+    for n in range(MAX_KEEP, policy.keep, -1):  # names past the retention (it was lowered): dropped
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(rotated_path(log_path, n))
     for n in range(policy.keep - 1, 0, -1):
         with contextlib.suppress(FileNotFoundError):
             os.replace(rotated_path(log_path, n), rotated_path(log_path, n + 1))

@@ -50,6 +50,16 @@ def test_writes_past_the_limit_rotate_and_the_retention_holds(tmp_path: Path) ->
     assert total <= SMALL.bound_bytes
 
 
+def test_a_lowered_retention_drops_the_surplus_files_at_the_next_rotation(tmp_path: Path) -> None:
+    store = _store(tmp_path, AuditRotation(max_bytes=64 << 10, keep=4))
+    _write(store, 0, 330)
+    assert store.dir.audit_log.with_name("audit.jsonl.4").exists()
+    store.audit_rotation = SMALL  # keep=2
+    _write(store, 330, 70)
+    names = sorted(p.name for p in store.dir.audit_log.parent.iterdir() if p.name.startswith("audit"))
+    assert names == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2"]
+
+
 def test_readers_see_the_entries_across_files_in_order(tmp_path: Path) -> None:
     store = _store(tmp_path)
     _write(store, 0, 400)
