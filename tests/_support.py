@@ -84,3 +84,12 @@ def require_flydsl_checkout(root: Path, revision: str) -> Path:
             allow_module_level=True,
         )
     return tree
+
+
+def require_executable(path: Path, install: str) -> Path:
+    """``path`` if it is an executable file, or fail under CI / skip elsewhere (a tool installed into
+    a venv of its own, like checkov in .venv-checkov, is not on PATH)."""
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        _missing(f"executable {path.name!r}", install, f"no {path.parent.parent.name}/bin/{path.name}")
+        raise AssertionError("unreachable")
+    return path

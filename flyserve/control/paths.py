@@ -11,6 +11,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+AUDIT_DIR_ENV = "FLYSERVE_AUDIT_DIR"
+"""Where audit.jsonl (and its rotated files) live instead of the state directory, if set."""
+
 MAX_VERSION = 10**18 - 1
 """The highest version number: 18 decimal digits, what If-Match (and a rank report) can carry."""
 
@@ -72,7 +75,11 @@ class StateDir:
 
     @property
     def audit_log(self) -> Path:
-        return self.path / "audit.jsonl"
+        """<state dir>/audit.jsonl, or $FLYSERVE_AUDIT_DIR/audit.jsonl: in Kubernetes the audit log
+        lives on a disk volume of its own (deploy/base), not in the state directory's memory volume,
+        whose pages count against the writing container's memory and whose overflow evicts the pod."""
+        audit_dir = os.environ.get(AUDIT_DIR_ENV)
+        return (Path(audit_dir) if audit_dir else self.path) / "audit.jsonl"
 
     @property
     def ranks_dir(self) -> Path:

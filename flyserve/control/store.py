@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from flyserve.control.audit_files import AuditRotation, read_log_tail, rotate_if_due
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import MAX_VERSION, StateDir, history_version, make_private_dir
 from flyserve.control.reports import CLOCK_SKEW_S, RankReport, parse_report, process_confirmed
@@ -222,9 +223,20 @@ def _wait_for_flock(fd: int, timeout_s: float, path: str) -> None:
 class Store:
     """Reads and writes one state directory. Holds no state of its own beyond the paths."""
 
-    def __init__(self, state_dir: StateDir | str | os.PathLike[str], *, history_keep: int = 50) -> None:
+    def __init__(
+        self,
+        state_dir: StateDir | str | os.PathLike[str],
+        *,
+        history_keep: int = 50,
+        audit_rotation: AuditRotation | None = None,
+    ) -> None:
         self.dir = StateDir(state_dir)
         self.history_keep = max(1, int(history_keep))
+        # When audit.jsonl rotates and how many rotated files are kept (flyserve.control.audit_files);
+        # $FLYSERVE_AUDIT_MAX_BYTES / $FLYSERVE_AUDIT_KEEP unless given.
+        self.audit_rotation = audit_rotation or AuditRotation.from_env_or_default()
+        # The thread that holds lock() through this Store, if any: audit() rotates only under the lock.
+        self._lock_owner: int | None = None
         # Files in ranks/ not used at the last look: left unread (odd names, past the newest
         # MAX_RANK_FILES) or read and refused (unreadable, implausible). One assignment per look, so
         # a reader never sees parts of two looks (_read_reports).
@@ -265,10 +277,34 @@ class Store:
                 owned = False  # on timeout the waiter thread keeps fd; on error fd is closed
                 _wait_for_flock(fd, timeout_s, str(self.dir.lock_file))
                 owned = True
-            yield
+            self._lock_owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._lock_owner = None
         finally:
             if owned:
                 os.close(fd)  # closing the descriptor releases the flock
+
+    @contextlib.contextmanager
+    def _lock_if_free(self) -> Iterator[bool]:
+        """The writers' lock if nobody holds it right now (True), else False at once: never waits,
+        so an audit line written outside lock() (a refused change) is never delayed by a rotation."""
+        try:
+            self.dir.control_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.dir.lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError:
+            yield False
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -359,7 +395,7 @@ class Store:
         and history are both unusable: the audit log is then the last witness of how far versions went).
         An audit log that cannot be read, or is not a regular file, witnesses nothing (0)."""
         try:
-            text = read_file_tail(self.dir.audit_log, tail_bytes)
+            text = self._read_audit_text(tail_bytes)
         except (OSError, ValueError) as exc:
             log.warning("audit log not read for the version floor: %s", exc)
             return 0
@@ -436,15 +472,20 @@ class Store:
         line = bounded_audit_line(entry)
         self.last_audit_error: str | None = None
         try:
-            make_private_dir(self.dir.path)
+            make_private_dir(self.dir.audit_log.parent)
+            self._rotate_audit_if_due(len(line.encode()))
             # O_NOFOLLOW + regular-file check: a symlinked audit.jsonl was followed and a decoy got
             # the lines (attack review item 10); O_NONBLOCK: a FIFO without reader fails at once.
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+            flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK  # RDWR: pread
             fd = os.open(self.dir.audit_log, flags | getattr(os, "O_CLOEXEC", 0), 0o640)
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
                     raise OSError(errno.EINVAL, "audit log is not a regular file")
-                os.write(fd, line.encode())
+                data = line.encode()
+                if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
+                    data = b"\n" + data  # a torn last line (a writer killed mid-append) keeps to itself
+                os.write(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -460,16 +501,37 @@ class Store:
             )
             return False
 
+    def _rotate_audit_if_due(self, incoming: int) -> None:
+        """Rotate audit.jsonl before an append that would take it past the limit (audit_files), under
+        the writers' lock: the lock this thread holds, or the lock if free right now; when another
+        writer holds it, that writer's own next line rotates. A rotation that fails is logged and the
+        line is appended anyway: an entry is never lost to rotation."""
+        try:
+            if self._lock_owner == threading.get_ident():
+                rotate_if_due(self.dir.audit_log, incoming, self.audit_rotation)
+                return
+            with self._lock_if_free() as held:
+                if held:
+                    rotate_if_due(self.dir.audit_log, incoming, self.audit_rotation)
+        except OSError as exc:
+            log.error("audit log not rotated (%s): %s", self.dir.audit_log, exc.strerror or exc)
+
+    def _read_audit_text(self, max_bytes: int) -> str | None:
+        """The newest ``max_bytes`` of the audit log across its rotated files, oldest first (see
+        audit_files.read_log_tail), each file read with read_file_tail."""
+        return read_log_tail(self.dir.audit_log, max_bytes, self.audit_rotation.keep, read_file_tail)
+
     def read_audit(self, limit: int | None = None, *, raw: bool = False) -> list[dict[str, Any]]:
         """Audit entries, oldest first; a torn last line (crash mid-append) is skipped. A write-ahead
         'publishing' line whose completion follows is left out unless ``raw``: one change, one entry.
 
         Reads the log's newest AUDIT_READ_MAX bytes at most (with ``limit``, four lines' worth per
-        entry asked for). An audit log that is a symlink, FIFO or other non-regular file raises
-        ControlIOError naming it (it is never followed or waited on)."""
+        entry asked for), across audit.jsonl and its rotated files (audit.jsonl.1 ..), oldest first.
+        An audit log file that is a symlink, FIFO or other non-regular file raises ControlIOError
+        naming it (it is never followed or waited on)."""
         want = AUDIT_READ_MAX if not limit else min(AUDIT_READ_MAX, 4 * MAX_AUDIT_LINE * max(1, limit))
         try:
-            text = read_file_tail(self.dir.audit_log, want)
+            text = self._read_audit_text(want)
         except (OSError, ValueError) as exc:
             raise ControlIOError(f"cannot read the audit log: {exc}", path=str(self.dir.audit_log)) from None
         if text is None:

@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", ".benchmarks",
-             "results", "dist", "build"}  # fmt: skip
+SKIP_DIRS = {".git", ".venv", ".venv-checkov", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis",
+             ".benchmarks", "results", "dist", "build"}  # fmt: skip
 TEXT_SUFFIXES = {".py", ".sh", ".md", ".toml", ".yaml", ".yml", ".json", ".txt", ".cfg", ""}
 
 
