@@ -247,6 +247,7 @@ class Store:
         # Names whose report the process table confirmed at the last look: read first next time.
         self._confirmed_names: frozenset[str] = frozenset()
         self._witness = StepWitness()
+        self._ranks_dir_sticky = False  # ranks/ checked for its sticky bit (write_rank_report)
 
     # ------------------------------------------------------------------ lock
 
@@ -595,7 +596,22 @@ class Store:
         return max((r.step for r in self.reports(now=now) if r.is_live(now, stale_after_s)), default=0)
 
     def write_rank_report(self, report: Mapping[str, Any], *, rank: int, engine: int = 0) -> None:
+        if not self._ranks_dir_sticky:
+            self._make_ranks_dir_sticky()
         atomic_write(self.dir.rank_file(rank, engine), json.dumps(dict(report), sort_keys=True))
+
+    def _make_ranks_dir_sticky(self) -> None:
+        """Create ranks/ and give it the sticky bit (when this process owns it), once per Store: in a
+        sticky directory only a file's owner may rename over it or remove it, so another uid that
+        can write in ranks/ cannot replace a rank's own report with a forgery (issue 22 review;
+        control.effective "Where it does not hold"). A directory this process does not own, or a
+        file system that refuses the bit, is left as it is."""
+        self._ranks_dir_sticky = True
+        with contextlib.suppress(OSError):
+            self.dir.ranks_dir.mkdir(parents=True, exist_ok=True)
+            st = os.stat(self.dir.ranks_dir)
+            if st.st_uid == os.geteuid() and not st.st_mode & stat.S_ISVTX:
+                os.chmod(self.dir.ranks_dir, stat.S_IMODE(st.st_mode) | stat.S_ISVTX)
 
 
 def bounded_audit_line(entry: Mapping[str, Any]) -> str:

@@ -286,3 +286,37 @@ def test_d_a_rank_records_its_own_start_time(tmp_path: Path) -> None:
 )
 def test_d_an_implausible_start_time_refuses_the_report(field: str, value: Any) -> None:
     assert parse_report(real_report(0, **{field: value}), now=NOW) is None
+
+
+# ---------------------------------------------------------------- ranks/ is sticky
+
+
+def test_ranks_dir_is_sticky_so_another_uid_cannot_replace_a_ranks_file() -> None:
+    """ranks/ writable by another uid (a shared volume): that uid could os.replace its forgery
+    over a rank's own file. A rank now gives ranks/ the sticky bit: only a file's owner may rename
+    over it."""
+    import shutil
+    import stat
+    import tempfile
+
+    from flyserve.control.store import Store
+
+    top = Path(tempfile.mkdtemp(prefix="flyserve-sticky-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        store = Store(top / "state")
+        store.write_rank_report(real_report(0), rank=0)
+        ranks = store.dir.ranks_dir
+        (top / "state").chmod(0o755)
+        ranks.chmod(stat.S_IMODE(ranks.stat().st_mode) | 0o777)  # the shared volume's mode
+        assert ranks.stat().st_mode & stat.S_ISVTX
+        if os.geteuid() != 0:
+            return  # the bit is what the kernel enforces; showing it needs a second uid
+        forger = subprocess.run(
+            ["/bin/sh", "-c", "echo '{}' > .f.json && mv -f .f.json 0.json"],
+            cwd=ranks, user=OTHER_UID, group=OTHER_UID, capture_output=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert forger.returncode != 0, forger
+        assert json.loads((ranks / "0.json").read_text())["step"] == 2000
+    finally:
+        shutil.rmtree(top)
