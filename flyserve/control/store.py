@@ -248,6 +248,9 @@ class Store:
         self._confirmed_names: frozenset[str] = frozenset()
         self._witness = StepWitness()
         self._ranks_dir_sticky = False  # ranks/ checked for its sticky bit (write_rank_report)
+        self.confirmed_seen = False
+        """Some look of this reader confirmed a rank (flyserve.control.reports.liveness): ranks run
+        in its pid namespace, so an unconfirmed report is not taken for a live rank by /readyz."""
 
     # ------------------------------------------------------------------ lock
 
@@ -515,6 +518,11 @@ class Store:
         now = time.time() if now is None else now
         return [r for _, r in self._read_reports(now) if r is not None]
 
+    def read_rank_reports(self, *, now: float | None = None) -> list[tuple[dict[str, Any], RankReport]]:
+        """One look: each validated report with its JSON object (for views that show its fields)."""
+        now = time.time() if now is None else now
+        return [(d, r) for d, r in self._read_reports(now) if r is not None]
+
     def _rank_file_names(self) -> tuple[list[str], int]:
         """The rank report names worth reading, at most MAX_RANK_FILES (see
         rank_file_order), and how many other entries ranks/ holds. 20,000 stale files once made a
@@ -583,6 +591,7 @@ class Store:
         self._confirmed_names = frozenset(
             self.dir.rank_file(r.rank, r.engine).name for _, r in judged if process_confirmed(r)
         )
+        self.confirmed_seen = self.confirmed_seen or bool(self._confirmed_names)
         return out
 
     def live_ranks(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:

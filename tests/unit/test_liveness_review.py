@@ -320,3 +320,63 @@ def test_ranks_dir_is_sticky_so_another_uid_cannot_replace_a_ranks_file() -> Non
         assert json.loads((ranks / "0.json").read_text())["step"] == 2000
     finally:
         shutil.rmtree(top)
+
+
+# ---------------------------------------------------------------- /readyz does not count what a file says
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[Any]:
+    from fastapi.testclient import TestClient
+    from pydantic import SecretStr
+
+    from flyserve.sidecar.app import create_app
+    from flyserve.sidecar.settings import SidecarSettings
+
+    settings = SidecarSettings(
+        state_dir=tmp_path / "state", token=SecretStr("t0ken-for-tests-0123456789"),
+        share_control_metrics=False, stats_ttl_s=0.0, metrics_ttl_s=0.0,
+    )  # fmt: skip
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def _write(state: Path, rank: int, d: dict[str, Any]) -> None:
+    (state / "ranks").mkdir(parents=True, exist_ok=True)
+    (state / "ranks" / f"{rank}.json").write_text(json.dumps(d))
+
+
+def test_readyz_forged_reports_do_not_stand_in_for_ranks_that_are_gone(
+    sidecar: Any, tmp_path: Path, other_process: int
+) -> None:
+    """The real rank (confirmed) stops; three forgeries "from another host" stay fresh. Was: /readyz
+    200 with 3 live ranks - serving looked ready with no rank at all."""
+    state = tmp_path / "state"
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        _write(state, 0, real_report(0, pid=rank.pid, proc_start=start_ticks(rank.pid), time=time.time()))
+        assert sidecar.get("/readyz").json()["live_ranks"] == 1
+    finally:
+        rank.kill()
+        rank.wait(timeout=10)
+    for r in (2, 3, 4):
+        _write(state, r, forged_report(r, time=time.time()))
+    got = sidecar.get("/readyz")
+    assert got.status_code == 503 and got.json()["live_ranks"] == 0, got.text
+    assert "3 unconfirmed" in got.json()["detail"]
+
+
+def test_readyz_a_reused_pid_is_not_a_live_rank(sidecar: Any, tmp_path: Path, other_process: int) -> None:
+    """A fresh report whose pid now belongs to another process (the rank died, the pid was
+    reused). Was: /readyz 200 for up to the 30 s staleness window, and the rank gauge 1."""
+    d = real_report(0, pid=other_process, proc_start=start_ticks(other_process) - 1, time=time.time())
+    _write(tmp_path / "state", 0, d)
+    got = sidecar.get("/readyz")
+    assert got.status_code == 503 and got.json()["live_ranks"] == 0, got.text
+
+
+def test_readyz_still_counts_ranks_it_cannot_confirm(sidecar: Any, tmp_path: Path) -> None:
+    """The other half: ranks in another pid namespace (never confirmed here) are live ranks."""
+    _write(tmp_path / "state", 0, real_report(0, host="another-container", time=time.time()))
+    got = sidecar.get("/readyz")
+    assert got.status_code == 200 and got.json()["live_ranks"] == 1, got.text
