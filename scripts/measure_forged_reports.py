@@ -219,12 +219,12 @@ def one_case(name: str, trials: int, step_interval: float, attack: Callable[[Pat
         time.sleep(1.2)
         try:
             for i in range(trials):
-                before = real_reports(state)
+                before = wait_for(lambda: len(g := real_reports(state)) == 2 and g, 10) or {}
                 rate = min(d["steps_per_s"] for d in before.values())
                 r = httpx.patch(url + "/thresholds", json={"min_seq_len": 3000 + i}, headers=AUTH, timeout=30)
                 published = time.monotonic()
                 snap = r.json()["thresholds"]
-                now = real_reports(state)
+                now = wait_for(lambda: len(g := real_reports(state)) == 2 and g, 10) or {}
                 projected = max(
                     d["step"] + math.ceil(rate * max(0.0, time.time() - d["time"])) for d in now.values()
                 )
@@ -292,7 +292,10 @@ def main() -> None:
             print("(no unshare permission: the own-pid-namespace case is not measured)")
         cases.append(("item 4: 300 garbage files dated +1 h", garbage_ahead, False, False))
         cases = [c for c in cases if args.only in c[0]]
-        results = [one_case(n, args.trials, args.step_interval, a, rf, ns) for n, a, rf, ns in cases]
+        results = []
+        for n, a, rf, ns in cases:
+            results.append(one_case(n, args.trials, args.step_interval, a, rf, ns))
+            print(results[-1], flush=True)
     finally:
         sleeper.kill()
         sleeper.wait(10)

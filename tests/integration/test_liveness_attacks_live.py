@@ -83,7 +83,9 @@ class Rig:
         out = {}
         for r in (0, 1):
             with contextlib.suppress(OSError, ValueError):
-                out[r] = json.loads((self.state / "ranks" / f"{r}.json").read_text())
+                d = json.loads((self.state / "ranks" / f"{r}.json").read_text())
+                if d.get("host") != "elsewhere":  # a forgery renamed over the rank's file
+                    out[r] = d
         return out
 
 
@@ -147,6 +149,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
             what="both ranks to report a measured step rate",
             every=0.2,
         )
+        httpx.get(rig.url + "/readyz", timeout=30)  # as a readiness probe does: it has looked at ranks/
         yield rig
     finally:
         for p in reversed(rig.procs):
@@ -182,14 +185,14 @@ def probing_healthz(rig: Rig) -> Iterator[None]:
 
 def patch_and_time_the_apply(rig: Rig, value: int) -> dict:
     """PATCH, then wait for both ranks to report the new version applied. What it measured."""
-    before = rig.real_reports()
-    rate = min(d["steps_per_s"] for d in before.values())
+    before = wait_for(lambda: len(g := rig.real_reports()) == 2 and g, timeout=10, what="both ranks' reports")
+    rate = min(d["steps_per_s"] for d in before.values())  # type: ignore[union-attr]
     t0 = time.monotonic()
     r = httpx.patch(rig.url + "/thresholds", json={"min_seq_len": value}, headers=AUTH, timeout=30)
     assert r.status_code == 200, r.text[:500]
     published = time.monotonic()
     snap = r.json()["thresholds"]
-    at_publish = rig.real_reports()
+    at_publish = wait_for(lambda: len(g := rig.real_reports()) == 2 and g, timeout=10, what="both reports")
     projected = max(
         d["step"] + math.ceil(rate * max(0.0, time.time() - d["time"])) for d in at_publish.values()
     )
@@ -200,7 +203,7 @@ def patch_and_time_the_apply(rig: Rig, value: int) -> dict:
 
     wait_for(applied, timeout=bound_s(rate) + 30, what=f"both ranks to apply version {snap['version']}")
     took = time.monotonic() - published
-    after = rig.real_reports()
+    after = wait_for(lambda: len(g := rig.real_reports()) == 2 and g, timeout=10, what="both reports")
     return {
         "version": snap["version"],
         "effective_step": snap["effective_step"],
@@ -258,6 +261,40 @@ def test_3_forged_reports_refreshed_every_half_second_do_not_pin_a_patch(rig: Ri
     audit = [json.loads(ln) for ln in (rig.state / "audit.jsonl").read_text().splitlines()]
     ranks = next(e["ranks"] for e in reversed(audit) if e.get("version") == m["version"] and "ranks" in e)
     assert ranks == {"confirmed": 2, "unconfirmed": 3, "unconfirmed_ignored": 3}, ranks
+
+
+def test_3_forgeries_renamed_over_the_ranks_own_files_do_not_pin_a_patch(rig: Rig) -> None:
+    """Item 3's forgery written beside each rank's own file and os.replace'd over it every 0.5 s
+    (the ranks rewrite theirs about once a second). Was: the forgery was taken for the rank
+    whenever it held the file (its name matched): both ranks' keys forged, the anchor lifted with
+    them, effective step near 1e11. Now the key belongs to the live confirmed process
+    (control.witness): the rank's last own report stands in."""
+    stop = threading.Event()
+
+    def forge() -> None:
+        while not stop.is_set():
+            for rank in (0, 1):
+                path = rig.state / "ranks" / f"{rank}.json"
+                tmp = path.with_name(f".forged-{rank}.tmp")
+                tmp.write_text(json.dumps(
+                    {"pid": 4242 + rank, "host": "elsewhere", "pidns": "", "rank": rank, "engine": 0,
+                     "started": 1_577_836_800.0, "step": 10**11, "applied_version": 0, "time": time.time()}
+                ))  # fmt: skip
+                os.replace(tmp, path)
+            stop.wait(0.5)
+
+    forger = threading.Thread(target=forge, daemon=True)
+    forger.start()
+    try:
+        with probing_healthz(rig):
+            time.sleep(1.2)
+            m = patch_and_time_the_apply(rig, 4096)
+            assert_within_the_bound(rig, m)
+            r = httpx.get(rig.url + "/readyz", timeout=10)
+            assert r.status_code == 200 and r.json()["live_ranks"] == 2, r.text[:300]
+    finally:
+        stop.set()
+        forger.join(10)
 
 
 # ---------------------------------------------------------------- item 4
