@@ -30,6 +30,12 @@ from typing import Any
 
 from flyserve.control.reports import CLOCK_SKEW_S, MAX_PLAUSIBLE_STEPS_PER_S, RankReport, proc_start_ticks
 
+KEEP_S = 30.0
+"""How long a key's last credible report is remembered while its file is missing or unreadable
+(a report older than the default 30 s staleness no longer counts anyway)."""
+MAX_KEYS = 512
+"""At most this many keys remembered (twice the rank files read per look)."""
+
 Seen = tuple[dict[str, Any], RankReport]
 """A report as read (its JSON object) and as validated."""
 
@@ -52,8 +58,8 @@ def _still_alive(r: RankReport) -> bool:
 
 
 class StepWitness:
-    """One reader's observations, one per (engine, rank) seen at its last look (so it stays as
-    small as one look: at most MAX_RANK_FILES entries)."""
+    """One reader's observations, one per (engine, rank) seen at its last look or within KEEP_S
+    (at most MAX_KEYS entries)."""
 
     def __init__(self) -> None:
         self._seen: dict[tuple[int, int], _Seen] = {}
@@ -76,13 +82,23 @@ class StepWitness:
                 continue
             seen[r.key] = _Seen(d, r, ok, now)
             out.append((d, r))
+        # A key missing from this look (its file made unreadable, or garbage, for a moment) keeps
+        # its history for KEEP_S: otherwise a forger could erase it with one bad file and have
+        # its forgery taken as a new process at the next look.
+        for key, prev in self._seen.items():
+            if key not in seen and now - prev.at <= KEEP_S and len(seen) < MAX_KEYS:
+                seen[key] = prev
         self._seen = seen
         self.refused = refused
         return out
 
     @staticmethod
     def _contradicts(prev: _Seen, r: RankReport, confirmed: bool, now: float) -> bool:
-        if prev.confirmed and not (confirmed and prev.report.identity == r.identity) and _still_alive(prev.report):
+        if (
+            prev.confirmed
+            and not (confirmed and prev.report.identity == r.identity)
+            and _still_alive(prev.report)
+        ):
             return True  # the key belongs to a live confirmed process: this is not it
         if _same_process(prev.report, r):
             allowed = (max(0.0, now - prev.at) + CLOCK_SKEW_S) * MAX_PLAUSIBLE_STEPS_PER_S
