@@ -77,15 +77,18 @@ class Rig:
     procs: list[subprocess.Popen]
     healthz_s: list[float] = field(default_factory=list)
     healthz_failures: list[str] = field(default_factory=list)
+    displaced: Path | None = None
+    """Where a forger that renames over the ranks' files keeps each rank's latest own report."""
 
     def real_reports(self) -> dict[int, dict]:
         """The simulator's two ranks, read from their files (not through the code under test)."""
         out = {}
         for r in (0, 1):
             with contextlib.suppress(OSError, ValueError):
-                d = json.loads((self.state / "ranks" / f"{r}.json").read_text())
-                if d.get("host") != "elsewhere":  # a forgery renamed over the rank's file
-                    out[r] = d
+                if self.displaced is not None:
+                    out[r] = json.loads((self.displaced / f"{r}.json").read_text())
+                    continue
+                out[r] = json.loads((self.state / "ranks" / f"{r}.json").read_text())
         return out
 
 
@@ -263,25 +266,35 @@ def test_3_forged_reports_refreshed_every_half_second_do_not_pin_a_patch(rig: Ri
     assert ranks == {"confirmed": 2, "unconfirmed": 3, "unconfirmed_ignored": 3}, ranks
 
 
-def test_3_forgeries_renamed_over_the_ranks_own_files_do_not_pin_a_patch(rig: Rig) -> None:
-    """Item 3's forgery written beside each rank's own file and os.replace'd over it every 0.5 s
-    (the ranks rewrite theirs about once a second). Was: the forgery was taken for the rank
-    whenever it held the file (its name matched): both ranks' keys forged, the anchor lifted with
-    them, effective step near 1e11. Now the key belongs to the live confirmed process
+def test_3_forgeries_renamed_over_the_ranks_own_files_do_not_pin_a_patch(rig: Rig, tmp_path: Path) -> None:
+    """Item 3's forgery os.replace'd over each rank's own file as soon as the rank has written it
+    (polled every 10 ms; the rank's own report is kept aside for this test to read). Was: the
+    forgery was taken for the rank (its name matched): both keys forged, the anchor lifted with
+    them, effective step near 1e11, never applied. Now a key belongs to its live confirmed process
     (control.witness): the rank's last own report stands in."""
     stop = threading.Event()
+    rig.displaced = tmp_path / "displaced"
+    rig.displaced.mkdir()
+    for r in (0, 1):  # the ranks' reports as the fixture left them (the sidecar has looked at them)
+        (rig.displaced / f"{r}.json").write_text((rig.state / "ranks" / f"{r}.json").read_text())
 
     def forge() -> None:
         while not stop.is_set():
             for rank in (0, 1):
                 path = rig.state / "ranks" / f"{rank}.json"
+                with contextlib.suppress(OSError, ValueError):
+                    raw = path.read_text()
+                    if json.loads(raw).get("host") == "elsewhere":
+                        continue
+                    (rig.displaced / f".{rank}.tmp").write_text(raw)  # type: ignore[operator]
+                    os.replace(rig.displaced / f".{rank}.tmp", rig.displaced / f"{rank}.json")  # type: ignore[operator]
                 tmp = path.with_name(f".forged-{rank}.tmp")
                 tmp.write_text(json.dumps(
                     {"pid": 4242 + rank, "host": "elsewhere", "pidns": "", "rank": rank, "engine": 0,
                      "started": 1_577_836_800.0, "step": 10**11, "applied_version": 0, "time": time.time()}
                 ))  # fmt: skip
                 os.replace(tmp, path)
-            stop.wait(0.5)
+            stop.wait(0.01)
 
     forger = threading.Thread(target=forge, daemon=True)
     forger.start()
