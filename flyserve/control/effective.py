@@ -14,7 +14,8 @@ fastest rank is now. The rules (issue 13):
 * files anyone can write do not decide (issue 22 item 3: three plausible reports "from another
   host" with step 1e11 outvoted two real ranks and pinned every change, ``circuit open`` included).
   A report is CONFIRMED when the process table vouches for it (flyserve.control.reports.liveness:
-  this host, this pid namespace, pid alive, the file owned by that process's uid), else
+  this host, this pid namespace, pid alive and still the process the rank recorded (its /proc
+  start time), the file read owned by that process's uid, a uid the reader trusts), else
   UNCONFIRMED. Per engine:
 
   - the step is planned from its confirmed ranks, or from its unconfirmed ranks when it has no
