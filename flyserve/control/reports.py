@@ -83,6 +83,7 @@ def own_proc_start() -> int | None:
         _OWN_START = (pid, proc_start_ticks(pid))
     return _OWN_START[1]
 
+
 MAX_PROC_START = 1 << 62
 
 
