@@ -54,7 +54,7 @@ def pid_namespace() -> str:
 
 def proc_start_ticks(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (/proc/<pid>/stat field 22), or None
-    when there is no such process or /proc cannot tell. The comm field (2) may hold spaces and
+    when there is no such process, it has exited (a zombie) or /proc cannot tell. The comm field (2) may hold spaces and
     parentheses, so fields are counted after its last ')'. A pid's (pid, start) pair names one
     process for the life of the machine: a reused pid has a later start."""
     try:
@@ -64,6 +64,8 @@ def proc_start_ticks(pid: int) -> int | None:
         return None
     rest = raw[raw.rfind(b")") + 1 :].split()
     try:
+        if rest[0] in (b"Z", b"X"):
+            return None  # exited, not reaped yet: no longer the rank (nor holding its name)
         return int(rest[19])  # fields 3.. follow the comm: field 22 is the 20th of them
     except (IndexError, ValueError):
         return None

@@ -393,3 +393,24 @@ def test_b_a_bad_file_for_one_look_does_not_erase_the_ranks_history(plane: Contr
     rename_over(path, forged_report(0))
     s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
+
+
+def test_b_an_exited_unreaped_rank_does_not_hold_its_key(plane: ControlPlane) -> None:
+    """The old rank process exited but its parent has not reaped it (a zombie: kill 0 and /proc
+    still answer). Its successor under the same name must not be refused as a forgery."""
+    old = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    d = real_report(0, pid=old.pid, proc_start=start_ticks(old.pid), step=9000)
+    plane.store.write_rank_report(d, rank=0)
+    (seen,) = plane.store.reports(now=NOW)
+    assert seen.step == 9000 and liveness(seen, now=NOW, stale_after_s=30) is Liveness.CONFIRMED
+    assert old.stdin is not None
+    old.stdin.close()  # it exits; not waited for, so not reaped
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{old.pid}/stat").read_bytes().split(b")")[-1].split()[0] != b"Z":
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.05)
+    try:
+        plane.store.write_rank_report(real_report(0, step=5, started=NOW - 1), rank=0)
+        assert [(r.pid, r.step) for r in plane.store.reports(now=NOW)] == [(os.getpid(), 5)]
+    finally:
+        old.wait(timeout=10)
