@@ -17,8 +17,8 @@ what a report says about its own process is checked against the process table wh
 * ``UNCONFIRMED``: fresh, but from another host or pid namespace (a container that does not share
   the pid namespace, or a forgery), or a report without ``proc_start`` (written by an older
   flyserve: its pid cannot be told from a reused one): nothing but its age can be checked.
-* ``GONE``: stale, or its process is gone, or the pid now belongs to another process (its start
-  time differs from the recorded one).
+* ``GONE``: stale, or its process is gone or exited (a zombie not reaped yet), or the pid now
+  belongs to another process (its start time differs from the recorded one).
 
 ``is_live()`` is the one question the other modules ask (the effective step, /readyz, shape
 samples); control.effective decides how much an unconfirmed report may count.
