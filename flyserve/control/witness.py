@@ -82,12 +82,15 @@ class StepWitness:
                 continue
             seen[r.key] = _Seen(d, r, ok, now)
             out.append((d, r))
-        # A key missing from this look (its file made unreadable, or garbage, for a moment) keeps
-        # its history for KEEP_S: otherwise a forger could erase it with one bad file and have
-        # its forgery taken as a new process at the next look.
+        # A key missing from this look (its file made unreadable, garbage or removed) keeps its
+        # history for KEEP_S: otherwise a forger could erase it with one bad file and have its
+        # forgery taken as a new process at the next look. While its confirmed process lives, its
+        # last credible report stands in (the rank is still there: /readyz and the plan see it).
         for key, prev in self._seen.items():
             if key not in seen and now - prev.at <= KEEP_S and len(seen) < MAX_KEYS:
                 seen[key] = prev
+                if prev.confirmed and _still_alive(prev.report):
+                    out.append((prev.raw, prev.report))
         self._seen = seen
         self.refused = refused
         return out

@@ -384,12 +384,15 @@ def test_readyz_still_counts_ranks_it_cannot_confirm(sidecar: Any, tmp_path: Pat
 
 def test_b_a_bad_file_for_one_look_does_not_erase_the_ranks_history(plane: ControlPlane) -> None:
     """The forger first renames garbage over the lone rank's file (a look drops the key), then its
-    forgery. Was: the key's history gone, the forgery taken as a new process - step near 1e11."""
+    forgery. Was: the rank missing from /readyz at that look, then the key's history gone and the
+    forgery taken as a new process - step near 1e11."""
     path = plane.state_dir.ranks_dir / "0.json"
     plane.store.write_rank_report(real_report(0), rank=0)
     assert plane.store.live_ranks(now=NOW) == 1
     path.write_text("{torn")
-    assert plane.store.live_ranks(now=NOW) == 0
+    assert plane.store.live_ranks(now=NOW) == 1  # its live process's last report stands in
+    path.unlink()
+    assert plane.store.live_ranks(now=NOW) == 1
     rename_over(path, forged_report(0))
     s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
