@@ -2,13 +2,16 @@
 ahead a PATCH's effective_step lands and how long the two live ranks take to apply it, while forged
 or garbage rank reports are refreshed, against control/effective.py's bound. Prints a table.
 
-    python scripts/measure_forged_reports.py [--trials 2] [--step-interval 0.02]
+    python scripts/measure_forged_reports.py [--trials 2] [--step-interval 0.02] [--forged 3 100]
 
-Cases: none (baseline); item 3's forgery (3 reports "from another host", step 1e11, refreshed every
-0.5 s); 10 local forgeries naming a live pid of the ranks' user (confirmed by the process table:
-only the anchor bounds them); the sidecar in its own pid namespace (every rank unconfirmed, like
-containers that do not share one; needs `unshare`, skipped without it); item 4's 300 garbage files
-dated an hour ahead. Nothing is left running: every process started here is stopped at the end."""
+Cases: none (baseline); item 3's forgery (N reports "from another host", step 1e11, refreshed every
+0.5 s, for each N of --forged); 10 local forgeries naming a live pid of the ranks' user with its
+true start time (confirmed by the process table: only the anchor bounds them); item 3's forgery
+renamed over the two ranks' own files every 0.5 s (the reader keeps each key for its live
+confirmed process: control.witness); the sidecar in its own pid namespace (every rank
+unconfirmed, like containers that do not share one; needs `unshare`, skipped without it); item 4's
+300 garbage files dated an hour ahead. Nothing is left running: every process started here is
+stopped at the end."""
 
 from __future__ import annotations
 
@@ -76,10 +79,13 @@ def stop(p: subprocess.Popen) -> None:
 
 
 def real_reports(state: Path) -> dict[int, dict]:
+    """The two simulated ranks' own reports (a forgery renamed over a rank's file is left out)."""
     out = {}
     for r in (0, 1):
         with contextlib.suppress(OSError, ValueError):
-            out[r] = json.loads((state / "ranks" / f"{r}.json").read_text())
+            d = json.loads((state / "ranks" / f"{r}.json").read_text())
+            if d.get("host") != "elsewhere":
+                out[r] = d
     return out
 
 
@@ -128,31 +134,43 @@ def rig(work: Path, step_interval: float, own_pidns: bool) -> Iterator[tuple[str
             lambda: len(g := real_reports(state)) == 2 and all(d.get("steps_per_s") for d in g.values()), 90
         ):
             raise RuntimeError("ranks did not report a rate")
+        httpx.get(url + "/readyz", timeout=30)  # as a readiness probe does: the sidecar has looked at ranks/
         yield url, state
     finally:
         for p in reversed(procs):
             stop(p)
 
 
-def forge_elsewhere(state: Path) -> None:
+def _elsewhere(rank: int) -> dict:
+    return {"pid": 4242 + rank, "host": "elsewhere", "pidns": "", "rank": rank, "engine": 0,
+            "started": 1_577_836_800.0, "step": 10**11, "applied_version": 0, "time": time.time()}  # fmt: skip
+
+
+def forge_elsewhere(state: Path, n: int = 3) -> None:
     store = Store(state)
-    for rank in (2, 3, 4):
-        store.write_rank_report(
-            {"pid": 4242 + rank, "host": "elsewhere", "pidns": "", "rank": rank, "engine": 0,
-             "started": 1_577_836_800.0, "step": 10**11, "applied_version": 0, "time": time.time()},
-            rank=rank,
-        )  # fmt: skip
+    for rank in range(2, 2 + n):
+        store.write_rank_report(_elsewhere(rank), rank=rank)
+
+
+def forge_over_the_ranks(state: Path) -> None:
+    """Item 3's forgery written beside each real rank's file and renamed over it."""
+    for rank in (0, 1):
+        path = state / "ranks" / f"{rank}.json"
+        tmp = path.with_name(f".forged-{rank}.tmp")
+        tmp.write_text(json.dumps(_elsewhere(rank)))
+        os.replace(tmp, path)
 
 
 def forge_local(state: Path, pid: int) -> None:
-    from flyserve.control.reports import HOST, PIDNS
+    from flyserve.control.reports import HOST, PIDNS, proc_start_ticks
 
     store = Store(state)
     now = time.time()
     for rank in range(2, 12):
         store.write_rank_report(
-            {"pid": pid, "host": HOST, "pidns": PIDNS, "rank": rank, "engine": 0, "started": now - 100_000,
-             "step": 10**9, "steps_per_s": 10_000.0, "applied_version": 0, "time": now},
+            {"pid": pid, "proc_start": proc_start_ticks(pid), "host": HOST, "pidns": PIDNS, "rank": rank,
+             "engine": 0, "started": now - 100_000, "step": 10**9, "steps_per_s": 10_000.0,
+             "applied_version": 0, "time": now},
             rank=rank,
         )  # fmt: skip
 
@@ -201,23 +219,25 @@ def one_case(name: str, trials: int, step_interval: float, attack: Callable[[Pat
         time.sleep(1.2)
         try:
             for i in range(trials):
-                before = real_reports(state)
+                before = wait_for(lambda: len(g := real_reports(state)) == 2 and g, 10) or {}
                 rate = min(d["steps_per_s"] for d in before.values())
                 r = httpx.patch(url + "/thresholds", json={"min_seq_len": 3000 + i}, headers=AUTH, timeout=30)
                 published = time.monotonic()
                 snap = r.json()["thresholds"]
-                now = real_reports(state)
+                now = wait_for(lambda: len(g := real_reports(state)) == 2 and g, 10) or {}
                 projected = max(
                     d["step"] + math.ceil(rate * max(0.0, time.time() - d["time"])) for d in now.values()
                 )
                 ok = wait_for(
-                    lambda v=snap["version"]: all(
-                        d.get("applied_version") == v for d in real_reports(state).values()
+                    lambda v=snap["version"]: (
+                        len(g := real_reports(state)) == 2
+                        and all(d.get("applied_version") == v for d in g.values())
                     ),
                     bound_s(rate) + 60,
                 )
                 took = time.monotonic() - published if ok else float("inf")
-                applied = sorted(d.get("applied_step") for d in real_reports(state).values())
+                got = wait_for(lambda: len(g := real_reports(state)) == 2 and g, 10) or {}
+                applied = sorted(d.get("applied_step") for d in got.values())
                 rows.append((snap["effective_step"] - projected, bound_steps(rate), took, bound_s(rate), rate, applied,
                              snap["effective_step"]))  # fmt: skip
         finally:
@@ -231,12 +251,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--step-interval", type=float, default=0.02)
+    ap.add_argument("--forged", type=int, nargs="+", default=[3], help="item 3's forgery count(s)")
+    ap.add_argument("--only", default="", help="run only the cases whose name contains this")
     args = ap.parse_args()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     try:
         cases = [
             ("no attack", None, False, False),
-            ("item 3: 3 forged, another host, refreshed 0.5 s", forge_elsewhere, True, False),
+            *[
+                (
+                    f"item 3: {n} forged, another host, refreshed 0.5 s",
+                    lambda s, n=n: forge_elsewhere(s, n),
+                    True,
+                    False,
+                )
+                for n in args.forged
+            ],
+            (
+                "item 3's forgery renamed over both ranks' files every 0.5 s",
+                forge_over_the_ranks,
+                True,
+                False,
+            ),
             (
                 "10 forged, this host, a live pid of the user",
                 lambda s: forge_local(s, sleeper.pid),
@@ -255,7 +291,11 @@ def main() -> None:
         else:
             print("(no unshare permission: the own-pid-namespace case is not measured)")
         cases.append(("item 4: 300 garbage files dated +1 h", garbage_ahead, False, False))
-        results = [one_case(n, args.trials, args.step_interval, a, rf, ns) for n, a, rf, ns in cases]
+        cases = [c for c in cases if args.only in c[0]]
+        results = []
+        for n, a, rf, ns in cases:
+            results.append(one_case(n, args.trials, args.step_interval, a, rf, ns))
+            print(results[-1], flush=True)
     finally:
         sleeper.kill()
         sleeper.wait(10)

@@ -14,7 +14,8 @@ fastest rank is now. The rules (issue 13):
 * files anyone can write do not decide (issue 22 item 3: three plausible reports "from another
   host" with step 1e11 outvoted two real ranks and pinned every change, ``circuit open`` included).
   A report is CONFIRMED when the process table vouches for it (flyserve.control.reports.liveness:
-  this host, this pid namespace, pid alive, the file owned by that process's uid), else
+  this host, this pid namespace, pid alive and still the process the rank recorded (its /proc
+  start time), the file read owned by that process's uid, a uid the reader trusts), else
   UNCONFIRMED. Per engine:
 
   - the step is planned from its confirmed ranks, or from its unconfirmed ranks when it has no
@@ -27,8 +28,10 @@ fastest rank is now. The rules (issue 13):
     counted as late applies) but cannot push it up past the honest ranks' by more than that.
 
   **The bound.** For any honest live rank R of an engine (projected step p, rate r = its
-  ``steps_per_s``, or ``assumed_steps_per_s`` before it has measured one), whatever any number of
-  other reports say, confirmed or not::
+  ``steps_per_s``, or ``assumed_steps_per_s`` before it has measured one) whose own report the
+  reader counts when the change is planned - read from its file, or, where a forgery was renamed
+  over that file, R's last credible report put back by flyserve.control.witness - whatever any
+  number of other reports say, confirmed or not::
 
       effective_step <= p + ceil(r * CONSENSUS_S) + max(step_margin, CONSENSUS_STEPS)
                           + max(step_margin, ceil(2 * r * lead_s))
@@ -38,7 +41,23 @@ fastest rank is now. The rules (issue 13):
   forgeries: forged reports delay a change by at most 5 s + 66 steps. Forged reports of the item-3
   kind (another host: unconfirmed) next to confirmed ranks delay it by nothing. Measured with the
   real simulator and sidecar (scripts/measure_forged_reports.py, docs/operations.md "Failure
-  modes"). In the engine-channel mode none of this applies: versions apply from the next step;
+  modes"). In the engine-channel mode none of this applies: versions apply from the next step.
+
+  **Where it does not hold.** The reader counts R's own report only if R's file holds it at the
+  look, or the reader owns R's key: R was confirmed at an earlier look and its process still
+  lives (witness), or ranks/ carries the sticky bit (Store makes it so) and the forger is another
+  uid (it cannot rename over R's file). A forger who can replace the files of EVERY rank of an
+  engine that the reader cannot confirm - ranks in another pid namespace (containers without a
+  shared pid namespace: deploy/'s pod as shipped), the typical case a single-rank (TP 1) engine -
+  with a report claiming a far step, at the moment a change is planned, pins that change: its
+  step for that engine is what the forgery claims (parse_report caps it only at 10,000 steps/s
+  since the claimed start). The ranks then hold it as ``pending_version`` and never reach it;
+  the next change, planned when the ranks' own reports are back, supersedes it (no floor, below).
+  The operator sees the version's ``engine_steps`` far above the ranks' ``step`` and its number
+  as ``pending_version`` in /dispatch-stats, the audit line's ``ranks`` with ``confirmed: 0``, and
+  the log line ``thresholds: N live rank report(s) cannot be confirmed by the process table``;
+  re-issuing the change once the writer is stopped applies it. A process of the ranks' own uid on
+  their host can kill or ptrace the ranks and is out of scope;
 * no floor from the previous version: a rank applies a newer version whose step has come even
   when an older one is still pending (RankControl), so a version published with a bad step is
   superseded by the next change instead of holding every later one back.

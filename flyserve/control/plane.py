@@ -33,6 +33,11 @@ from flyserve.policy.thresholds import FIELDS, ThresholdsError, unknown_key_erro
 
 log = logging.getLogger("flyserve.control")
 
+UNCONFIRMED_VERSION_SLACK = 1_000_000
+"""How far above every recorded version an unconfirmed rank's applied_version is believed (the
+ranks' applied versions matter when current.json, history and audit are all lost; a real rank's
+version is a count of changes, far below this; a forged 10**18 - 1 would exhaust version numbers)."""
+
 DEFAULT_STEP_MARGIN = 8
 """The fewest steps between the ranks' current step and a new version's effective_step."""
 
@@ -250,16 +255,40 @@ class ControlPlane:
 
     def _live_applied_version(self, reports: Iterable[RankReport], now: float) -> int:
         """The highest version a live rank reports as applied (0 with none): the confirmed ranks'
-        when any rank is confirmed (flyserve.control.reports.liveness), else the unconfirmed ones'.
-        A forged report "from another host" with applied_version 10**18 - 1 next to confirmed ranks
-        would otherwise exhaust version numbers and refuse every later change."""
+        when any rank is confirmed (flyserve.control.reports.liveness), else the unconfirmed ones'
+        up to UNCONFIRMED_VERSION_SLACK above every other record of versions (current.json,
+        history names, the audit log). A forged report "from another host" with applied_version
+        10**18 - 1 would otherwise exhaust version numbers and refuse every later change - next
+        to confirmed ranks (issue 22 item 3), and with none (ranks in another pid namespace, or
+        stopped; issue 22 review)."""
         by_state: dict[Liveness, list[int]] = {Liveness.CONFIRMED: [], Liveness.UNCONFIRMED: []}
         for r in reports:
             if r.applied_version is not None:
                 state = liveness(r, now=now, stale_after_s=self.rank_stale_after_s)
                 if state is not Liveness.GONE:
                     by_state[state].append(r.applied_version)
-        return max(by_state[Liveness.CONFIRMED] or by_state[Liveness.UNCONFIRMED], default=0)
+        if by_state[Liveness.CONFIRMED]:
+            return max(by_state[Liveness.CONFIRMED])
+        if not by_state[Liveness.UNCONFIRMED]:
+            return 0
+        ceiling = self._recorded_version() + UNCONFIRMED_VERSION_SLACK
+        believed = [v for v in by_state[Liveness.UNCONFIRMED] if v <= ceiling]
+        if len(believed) < len(by_state[Liveness.UNCONFIRMED]):
+            log.warning(
+                "thresholds: %d unconfirmed rank report(s) claim an applied version more than %d above "
+                "every version on record; not believed",
+                len(by_state[Liveness.UNCONFIRMED]) - len(believed),
+                UNCONFIRMED_VERSION_SLACK,
+            )
+        return max(believed, default=0)
+
+    def _recorded_version(self) -> int:
+        """The highest version current.json, history names or the audit log record (0 with none)."""
+        try:
+            cur = self.store.read_current()
+        except ControlIOError:
+            cur = None
+        return max(cur.version if cur else 0, self.store.version_floor(), self.store.max_audited_version())
 
     def _initial(self) -> ConfigSnapshot:
         return ConfigSnapshot.build(

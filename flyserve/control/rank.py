@@ -20,7 +20,7 @@ from typing import Any, Self
 from flyserve.control._metrics import count_late_applies
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import StateDir, default_state_dir
-from flyserve.control.reports import HOST, PIDNS
+from flyserve.control.reports import HOST, PIDNS, own_proc_start
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
 from flyserve.policy.profiles import load_profile
@@ -292,6 +292,7 @@ class RankControl:
             "pid": os.getpid(),
             "host": HOST,
             "pidns": PIDNS,
+            "proc_start": own_proc_start(),  # with pid: this process, not a later one that reuses the pid
             "rank": self.rank,
             "engine": self.engine,
             "started": self.started,

@@ -13,8 +13,8 @@ Run by the sidecar at start and by `flyserve thresholds repair`. Under the write
    them current: no rank ever saw them);
 5. completes write-ahead audit lines ('publishing') that have no completion: 'success' with
    ``recovered: true`` when the version was in force, 'abandoned' when it never was - judged by
-   current.json, the ranks' applied versions and the later audit entries, not by whether its
-   history file still exists (_was_in_force; issue 22 item 6).
+   current.json, the confirmed ranks' applied versions and the later audit entries, not by whether
+   its history file still exists (_was_in_force; issue 22 item 6).
 
 Every step is logged and the whole repair is one audit entry naming what it dropped.
 """
@@ -154,8 +154,8 @@ def _was_in_force(
     removes from a version that was in force, and which a writer killed before current.json leaves
     behind for a version that never was:
 
-    * it is current, or a live rank reports it applied (the confirmed ranks' reports when any rank
-      is confirmed: a rank only applies a version that was current);
+    * it is current, or a live rank the process table confirms reports it applied (a rank only
+      applies a version that was current; an unconfirmed report is anyone's to write);
     * a later entry was computed from it (``version_before == v``: every change reads the current
       version under the writers' lock, so it was current then);
     * a later publish was computed from below it and numbered above it: it was skipped, never current.
@@ -192,13 +192,16 @@ def _complete_audit(plane: Any, cur: ConfigSnapshot, actions: list[str], dropped
         dropped.append(f"audit log not read, its entries not completed: {exc.message}"[:300])
         return
     now = plane._clock()
-    states = [
-        (r, liveness(r, now=now, stale_after_s=plane.rank_stale_after_s)) for r in store.reports(now=now)
-    ]
-    trusted = (
-        Liveness.CONFIRMED if any(st is Liveness.CONFIRMED for _, st in states) else Liveness.UNCONFIRMED
-    )
-    applied = {r.applied_version for r, st in states if st is trusted and r.applied_version is not None}
+    # Only ranks the process table confirms (flyserve.control.reports.liveness): an unconfirmed
+    # report is a file anyone who can write in ranks/ can drop, and one claiming an applied_version
+    # made repair record a version that never was in force as 'success' (issue 22 review). With no
+    # confirmed rank (ranks in another pid namespace, or stopped), the audit log decides alone.
+    applied = {
+        r.applied_version
+        for r in store.reports(now=now)
+        if r.applied_version is not None
+        and liveness(r, now=now, stale_after_s=plane.rank_stale_after_s) is Liveness.CONFIRMED
+    }
     done = {e.get("id") for e in entries if e.get("result") != "publishing"}
     for i, e in enumerate(entries):
         if e.get("result") != "publishing" or e.get("id") in done:

@@ -7,12 +7,18 @@ every page answer 500, and three plausible reports "from another host" outvoted 
 what a report says about its own process is checked against the process table where it can be
 (liveness()):
 
-* ``CONFIRMED``: fresh, written on this host in this pid namespace, its pid alive, and - where
-  the reader knows the file's owner - that process runs as the uid that owns the file. Only a
-  process that can act as the ranks' own user on this host can forge one.
+* ``CONFIRMED``: fresh, written on this host in this pid namespace, its pid alive and still the
+  same process (its start time in /proc/<pid>/stat equals the ``proc_start`` the rank recorded
+  of itself: a pid that died and was reused by another process is not the rank), and - where the
+  reader knows the file's owner (Store does, from the descriptor it read) - that process runs as
+  the uid that owns the file, a uid the reader trusts (its own or the state directory's owner:
+  ``foreign_writer`` otherwise). Only a process that can act as the ranks' own user on this host
+  can forge one; such a user can also kill or ptrace the ranks and is out of scope.
 * ``UNCONFIRMED``: fresh, but from another host or pid namespace (a container that does not share
-  the pid namespace, or a forgery): nothing but its age can be checked.
-* ``GONE``: stale, or its process is gone (or the pid now belongs to a newer process).
+  the pid namespace, or a forgery), or a report without ``proc_start`` (written by an older
+  flyserve: its pid cannot be told from a reused one): nothing but its age can be checked.
+* ``GONE``: stale, or its process is gone or exited (a zombie not reaped yet), or the pid now
+  belongs to another process (its start time differs from the recorded one).
 
 ``is_live()`` is the one question the other modules ask (the effective step, /readyz, shape
 samples); control.effective decides how much an unconfirmed report may count.
@@ -46,8 +52,41 @@ def pid_namespace() -> str:
         return ""
 
 
+def proc_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (/proc/<pid>/stat field 22), or None
+    when there is no such process, it has exited (a zombie) or /proc cannot tell. The comm field (2) may hold spaces and
+    parentheses, so fields are counted after its last ')'. A pid's (pid, start) pair names one
+    process for the life of the machine: a reused pid has a later start."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            raw = f.read(4096)
+    except (OSError, ValueError):
+        return None
+    rest = raw[raw.rfind(b")") + 1 :].split()
+    try:
+        if rest[0] in (b"Z", b"X"):
+            return None  # exited, not reaped yet: no longer the rank (nor holding its name)
+        return int(rest[19])  # fields 3.. follow the comm: field 22 is the 20th of them
+    except (IndexError, ValueError):
+        return None
+
+
 HOST = socket.gethostname()
 PIDNS = pid_namespace()
+_OWN_START: tuple[int, int | None] = (-1, None)
+
+
+def own_proc_start() -> int | None:
+    """This process's own start (ticks since boot), which a rank records in its report
+    (``proc_start``). Cached per pid, not at import: a worker forked after import has its own."""
+    global _OWN_START
+    pid = os.getpid()
+    if _OWN_START[0] != pid:
+        _OWN_START = (pid, proc_start_ticks(pid))
+    return _OWN_START[1]
+
+
+MAX_PROC_START = 1 << 62
 
 
 def _int(d: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
@@ -81,7 +120,19 @@ class RankReport:
     host: str
     pidns: str
     file_uid: int | None = None
-    """The uid that owns the report file, where the reader knows it (Store does)."""
+    """The uid that owns the report file, where the reader knows it (Store does: the fstat of the
+    descriptor it read the report from, not a separate stat of the path)."""
+    proc_start: int | None = None
+    """The rank's own /proc start time (ticks since boot) as it recorded it; None in reports
+    written by an older flyserve (never confirmed: a reused pid cannot be told apart)."""
+    foreign_writer: bool = False
+    """The file's owner is neither the reader's uid nor the state directory's owner (Store): a
+    process of that uid is never taken for a rank (it could name its own live pid)."""
+
+    @property
+    def identity(self) -> tuple[int, int | None]:
+        """(pid, proc_start): one process for the life of the machine (control.witness)."""
+        return (self.pid, self.proc_start)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -113,13 +164,19 @@ class Liveness(enum.Enum):
 
 
 class _Process(enum.Enum):
-    OURS = 1  # alive, and run by the uid that owns the report file (where known)
-    GONE = 2  # no such process
-    NOT_OURS = 3  # alive but run by another uid than the file's owner, or cannot be told
+    OURS = 1  # alive, the same process (start time), run by the uid that owns the report file
+    GONE = 2  # no such process, or the pid now names another process (a later start time)
+    NOT_OURS = 3  # alive but another uid than the file's owner, a foreign writer, no proc_start
 
 
 def process_check(report: RankReport) -> _Process:
     """Ask the process table about a local report's pid (callers check report.local() first)."""
+    if report.proc_start is not None:
+        now_start = proc_start_ticks(report.pid)
+        if now_start is None:
+            return _Process.GONE
+        if now_start != report.proc_start:
+            return _Process.GONE  # the rank's pid was reused: the rank is gone
     try:
         os.kill(report.pid, 0)
     except ProcessLookupError:
@@ -136,6 +193,8 @@ def process_check(report: RankReport) -> _Process:
             return _Process.GONE
         except OSError:
             return _Process.NOT_OURS
+    if report.proc_start is None or report.foreign_writer:
+        return _Process.NOT_OURS
     return _Process.OURS
 
 
@@ -145,8 +204,8 @@ def process_confirmed(report: RankReport) -> bool:
 
 
 def liveness(report: RankReport, *, now: float, stale_after_s: float) -> Liveness:
-    """CONFIRMED, UNCONFIRMED or GONE (module docstring). Two syscalls (kill 0, stat of
-    /proc/<pid>), no read: fine per look at ranks/, never on a rank's hot path."""
+    """CONFIRMED, UNCONFIRMED or GONE (module docstring). A read of /proc/<pid>/stat (4 kB at most),
+    kill 0 and a stat of /proc/<pid>: fine per look at ranks/, never on a rank's hot path."""
     if report.age(now) > stale_after_s:
         return Liveness.GONE
     if not report.local():
@@ -165,9 +224,12 @@ def is_live(report: RankReport, *, now: float, stale_after_s: float, confirmed_o
     return state is Liveness.CONFIRMED if confirmed_only else state is not Liveness.GONE
 
 
-def parse_report(d: Any, *, now: float, file_uid: int | None = None) -> RankReport | None:
+def parse_report(
+    d: Any, *, now: float, file_uid: int | None = None, foreign_writer: bool = False
+) -> RankReport | None:
     """A RankReport, or None when any field is missing, non-finite or implausible. ``file_uid``:
-    the report file's owner, for liveness()'s uid check."""
+    the report file's owner, for liveness()'s uid check; ``foreign_writer``: that owner is not a
+    uid the reader trusts (RankReport.foreign_writer)."""
     if not isinstance(d, dict):
         return None
     rank, engine = _int(d, "rank", 0, MAX_RANK), _int(d, "engine", 0, MAX_RANK)
@@ -190,6 +252,11 @@ def parse_report(d: Any, *, now: float, file_uid: int | None = None) -> RankRepo
     applied = d.get("applied_version")
     applied = _int(d, "applied_version", 0, MAX_VERSION) if applied is not None else None
     late = _int(d, "late_applies", 0, 1 << 62) or 0
+    proc_start = d.get("proc_start")
+    if proc_start is not None:
+        proc_start = _int(d, "proc_start", 0, MAX_PROC_START)
+        if proc_start is None:
+            return None
     host = d.get("host") if isinstance(d.get("host"), str) else ""
     pidns = d.get("pidns") if isinstance(d.get("pidns"), str) else ""
     return RankReport(
@@ -205,4 +272,6 @@ def parse_report(d: Any, *, now: float, file_uid: int | None = None) -> RankRepo
         host=host[:256],
         pidns=pidns[:64],
         file_uid=file_uid,
+        proc_start=proc_start,
+        foreign_writer=foreign_writer,
     )

@@ -120,6 +120,14 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
     directory, or a file over ``max_bytes``, raises ValueError: a FIFO among the rank reports once
     blocked /readyz, /dispatch-stats and a PATCH holding the writers' lock for ever (attack review
     item 5). O_NONBLOCK makes open() of a FIFO return at once; fstat then refuses it."""
+    got = read_regular_file_owned(path, max_bytes)
+    return None if got is None else got[0]
+
+
+def read_regular_file_owned(path: Path, max_bytes: int) -> tuple[bytes, int] | None:
+    """read_regular_file, with the uid that owns the file read: the fstat of the descriptor the
+    bytes came from, never a separate stat of the path (a file renamed over it in between would
+    lend its owner to the other's content; issue 22 review)."""
     opened = _open_regular(path)
     if opened is None:
         return None
@@ -133,7 +141,7 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
         os.close(fd)
     if len(raw) > max_bytes:
         raise ValueError(f"{path.name}: larger than {max_bytes} bytes")
-    return raw
+    return raw, st.st_uid
 
 
 AUDIT_READ_MAX = 64 << 20
@@ -169,9 +177,16 @@ def read_json(path: Path) -> dict[str, Any] | None:
     MAX_JSON_BYTES, a symlink or a file that is not regular (read_regular_file), or a non-finite
     number (NaN, Infinity, 1e400) raises ValueError."""
     raw = read_regular_file(path, MAX_JSON_BYTES)
-    if raw is None:
-        return None
+    return None if raw is None else _json_object(raw, path)
 
+
+def read_json_owned(path: Path) -> tuple[dict[str, Any], int] | None:
+    """read_json, with the owner of the file it was read from (read_regular_file_owned)."""
+    got = read_regular_file_owned(path, MAX_JSON_BYTES)
+    return None if got is None else (_json_object(got[0], path), got[1])
+
+
+def _json_object(raw: bytes, path: Path) -> dict[str, Any]:
     def refuse(token: str) -> float:
         raise ValueError(f"{path.name}: non-finite number {token}")
 
@@ -244,6 +259,10 @@ class Store:
         # Names whose report the process table confirmed at the last look: read first next time.
         self._confirmed_names: frozenset[str] = frozenset()
         self._witness = StepWitness()
+        self._ranks_dir_sticky = False  # ranks/ checked for its sticky bit (write_rank_report)
+        self.confirmed_seen = False
+        """Some look of this reader confirmed a rank (flyserve.control.reports.liveness): ranks run
+        in its pid namespace, so an unconfirmed report is not taken for a live rank by /readyz."""
 
     # ------------------------------------------------------------------ lock
 
@@ -561,8 +580,13 @@ class Store:
         now = time.time() if now is None else now
         return [r for _, r in self._read_reports(now) if r is not None]
 
-    def _rank_file_names(self) -> tuple[list[tuple[str, int]], int]:
-        """The rank report names worth reading with their files' owners, at most MAX_RANK_FILES (see
+    def read_rank_reports(self, *, now: float | None = None) -> list[tuple[dict[str, Any], RankReport]]:
+        """One look: each validated report with its JSON object (for views that show its fields)."""
+        now = time.time() if now is None else now
+        return [(d, r) for d, r in self._read_reports(now) if r is not None]
+
+    def _rank_file_names(self) -> tuple[list[str], int]:
+        """The rank report names worth reading, at most MAX_RANK_FILES (see
         rank_file_order), and how many other entries ranks/ holds. 20,000 stale files once made a
         PATCH hold the writers' lock for 5 s (attack review item 7); 300 files dated an hour ahead
         once pushed the live ranks out of "the 256 newest by mtime" (issue 22 item 4): mtimes are
@@ -574,7 +598,7 @@ class Store:
         except OSError:
             return [], 0
         latest = time.time() + CLOCK_SKEW_S  # mtimes are the file system's: the real clock, not a plane's
-        keyed: list[tuple[tuple[int, int, int, int], str, int]] = []
+        keyed: list[tuple[tuple[int, int, int, int], str]] = []
         others = 0
         for e in entries:
             if e.name.startswith("."):
@@ -591,36 +615,45 @@ class Store:
                 others += 1
                 continue
             engine, rank = int(m.group(1) or 0), int(m.group(2))
-            keyed.append((rank_file_order(engine, rank, e.name in self._confirmed_names), e.name, st.st_uid))
+            keyed.append((rank_file_order(engine, rank, e.name in self._confirmed_names), e.name))
         keyed.sort()
         others += max(0, len(keyed) - MAX_RANK_FILES)
-        return [(n, uid) for _, n, uid in keyed[:MAX_RANK_FILES]], others
+        return [n for _, n in keyed[:MAX_RANK_FILES]], others
+
+    def _trusted_uids(self) -> frozenset[int]:
+        """Whose rank report files may be confirmed: the reader's own uid and the state directory's
+        owner. A process of any other uid that can write in ranks/ could name its own live pid."""
+        uids = {os.geteuid()}
+        with contextlib.suppress(OSError):
+            uids.add(os.stat(self.dir.path).st_uid)
+        return frozenset(uids)
 
     def _read_reports(self, now: float) -> list[tuple[dict[str, Any], RankReport | None]]:
-        out = []
-        confirmed = set()
+        out: list[tuple[dict[str, Any], RankReport | None]] = []
         names, skipped = self._rank_file_names()
-        for n, uid in names:
+        trusted = self._trusted_uids()
+        for n in names:
             try:
-                d = read_json(self.dir.ranks_dir / n)
+                got = read_json_owned(self.dir.ranks_dir / n)
             except (OSError, ValueError):
                 skipped += 1
                 continue
-            if d is not None:
-                r = parse_report(d, now=now, file_uid=uid)
+            if got is not None:
+                d, uid = got
+                r = parse_report(d, now=now, file_uid=uid, foreign_writer=uid not in trusted)
                 if r is not None and self.dir.rank_file(r.rank, r.engine).name != n:
                     r = None  # a report under another rank's name: one key, one file
                 out.append((d, r))
-        # A report must agree with what this reader saw of the same process (control.witness).
-        refused = self._witness.look([r for _, r in out if r is not None], now)
-        if refused:
-            out = [(d, None if r is not None and r.key in refused else r) for d, r in out]
-        skipped += sum(r is None for _, r in out)
-        for _, r in out:
-            if r is not None and process_confirmed(r):
-                confirmed.add(self.dir.rank_file(r.rank, r.engine).name)
+        # A report must agree with what this reader saw of the same key (control.witness): a
+        # contradicting one is replaced by the key's last credible report.
+        judged = self._witness.look([(d, r) for d, r in out if r is not None], now, process_confirmed)
+        skipped += sum(r is None for _, r in out) + self._witness.refused
+        out = [(d, r) for d, r in out if r is None] + list(judged)
         self.skipped_rank_files = skipped
-        self._confirmed_names = frozenset(confirmed)
+        self._confirmed_names = frozenset(
+            self.dir.rank_file(r.rank, r.engine).name for _, r in judged if process_confirmed(r)
+        )
+        self.confirmed_seen = self.confirmed_seen or bool(self._confirmed_names)
         return out
 
     def live_ranks(self, *, stale_after_s: float = 30.0, now: float | None = None) -> int:
@@ -634,7 +667,22 @@ class Store:
         return max((r.step for r in self.reports(now=now) if r.is_live(now, stale_after_s)), default=0)
 
     def write_rank_report(self, report: Mapping[str, Any], *, rank: int, engine: int = 0) -> None:
+        if not self._ranks_dir_sticky:
+            self._make_ranks_dir_sticky()
         atomic_write(self.dir.rank_file(rank, engine), json.dumps(dict(report), sort_keys=True))
+
+    def _make_ranks_dir_sticky(self) -> None:
+        """Create ranks/ and give it the sticky bit (when this process owns it), once per Store: in a
+        sticky directory only a file's owner may rename over it or remove it, so another uid that
+        can write in ranks/ cannot replace a rank's own report with a forgery (issue 22 review;
+        control.effective "Where it does not hold"). A directory this process does not own, or a
+        file system that refuses the bit, is left as it is."""
+        self._ranks_dir_sticky = True
+        with contextlib.suppress(OSError):
+            self.dir.ranks_dir.mkdir(parents=True, exist_ok=True)
+            st = os.stat(self.dir.ranks_dir)
+            if st.st_uid == os.geteuid() and not st.st_mode & stat.S_ISVTX:
+                os.chmod(self.dir.ranks_dir, stat.S_IMODE(st.st_mode) | stat.S_ISVTX)
 
 
 def bounded_audit_line(entry: Mapping[str, Any]) -> str:

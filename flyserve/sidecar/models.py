@@ -115,9 +115,10 @@ class RankView(_Frozen):
     liveness: str | None = Field(
         None,
         description='What the process table says of the report (flyserve.control.reports.liveness): "confirmed" '
-        '(this host and pid namespace, pid alive, the file owned by its uid), "unconfirmed" (another host or pid '
-        'namespace, or a forgery: counts toward effective_step only in an engine with no confirmed rank), "gone"; '
-        "null when the report is not a valid one.",
+        "(this host and pid namespace, pid alive with the start time the rank recorded, the file owned by its "
+        'uid), "unconfirmed" (another host or pid namespace, a report without proc_start, or a forgery: counts '
+        'toward effective_step only in an engine with no confirmed rank), "gone" (its process exited, or its '
+        "pid now names another process); null when the report is not a valid one.",
     )
 
 

@@ -389,15 +389,25 @@ def healthz() -> Health:
 
 @router.get("/readyz", response_model=Readiness, tags=["ops"], responses={503: {"model": Readiness}})
 def readyz(request: Request):
-    """Ready when the state directory is readable and at least one rank reports."""
+    """Ready when the state directory is readable and at least one rank reports. Once this sidecar
+    has confirmed a rank by the process table (its ranks share its pid namespace), only confirmed
+    ranks count: fresh reports "from another host", which anyone who can write in ranks/ can
+    refresh, no longer keep /readyz at 200 after the real ranks are gone (issue 22 review)."""
     settings = request.app.state.settings
     readable = settings.state_dir.is_dir()
     try:
         next(iter(settings.state_dir.iterdir()), None)
     except OSError:
         readable = False
-    live = sum(1 for v in _service(request).rank_views_only() if not v.stale) if readable else 0
+    views = [v for v in _service(request).rank_views_only() if not v.stale] if readable else []
+    unconfirmed = 0
+    if request.app.state.control.store.confirmed_seen:
+        unconfirmed = sum(1 for v in views if v.liveness != "confirmed")
+        views = [v for v in views if v.liveness == "confirmed"]
+    live = len(views)
     ready = readable and live >= 1
     detail = "ok" if ready else ("state directory not readable" if not readable else "no live rank")
+    if not ready and unconfirmed:
+        detail += f" ({unconfirmed} unconfirmed report(s): another host or pid namespace, or forgeries)"
     body = Readiness(ready=ready, state_dir_readable=readable, live_ranks=live, detail=detail)
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)

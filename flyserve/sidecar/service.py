@@ -162,7 +162,7 @@ def rank_views(
                 control_mode=d.get("control_mode") if d.get("control_mode") in CONTROL_MODES else None,
                 prefill_kernel=_prefill_kernel_or_none(d.get("prefill_kernel")),
                 age_s=None if age is None else round(age, 3),
-                stale=age is None or age > stale_after_s,
+                stale=age is None or age > stale_after_s or (liveness or {}).get((engine, rank)) == "gone",
                 totals=totals_of([c]) if c is not None else None,
                 late_applies=_int_or_none(d.get("late_applies")),
                 liveness=(liveness or {}).get((engine, rank)),
@@ -326,9 +326,17 @@ class StatsService:
         self._cache.invalidate()
 
     def rank_views_only(self) -> list[RankView]:
-        """Rank liveness without reading counters (for /readyz and the rank gauges)."""
+        """Rank liveness without reading counters (for /readyz and the rank gauges): one look at
+        ranks/, each report with what the process table says of it (a fresh report whose process
+        is gone, or whose pid another process reuses, is stale)."""
+        wall = self._wall()
+        looked = self.control.store.read_rank_reports(now=wall)
+        states = {
+            r.key: report_liveness(r, now=wall, stale_after_s=self.settings.stale_after_s).value
+            for _, r in looked
+        }
         return rank_views(
-            self.control.store.rank_reports(), {}, now=self._wall(), stale_after_s=self.settings.stale_after_s
+            [d for d, _ in looked], {}, now=wall, stale_after_s=self.settings.stale_after_s, liveness=states
         )
 
     def _liveness(self, wall: float) -> dict[tuple[int, int], str]:

@@ -77,12 +77,17 @@ class Rig:
     procs: list[subprocess.Popen]
     healthz_s: list[float] = field(default_factory=list)
     healthz_failures: list[str] = field(default_factory=list)
+    displaced: Path | None = None
+    """Where a forger that renames over the ranks' files keeps each rank's latest own report."""
 
     def real_reports(self) -> dict[int, dict]:
         """The simulator's two ranks, read from their files (not through the code under test)."""
         out = {}
         for r in (0, 1):
             with contextlib.suppress(OSError, ValueError):
+                if self.displaced is not None:
+                    out[r] = json.loads((self.displaced / f"{r}.json").read_text())
+                    continue
                 out[r] = json.loads((self.state / "ranks" / f"{r}.json").read_text())
         return out
 
@@ -147,6 +152,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
             what="both ranks to report a measured step rate",
             every=0.2,
         )
+        httpx.get(rig.url + "/readyz", timeout=30)  # as a readiness probe does: it has looked at ranks/
         yield rig
     finally:
         for p in reversed(rig.procs):
@@ -182,14 +188,14 @@ def probing_healthz(rig: Rig) -> Iterator[None]:
 
 def patch_and_time_the_apply(rig: Rig, value: int) -> dict:
     """PATCH, then wait for both ranks to report the new version applied. What it measured."""
-    before = rig.real_reports()
-    rate = min(d["steps_per_s"] for d in before.values())
+    before = wait_for(lambda: len(g := rig.real_reports()) == 2 and g, timeout=10, what="both ranks' reports")
+    rate = min(d["steps_per_s"] for d in before.values())  # type: ignore[union-attr]
     t0 = time.monotonic()
     r = httpx.patch(rig.url + "/thresholds", json={"min_seq_len": value}, headers=AUTH, timeout=30)
     assert r.status_code == 200, r.text[:500]
     published = time.monotonic()
     snap = r.json()["thresholds"]
-    at_publish = rig.real_reports()
+    at_publish = wait_for(lambda: len(g := rig.real_reports()) == 2 and g, timeout=10, what="both reports")
     projected = max(
         d["step"] + math.ceil(rate * max(0.0, time.time() - d["time"])) for d in at_publish.values()
     )
@@ -200,7 +206,7 @@ def patch_and_time_the_apply(rig: Rig, value: int) -> dict:
 
     wait_for(applied, timeout=bound_s(rate) + 30, what=f"both ranks to apply version {snap['version']}")
     took = time.monotonic() - published
-    after = rig.real_reports()
+    after = wait_for(lambda: len(g := rig.real_reports()) == 2 and g, timeout=10, what="both reports")
     return {
         "version": snap["version"],
         "effective_step": snap["effective_step"],
@@ -258,6 +264,50 @@ def test_3_forged_reports_refreshed_every_half_second_do_not_pin_a_patch(rig: Ri
     audit = [json.loads(ln) for ln in (rig.state / "audit.jsonl").read_text().splitlines()]
     ranks = next(e["ranks"] for e in reversed(audit) if e.get("version") == m["version"] and "ranks" in e)
     assert ranks == {"confirmed": 2, "unconfirmed": 3, "unconfirmed_ignored": 3}, ranks
+
+
+def test_3_forgeries_renamed_over_the_ranks_own_files_do_not_pin_a_patch(rig: Rig, tmp_path: Path) -> None:
+    """Item 3's forgery os.replace'd over each rank's own file as soon as the rank has written it
+    (polled every 10 ms; the rank's own report is kept aside for this test to read). Was: the
+    forgery was taken for the rank (its name matched): both keys forged, the anchor lifted with
+    them, effective step near 1e11, never applied. Now a key belongs to its live confirmed process
+    (control.witness): the rank's last own report stands in."""
+    stop = threading.Event()
+    rig.displaced = tmp_path / "displaced"
+    rig.displaced.mkdir()
+    for r in (0, 1):  # the ranks' reports as the fixture left them (the sidecar has looked at them)
+        (rig.displaced / f"{r}.json").write_text((rig.state / "ranks" / f"{r}.json").read_text())
+
+    def forge() -> None:
+        while not stop.is_set():
+            for rank in (0, 1):
+                path = rig.state / "ranks" / f"{rank}.json"
+                with contextlib.suppress(OSError, ValueError):
+                    raw = path.read_text()
+                    if json.loads(raw).get("host") == "elsewhere":
+                        continue
+                    (rig.displaced / f".{rank}.tmp").write_text(raw)  # type: ignore[operator]
+                    os.replace(rig.displaced / f".{rank}.tmp", rig.displaced / f"{rank}.json")  # type: ignore[operator]
+                tmp = path.with_name(f".forged-{rank}.tmp")
+                tmp.write_text(json.dumps(
+                    {"pid": 4242 + rank, "host": "elsewhere", "pidns": "", "rank": rank, "engine": 0,
+                     "started": 1_577_836_800.0, "step": 10**11, "applied_version": 0, "time": time.time()}
+                ))  # fmt: skip
+                os.replace(tmp, path)
+            stop.wait(0.01)
+
+    forger = threading.Thread(target=forge, daemon=True)
+    forger.start()
+    try:
+        with probing_healthz(rig):
+            time.sleep(1.2)
+            m = patch_and_time_the_apply(rig, 4096)
+            assert_within_the_bound(rig, m)
+            r = httpx.get(rig.url + "/readyz", timeout=10)
+            assert r.status_code == 200 and r.json()["live_ranks"] == 2, r.text[:300]
+    finally:
+        stop.set()
+        forger.join(10)
 
 
 # ---------------------------------------------------------------- item 4

@@ -195,7 +195,7 @@ def test_circuit_breaker_opens_and_closes(plane: ControlPlane) -> None:
 
 def rank_report(rank: int, step: int, now: float, **kw: object) -> dict[str, object]:
     """A report as a live RankControl in this process writes it (measured idle rate by default)."""
-    from flyserve.control.reports import HOST, PIDNS
+    from flyserve.control.reports import HOST, PIDNS, own_proc_start
 
     return {
         "rank": rank,
@@ -207,6 +207,7 @@ def rank_report(rank: int, step: int, now: float, **kw: object) -> dict[str, obj
         "time": now,
         "host": HOST,
         "pidns": PIDNS,
+        "proc_start": own_proc_start(),
         **kw,
     }
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from flyserve.control import ControlPlane
-from flyserve.control.reports import HOST, PIDNS
+from flyserve.control.reports import HOST, PIDNS, own_proc_start
 
 
 @pytest.fixture
@@ -26,6 +26,7 @@ def live_report(plane: ControlPlane, rank: int, **fields: Any) -> dict[str, Any]
         "pid": os.getpid(),
         "host": HOST,
         "pidns": PIDNS,
+        "proc_start": own_proc_start(),
         "rank": rank,
         "engine": 0,
         "started": now - 100.0,

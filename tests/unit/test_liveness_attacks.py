@@ -20,7 +20,7 @@ import pytest
 
 from flyserve.control import ControlPlane
 from flyserve.control.effective import CONSENSUS_S, CONSENSUS_STEPS, plan_steps
-from flyserve.control.reports import HOST, PIDNS, RankReport, parse_report
+from flyserve.control.reports import HOST, PIDNS, RankReport, own_proc_start, parse_report, proc_start_ticks
 
 FORGED_STARTED = 1_577_836_800.0  # 2020-01-01, the earliest start a report may claim
 STEP_MARGIN, LEAD_S = 8, 3.0
@@ -41,7 +41,7 @@ def plane(tmp_path: Path) -> ControlPlane:
 def real_report(rank: int, *, step: int = 2000, rate: float | None = 20.0, **over: Any) -> dict[str, Any]:
     """As a rank of this process writes it: this host, this pid namespace, a live pid."""
     now = NOW
-    d = {"pid": os.getpid(), "host": HOST, "pidns": PIDNS, "rank": rank, "engine": 0,
+    d = {"pid": os.getpid(), "host": HOST, "pidns": PIDNS, "proc_start": own_proc_start(), "rank": rank, "engine": 0,
          "started": now - 100.0, "step": step, "steps_per_s": rate, "applied_version": 0, "time": now}  # fmt: skip
     d.update(over)
     return d
@@ -97,7 +97,11 @@ def test_liveness_is_confirmed_only_by_the_process_table(tmp_path: Path, other_p
     dead.wait(timeout=30)
     assert liveness(rep(pid=dead.pid), now=now, stale_after_s=30) is Liveness.GONE
     # A pid that is alive but run by another uid than the file's owner is not the rank's.
-    r = parse_report(real_report(0, pid=other_process), now=now, file_uid=os.getuid() + 1)
+    r = parse_report(
+        real_report(0, pid=other_process, proc_start=proc_start_ticks(other_process)),
+        now=now,
+        file_uid=os.getuid() + 1,
+    )
     assert r is not None and liveness(r, now=now, stale_after_s=30) is Liveness.UNCONFIRMED
     # The stable entry point other modules call (shape samples from live ranks only).
     far = rep(host="elsewhere")
@@ -132,7 +136,14 @@ def test_3_local_forgeries_with_live_pids_are_capped_within_the_bound(
     for r in (0, 1):
         plane.store.write_rank_report(real_report(r), rank=r)
     for r in range(2, 12):
-        forged = real_report(r, pid=other_process, step=10**9, rate=10_000.0, started=NOW - 200_000)
+        forged = real_report(
+            r,
+            pid=other_process,
+            step=10**9,
+            rate=10_000.0,
+            started=NOW - 200_000,
+            proc_start=proc_start_ticks(other_process),
+        )
         plane.store.write_rank_report(forged, rank=r)
     s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
@@ -156,7 +167,7 @@ def test_3_the_bound_holds_for_any_forged_reports() -> None:
     now = 1_800_000_000.0
 
     def mk(rank: int, step: int, rate: float | None, host: str, age: float) -> RankReport:
-        d = {"pid": os.getpid(), "host": host, "pidns": PIDNS, "rank": rank, "engine": 0,
+        d = {"pid": os.getpid(), "host": host, "pidns": PIDNS, "proc_start": own_proc_start(), "rank": rank, "engine": 0,
              "started": now - 10**6, "step": step, "steps_per_s": rate, "time": now - age}  # fmt: skip
         r = parse_report(d, now=now)
         assert r is not None
@@ -187,8 +198,8 @@ def test_3_the_bound_holds_for_any_forged_reports() -> None:
 
 def test_3_a_forgery_over_a_live_ranks_own_file_contradicts_its_history(tmp_path: Path) -> None:
     """Rank 0's own file rewritten with its confirmed pid and start time but a step 1e9: the reader
-    saw that process at step 2000 a moment ago, so the report is refused (not counted, not
-    confirmed), and the rank's next own report is believed again."""
+    saw that process at step 2000 a moment ago, so the report is refused (replaced by the rank's last
+    credible report, so the rank stays live at its own step), and its next own report is believed."""
     now = [time.time()]
     plane = ControlPlane(tmp_path / "state", step_margin=STEP_MARGIN, lead_s=LEAD_S, clock=lambda: now[0])
     started = now[0] - 200_000  # so that step 1e9 passes parse_report's own limit
@@ -197,7 +208,8 @@ def test_3_a_forgery_over_a_live_ranks_own_file_contradicts_its_history(tmp_path
     assert [r.step for r in plane.store.reports(now=now[0])] == [2000, 2000]
     now[0] += 1.0
     plane.store.write_rank_report(real_report(0, started=started, step=10**9, time=now[0]), rank=0)
-    assert [(r.rank, r.step) for r in plane.store.reports(now=now[0])] == [(1, 2000)]
+    assert sorted((r.rank, r.step) for r in plane.store.reports(now=now[0])) == [(0, 2000), (1, 2000)]
+    assert plane.store.skipped_rank_files == 1
     s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
     assert s.effective_step == 2000 + 20 + math.ceil(20 * LEAD_S)  # rank 1 projected 1 s on: as without it
     now[0] += 1.0
