@@ -44,7 +44,7 @@ MAX_INT_DIGITS = 30
 MAX_FLOAT_CHARS = 64
 """Float literals longer than this are refused (a double needs at most 25 characters)."""
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
+_LONG_DIGITS = re.compile(f"[0-9]{{{MAX_INT_DIGITS + 1}}}")
 
 
 class SafeReadError(ValueError):
@@ -269,10 +269,9 @@ def parse_json(
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise SafeReadError(source, f"not UTF-8 text (at byte {exc.start})", "<document>") from None
-        long_ints = _LONG_DIGITS.search(raw) is not None
     else:
         text = raw
-        long_ints = _LONG_DIGITS.search(raw.encode("utf-8", "replace")) is not None
+    long_ints = _LONG_DIGITS.search(text) is not None
     try:
         # parse_int is a Python call per integer: only when a long run of digits is present.
         doc = json.loads(
@@ -307,3 +306,30 @@ def read_json(
     if raw is None:
         return None
     return parse_json(raw, source=name, max_depth=max_depth)
+
+
+def _refuse_constant(token: str) -> Any:
+    raise ValueError("a non-finite number (NaN or Infinity)")
+
+
+def _finite_float(token: str) -> float:
+    if len(token) > MAX_FLOAT_CHARS:
+        raise ValueError(f"a number of {len(token)} characters (at most {MAX_FLOAT_CHARS})")
+    v = float(token)
+    if v in (float("inf"), float("-inf")):
+        raise ValueError("a number out of range (not finite)")
+    return v
+
+
+def loads_record(line: str) -> Any:
+    """One line of a JSON-lines file (shape samples, audit entries) whose caller validates every
+    field itself and skips a bad line: the fast path of parse_json, no walk. A line with a run of
+    more than MAX_INT_DIGITS digits, NaN, Infinity, an overflowing or overlong float, or nesting
+    deep enough to exhaust the recursion limit raises ValueError (the line is skipped, never
+    echoed). Nesting below that limit is the caller's type checks' business."""
+    if _LONG_DIGITS.search(line) is not None:
+        raise ValueError(f"an integer of more than {MAX_INT_DIGITS} digits")
+    try:
+        return json.loads(line, parse_float=_finite_float, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
