@@ -48,6 +48,9 @@ HORIZON_S = max(REGRET_WINDOWS.values())
 POLICIES = ("routed", "oracle", "always_unified", "always_prefill")
 PREFILL_ROW_MIN_QUERY = 2
 """Thresholds.min_query_len's default: a batch with a row this long has a prefill row."""
+SAMPLE_CLOCK_SKEW_S = 5.0
+"""A sample dated up to this far ahead of the sidecar's clock (ranks' clocks differ a little) is
+taken as dated now; one dated further ahead is dropped, so no sample outlives its window."""
 ADVICE_KNOBS = PREFILL_KNOBS
 """What advice may change: the knobs the fitter informs, all changeable while serving
 (decode_path is fixed at start: the engine captured its CUDA graphs with it)."""
@@ -201,6 +204,7 @@ class LivePricing:
         self._lock = threading.Lock()
         self.unpriceable: str | None = None  # the latest reason a sample could not be priced
         self.unpriceable_count = 0
+        self.future_samples = 0  # samples dated more than SAMPLE_CLOCK_SKEW_S ahead: never priced
 
     def _model(self, block_size: int | None) -> CostModel:
         bs = self.table.block_sizes[0] if block_size is None else block_size
@@ -223,7 +227,7 @@ class LivePricing:
         u = model.predict(q, sl, UNIFIED)
         p = model.predict(q, sl, PREFILL)
         path = s.path if s.path is not None else UNIFIED
-        t = s.time if s.time is not None else now
+        t = min(s.time, now) if s.time is not None else now
         return PricedSample(t, s, u, p, path, p if path == PREFILL else u)
 
     def ingest(self, samples: Iterable[ShapeSample]) -> int:
@@ -235,6 +239,15 @@ class LivePricing:
                 key = (s.engine, s.step)
                 t = s.time if s.time is not None else now
                 seen = self._seen.get(key)
+                if t > now + SAMPLE_CLOCK_SKEW_S:
+                    # Dated in the future: it would fill every window until that date (issue 22
+                    # item 5: forged samples 65 s after their file was deleted). Never priced,
+                    # and remembered so the same sample is not taken when its date comes.
+                    if seen is None:
+                        self.future_samples += 1
+                        self._seen[key] = t
+                    continue
+                t = min(t, now)  # within the skew: as fresh as now, no fresher
                 if seen is not None and (s.time is None or abs(seen - t) <= 5.0):
                     continue
                 self._seen[key] = t

@@ -308,6 +308,23 @@ class ErrorDetail(_Frozen):
     detail: str
     field: str | None = None
     errors: list[dict[str, str]] = Field(default_factory=list)
+    samples: dict[str, Any] | None = Field(
+        None,
+        description="Advice's 409 with field `samples` only: the samples used and, per rank, whether "
+        "its decision counters corroborate them.",
+    )
+
+
+class AdviceSampleRank(_Frozen):
+    """One rank whose shape samples advice used, checked against its decision counters."""
+
+    engine: int
+    rank: int
+    samples: int = Field(description="Samples of this rank in the window.")
+    samples_by_path: dict[str, int]
+    decisions: int | None = Field(description="Its dispatch decisions counted over the window (or since start).")
+    corroborated: bool
+    reason: str | None = None
 
 
 class AdviceShape(_Frozen):
@@ -366,4 +383,8 @@ class Advice(_Frozen):
     restart: list[RestartAdvice] = Field(
         default_factory=list,
         description="Knobs fixed at start worth a restart, biggest saving first; never in `patch`.",
+    )
+    sample_ranks: list[AdviceSampleRank] = Field(
+        default_factory=list,
+        description="The live ranks whose samples the window holds, each corroborated by its decision counters.",
     )
