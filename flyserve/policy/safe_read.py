@@ -247,7 +247,9 @@ def _check(doc: Any, name: str, max_depth: int) -> None:
         else:
             continue
         if depth >= max_depth:
-            raise SafeReadError(name, f"nested too deeply (more than {max_depth} levels)", where or "<document>")
+            raise SafeReadError(
+                name, f"nested too deeply (more than {max_depth} levels)", where or "<document>"
+            )
         for child_where, child in items:
             if isinstance(child, dict | list | _Bad):
                 stack.append((child, _short(child_where), depth + 1))
@@ -258,9 +260,7 @@ def _short(where: str) -> str:
     return where if len(where) <= 120 else where[:117] + "..."
 
 
-def parse_json(
-    raw: bytes | str, *, source: str, max_depth: int = MAX_JSON_DEPTH
-) -> Any:
+def parse_json(raw: bytes | str, *, source: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """A JSON document, or SafeReadError naming ``source`` and the field: bad syntax (with line and
     column), nesting deeper than ``max_depth``, an integer over MAX_INT_DIGITS digits, a float over
     MAX_FLOAT_CHARS characters, NaN, Infinity or an overflowing float."""
@@ -281,10 +281,13 @@ def parse_json(
             **({"parse_int": _long_int} if long_ints else {}),
         )
     except RecursionError:
-        raise SafeReadError(source, f"nested too deeply (more than {max_depth} levels)", "<document>") from None
+        raise SafeReadError(
+            source, f"nested too deeply (more than {max_depth} levels)", "<document>"
+        ) from None
     except json.JSONDecodeError as exc:
         raise SafeReadError(
-            source, f"not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}; a half-written file?)",
+            source,
+            f"not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}; a half-written file?)",
             "<document>",
         ) from None
     except ValueError:  # int() over Python's digit limit inside a string-free token; never echo it

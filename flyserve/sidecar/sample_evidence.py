@@ -133,7 +133,9 @@ def corroborate(samples: Iterable[ShapeSample], decisions: Mapping[int, RankCoun
             d = per.get(path, 0.0)
             if n > allowed(d):
                 what = "samples" if path == ALL_PATHS else f"'{path}' samples"
-                refused = f"{n} {what} but {round(d)} {'' if path == ALL_PATHS else path + ' '}decisions counted"
+                refused = (
+                    f"{n} {what} but {round(d)} {'' if path == ALL_PATHS else path + ' '}decisions counted"
+                )
                 break
         out.append(RankEvidence(engine, rank, c, per, refused))
     return Evidence(tuple(out))
