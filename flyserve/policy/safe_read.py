@@ -302,10 +302,11 @@ def read_json(
     *,
     source: str | None = None,
     max_depth: int = MAX_JSON_DEPTH,
+    follow_symlinks: bool = False,
 ) -> Any:
     """read_bytes + parse_json: the document, or None when the file does not exist."""
     name = source or display_name(path)
-    raw = read_bytes(path, max_bytes, source=name)
+    raw = read_bytes(path, max_bytes, source=name, follow_symlinks=follow_symlinks)
     if raw is None:
         return None
     return parse_json(raw, source=name, max_depth=max_depth)
