@@ -150,3 +150,26 @@ def test_loads_record_refuses_what_a_line_reader_must_skip() -> None:
 def test_errors_name_the_file_relative_to_the_state_dir(tmp_path: Path) -> None:
     assert safe_read.display_name(tmp_path / "shapes" / "0-1.jsonl", tmp_path) == "shapes/0-1.jsonl"
     assert safe_read.display_name("/elsewhere/secret.json", tmp_path) == "secret.json"
+
+
+def test_metrics_files_that_are_not_regular_are_skipped_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO or a /dev/zero link named like a rank's metrics file: the sidecar's counter read and
+    the /metrics collector skip it (a plain open() of the FIFO blocked both for ever)."""
+    import threading
+
+    from flyserve.sidecar.stats import read_counters
+    from flyserve.telemetry.multiprocess import SoundFilesCollector
+
+    os.mkfifo(tmp_path / "counter_123.db")
+    (tmp_path / "histogram_124.db").symlink_to("/dev/zero")
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        box["counters"] = read_counters(tmp_path)
+        box["metrics"] = list(SoundFilesCollector(None, path=str(tmp_path)).collect())
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "a metrics reader blocked on a FIFO"
+    assert box["counters"] == {} and box["metrics"] == []
