@@ -280,6 +280,15 @@ class LivePricing:
         with self._lock:
             return [p for p in self._priced if p.time >= now - seconds]
 
+    def sample_ranks(self) -> dict[str, int]:
+        """Priced samples in the horizon per ``<engine>-<rank>``: whose samples regret and drift use."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for p in self._priced:
+                k = f"{p.sample.engine}-{p.sample.rank}"
+                out[k] = out.get(k, 0) + 1
+        return out
+
     def regret_drift(self) -> dict[str, float | None]:
         """Per path, the 15-minute median measured / predicted (the drift gauge's value)."""
         d = drift_of(self.window(HORIZON_S))
@@ -301,6 +310,8 @@ class LivePricing:
             },
             "unpriceable": self.unpriceable,
             "unpriceable_samples": self.unpriceable_count,
+            "future_samples": self.future_samples,
+            "sample_ranks": self.sample_ranks(),
             "windows": windows,
         }
 

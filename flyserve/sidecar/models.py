@@ -171,6 +171,14 @@ class Regret(_Frozen):
     measured_on: dict[str, Any] = Field(description="GPU, platform, kernels and layer of the table.")
     unpriceable: str | None = Field(description="Why the latest unpriced sample could not be priced.")
     unpriceable_samples: int
+    future_samples: int = Field(
+        0, description="Samples dated more than 5 s ahead of the sidecar's clock: never priced (issue 22 item 5)."
+    )
+    sample_ranks: dict[str, int] = Field(
+        default_factory=dict,
+        description='Priced samples of the 15-minute horizon per rank ("<engine>-<rank>"): only live '
+        "ranks' files are read.",
+    )
     windows: dict[str, RegretWindow] = Field(description='Keys "60s", "900s".')
 
 
