@@ -308,7 +308,7 @@ class Store:
         best = 0
         for ln in lines:
             with contextlib.suppress(ValueError, AttributeError, TypeError, RecursionError):
-                v = json.loads(ln).get("version")
+                v = safe_read.loads_record(ln).get("version")
                 if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_VERSION:
                     best = max(best, v)
         return best
@@ -419,7 +419,7 @@ class Store:
         out = []
         for ln in lines:
             with contextlib.suppress(ValueError, RecursionError):
-                e = json.loads(ln)
+                e = safe_read.loads_record(ln)
                 if isinstance(e, dict):
                     out.append(e)
         if not raw:
