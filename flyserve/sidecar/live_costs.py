@@ -205,6 +205,7 @@ class LivePricing:
         self.unpriceable: str | None = None  # the latest reason a sample could not be priced
         self.unpriceable_count = 0
         self.future_samples = 0  # samples dated more than SAMPLE_CLOCK_SKEW_S ahead: never priced
+        self._uncorroborated: frozenset[tuple[int, int]] = frozenset()
 
     def _model(self, block_size: int | None) -> CostModel:
         bs = self.table.block_sizes[0] if block_size is None else block_size
@@ -275,10 +276,24 @@ class LivePricing:
         if len(self._seen) > 4 * max(len(self._priced), 1024):
             self._seen = {k: t for k, t in self._seen.items() if t >= cutoff - 10.0}
 
-    def window(self, seconds: float) -> list[PricedSample]:
+    def window(self, seconds: float, *, corroborated_only: bool = False) -> list[PricedSample]:
+        """The priced samples of the last ``seconds``; with ``corroborated_only``, without the
+        ranks set_uncorroborated() named (regret and drift: gauges a forged file must not move)."""
         now = self._clock()
         with self._lock:
-            return [p for p in self._priced if p.time >= now - seconds]
+            bad = self._uncorroborated if corroborated_only else frozenset()
+            return [
+                p
+                for p in self._priced
+                if p.time >= now - seconds and (not bad or (p.sample.engine, p.sample.rank) not in bad)
+            ]
+
+    def set_uncorroborated(self, ranks: frozenset[tuple[int, int]]) -> None:
+        """(engine, rank)s whose samples their decision counters do not corroborate (flyserve.
+        sidecar.sample_evidence, checked by the sampler after each read): left out of regret and
+        drift, named in the regret section. Advice checks again itself and refuses instead."""
+        with self._lock:
+            self._uncorroborated = ranks
 
     def sample_ranks(self) -> dict[str, int]:
         """Priced samples in the horizon per ``<engine>-<rank>``: whose samples regret and drift use."""
@@ -291,14 +306,14 @@ class LivePricing:
 
     def regret_drift(self) -> dict[str, float | None]:
         """Per path, the 15-minute median measured / predicted (the drift gauge's value)."""
-        d = drift_of(self.window(HORIZON_S))
+        d = drift_of(self.window(HORIZON_S, corroborated_only=True))
         return {path: v["median_ratio"] for path, v in d.items()}
 
     def regret(self) -> dict[str, Any]:
         """The ``regret`` section of /dispatch-stats."""
         windows = {}
         for name, secs in REGRET_WINDOWS.items():
-            w = self.window(secs)
+            w = self.window(secs, corroborated_only=True)
             span = (w[-1].time - w[0].time) if len(w) > 1 else 0.0
             windows[name] = summarize(w, span).to_json()
         return {
@@ -311,6 +326,7 @@ class LivePricing:
             "unpriceable": self.unpriceable,
             "unpriceable_samples": self.unpriceable_count,
             "future_samples": self.future_samples,
+            "uncorroborated_ranks": sorted(f"{e}-{r}" for e, r in self._uncorroborated),
             "sample_ranks": self.sample_ranks(),
             "windows": windows,
         }

@@ -179,6 +179,11 @@ class Regret(_Frozen):
         description='Priced samples of the 15-minute horizon per rank ("<engine>-<rank>"): only live '
         "ranks' files are read.",
     )
+    uncorroborated_ranks: list[str] = Field(
+        default_factory=list,
+        description="Ranks whose samples their own decision counters do not corroborate "
+        "(flyserve.sidecar.sample_evidence): left out of the windows and drift; advice refuses them (409).",
+    )
     windows: dict[str, RegretWindow] = Field(description='Keys "60s", "900s".')
 
 

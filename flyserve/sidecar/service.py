@@ -23,7 +23,7 @@ from flyserve.policy.profiles import load_profile, profile_path
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.channel_view import read_channel_view
-from flyserve.sidecar.live_costs import LivePricing, PricedSample
+from flyserve.sidecar.live_costs import HORIZON_S, LivePricing, PricedSample
 from flyserve.sidecar.models import (
     DispatchStats,
     EngineStats,
@@ -283,6 +283,9 @@ class StatsService:
         n = self.pricing.ingest(
             read_shape_samples(self.settings.state_dir, limit=1 << 16, live=self.live_rank_keys())
         )
+        # Regret and drift leave out the ranks whose decision counters do not back their samples.
+        ev = self.sample_evidence((p.sample for p in self.pricing.window(HORIZON_S)), HORIZON_S)
+        self.pricing.set_uncorroborated(frozenset((r.engine, r.rank) for r in ev.ranks if r.refused is not None))
         drift = self.pricing.regret_drift()
         for path, ratio in drift.items():
             tm.COST_DRIFT.labels(path).set(float("nan") if ratio is None else ratio)

@@ -322,6 +322,9 @@ def test_5_forged_samples_make_advice_refuse_with_409_naming_samples(rig: Rig) -
             )  # fmt: skip
             assert out.returncode == 1, out.stdout + out.stderr
             assert "advice refused:" in out.stderr and "rank 0-4:" in out.stderr and "REFUSED" in out.stderr
+            # Regret and drift leave the forged rank out and name it.
+            reg = httpx.get(rig.url + "/dispatch-stats", timeout=30).json()["regret"]
+            assert reg["uncorroborated_ranks"] == ["0-4"] and reg["sample_ranks"].get("0-4", 0) >= 300, reg
             m = patch_and_wait_for_the_apply(rig, 2048)
         assert m["applied_steps"] == [m["effective_step"]] * 2, m
         assert m["apply_s"] <= m["bound_s"] + REPORT_LAG_S, m

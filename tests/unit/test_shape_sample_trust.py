@@ -173,3 +173,15 @@ def test_advice_ignores_samples_of_ranks_that_do_not_run(tmp_path: Path) -> None
     with TestClient(create_app(_settings(tmp_path))) as c:
         r = c.get("/thresholds/advice?window=60s")
     assert r.status_code == 409 and r.json()["field"] == "window", r.text
+
+
+def test_regret_and_drift_leave_out_a_rank_its_counters_do_not_back(tmp_path: Path) -> None:
+    """The same forged-but-live rank in /dispatch-stats: named in regret.uncorroborated_ranks, its
+    samples counted in sample_ranks but left out of the windows (and so of the drift gauge)."""
+    write_live_report(tmp_path, 0)
+    now = time.time()
+    write_samples(tmp_path, rank=0, steps=range(50), time_of=lambda s: now - 1)
+    with TestClient(create_app(_settings(tmp_path))) as c:
+        reg = c.get("/dispatch-stats").json()["regret"]
+    assert reg["sample_ranks"] == {"0-0": 50} and reg["uncorroborated_ranks"] == ["0-0"]
+    assert reg["windows"]["60s"]["samples"] == 0 and reg["windows"]["900s"]["samples"] == 0
