@@ -81,14 +81,13 @@ def read_config_file(path: str | os.PathLike[str]) -> FileRead:
     it cannot be read and ThresholdsError if it is not a valid YAML mapping."""
     p = Path(path)
     try:
-        got = safe_read.read_bytes(p, MAX_DOCUMENT_BYTES, source=str(p), follow_symlinks=True)
+        raw = safe_read.read_bytes(p, MAX_DOCUMENT_BYTES, source=str(p), follow_symlinks=True)
     except safe_read.SafeReadError as exc:
         if exc.reason.startswith("cannot "):
             raise ControlIOError(f"cannot read config file: {exc.reason}", path=str(p)) from None
         raise ThresholdsError([("<file>", exc.reason)], source=str(p)) from None
-    if got is None:
+    if raw is None:
         raise ControlIOError("config file is missing (deleted, or mid-swap?)", path=str(p))
-    raw = got
     values = parse_yaml_mapping(raw, source=str(p))
     return FileRead(str(p), values, hashlib.sha256(raw).hexdigest())
 
