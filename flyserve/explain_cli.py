@@ -82,6 +82,7 @@ def read_sample(path: str, index: int) -> dict[str, Any]:
     import sys
 
     from flyserve.control.store import read_regular_file
+    from flyserve.policy import safe_read
 
     where = "stdin" if path == "-" else Path(path).name
     try:
@@ -97,17 +98,23 @@ def read_sample(path: str, index: int) -> dict[str, Any]:
     if len(raw) > MAX_SAMPLE_BYTES:
         raise ExplainInputError(f"--sample {where}: larger than {MAX_SAMPLE_BYTES} bytes")
     text = raw.decode("utf-8", errors="replace")
+    # flyserve.policy.safe_read's parser: depth and number caps, errors that name the field.
     try:
-        return sample_from_json(json.loads(text), f"--sample {where}", index)
-    except json.JSONDecodeError:
-        pass
+        return sample_from_json(
+            safe_read.parse_json(text, source=f"--sample {where}"), f"--sample {where}", index
+        )
+    except safe_read.SafeReadError as exc:
+        if not exc.reason.startswith("not JSON"):
+            raise ExplainInputError(str(exc)) from None
     docs = []
     for i, line in enumerate(text.splitlines()):
         if line.strip():
             try:
-                docs.append(json.loads(line))
-            except (json.JSONDecodeError, RecursionError):
-                raise ExplainInputError(f"--sample {where}: line {i + 1} is not JSON") from None
+                docs.append(safe_read.parse_json(line, source=f"--sample {where}: line {i + 1}"))
+            except safe_read.SafeReadError as exc:
+                if exc.reason.startswith("not JSON"):
+                    raise ExplainInputError(f"--sample {where}: line {i + 1} is not JSON") from None
+                raise ExplainInputError(str(exc)) from None
     return sample_from_json(docs, f"--sample {where}", index)
 
 

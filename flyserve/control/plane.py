@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import stat
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -25,6 +24,7 @@ from flyserve.control.reports import Liveness, RankReport, liveness
 from flyserve.control.signals import signals_deferred
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
+from flyserve.policy import safe_read
 from flyserve.policy.errors import describe_value
 from flyserve.policy.profiles import load_profile
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES
@@ -86,27 +86,13 @@ def read_config_file(path: str | os.PathLike[str]) -> FileRead:
     it cannot be read and ThresholdsError if it is not a valid YAML mapping."""
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError as exc:
-        raise ControlIOError("config file is missing (deleted, or mid-swap?)", path=str(p)) from exc
-    except OSError as exc:
-        raise ControlIOError(f"cannot read config file: {exc.strerror or exc}", path=str(p)) from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ThresholdsError(
-                [("<file>", "not a regular file (a directory, FIFO, socket or device)")], source=str(p)
-            )
-        if st.st_size > MAX_DOCUMENT_BYTES:
-            raise ThresholdsError(
-                [("<file>", f"larger than {MAX_DOCUMENT_BYTES} bytes ({st.st_size})")], source=str(p)
-            )
-        with os.fdopen(os.dup(fd), "rb") as f:
-            raw = f.read(MAX_DOCUMENT_BYTES + 1)
-    except OSError as exc:
-        raise ControlIOError(f"cannot read config file: {exc.strerror or exc}", path=str(p)) from exc
-    finally:
-        os.close(fd)
+        raw = safe_read.read_bytes(p, MAX_DOCUMENT_BYTES, source=str(p), follow_symlinks=True)
+    except safe_read.SafeReadError as exc:
+        if exc.reason.startswith("cannot "):
+            raise ControlIOError(f"cannot read config file: {exc.reason}", path=str(p)) from None
+        raise ThresholdsError([("<file>", exc.reason)], source=str(p)) from None
+    if raw is None:
+        raise ControlIOError("config file is missing (deleted, or mid-swap?)", path=str(p))
     values = parse_yaml_mapping(raw, source=str(p))
     return FileRead(str(p), values, hashlib.sha256(raw).hexdigest())
 

@@ -28,6 +28,7 @@ from flyserve.control.paths import MAX_VERSION, StateDir, history_version, make_
 from flyserve.control.reports import CLOCK_SKEW_S, RankReport, parse_report, process_confirmed
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.witness import StepWitness
+from flyserve.policy import safe_read
 from flyserve.policy.errors import describe_value
 from flyserve.policy.thresholds import ThresholdsError
 
@@ -93,55 +94,26 @@ def rank_file_order(engine: int, rank: int, confirmed_last_look: bool) -> tuple[
 
 
 def _open_regular(path: Path) -> tuple[int, os.stat_result] | None:
-    """(fd, fstat) of ``path`` opened read-only, or None if it does not exist. A symlink, FIFO,
-    socket, device or directory raises ValueError: never followed (O_NOFOLLOW) and never waited on
-    (O_NONBLOCK makes open() of a FIFO return at once; fstat then refuses it). The caller closes fd."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError(f"{path.name}: a symlink, not a regular file") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path.name}: not a regular file (a directory, FIFO, socket or device)")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
+    """(fd, fstat) of ``path`` opened read-only, or None if it does not exist: safe_read.open_regular
+    (a symlink, FIFO, socket, device or directory raises SafeReadError, a ValueError). The caller
+    closes fd."""
+    return safe_read.open_regular(path)
 
 
 def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
-    """The bytes of ``path``, or None if it does not exist. A symlink, FIFO, socket, device or
-    directory, or a file over ``max_bytes``, raises ValueError: a FIFO among the rank reports once
-    blocked /readyz, /dispatch-stats and a PATCH holding the writers' lock for ever (attack review
-    item 5). O_NONBLOCK makes open() of a FIFO return at once; fstat then refuses it."""
-    got = read_regular_file_owned(path, max_bytes)
-    return None if got is None else got[0]
+    """The bytes of ``path``, or None if it does not exist (safe_read.read_bytes). A symlink, FIFO,
+    socket, device or directory, or a file over ``max_bytes``, raises ValueError: a FIFO among the
+    rank reports once blocked /readyz, /dispatch-stats and a PATCH holding the writers' lock for
+    ever (attack review item 5)."""
+    return safe_read.read_bytes(path, max_bytes)
 
 
 def read_regular_file_owned(path: Path, max_bytes: int) -> tuple[bytes, int] | None:
     """read_regular_file, with the uid that owns the file read: the fstat of the descriptor the
     bytes came from, never a separate stat of the path (a file renamed over it in between would
     lend its owner to the other's content; issue 22 review)."""
-    opened = _open_regular(path)
-    if opened is None:
-        return None
-    fd, st = opened
-    try:
-        if st.st_size > max_bytes:
-            raise ValueError(f"{path.name}: larger than {max_bytes} bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            raw = f.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(raw) > max_bytes:
-        raise ValueError(f"{path.name}: larger than {max_bytes} bytes")
-    return raw, st.st_uid
+    got = safe_read.read_file(path, max_bytes)
+    return None if got is None else (got[0], got[1].st_uid)
 
 
 AUDIT_READ_MAX = 64 << 20
@@ -149,59 +121,33 @@ AUDIT_READ_MAX = 64 << 20
 
 
 def read_file_tail(path: Path, max_bytes: int) -> str | None:
-    """The last ``max_bytes`` of ``path`` as text, starting at a line (a cut first line is dropped),
-    or None if it does not exist. Like read_regular_file, a symlink, FIFO, socket, device or
-    directory raises ValueError instead of being followed, waited on or read without end (the audit
-    log was read with a plain open(): a symlink to /dev/zero filled the reader's memory, a FIFO
-    blocked it)."""
-    opened = _open_regular(path)
-    if opened is None:
-        return None
-    fd, st = opened
-    try:
-        start = max(0, st.st_size - max_bytes)
-        with os.fdopen(os.dup(fd), "rb") as f:
-            # From the byte before the window: if it ends a line, the window's first line is whole.
-            f.seek(max(0, start - 1))
-            raw = f.read(max_bytes + (start > 0))
-    finally:
-        os.close(fd)
-    if start > 0:
-        cut = raw.find(b"\n")
-        raw = raw[cut + 1 :] if cut >= 0 else b""
-    return raw.decode("utf-8", "replace")
+    """The last ``max_bytes`` of ``path`` as text, starting at a line (safe_read.read_tail), or None
+    if it does not exist. The audit log was read with a plain open(): a symlink to /dev/zero filled
+    the reader's memory, a FIFO blocked it."""
+    return safe_read.read_tail(path, max_bytes)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``, or None if the file does not exist. Bad JSON, a file over
-    MAX_JSON_BYTES, a symlink or a file that is not regular (read_regular_file), or a non-finite
-    number (NaN, Infinity, 1e400) raises ValueError."""
-    raw = read_regular_file(path, MAX_JSON_BYTES)
-    return None if raw is None else _json_object(raw, path)
+    """A JSON object from ``path``, or None if the file does not exist (safe_read.read_json, capped
+    at MAX_JSON_BYTES). Bad JSON, a symlink or a file that is not regular, deep nesting, a
+    non-finite or overlong number, or a document that is not an object raises ValueError."""
+    data = safe_read.read_json(path, MAX_JSON_BYTES)
+    if data is None:
+        return None
+    return _json_object(data, path)
 
 
 def read_json_owned(path: Path) -> tuple[dict[str, Any], int] | None:
     """read_json, with the owner of the file it was read from (read_regular_file_owned)."""
     got = read_regular_file_owned(path, MAX_JSON_BYTES)
-    return None if got is None else (_json_object(got[0], path), got[1])
+    if got is None:
+        return None
+    return _json_object(safe_read.parse_json(got[0], source=path.name), path), got[1]
 
 
-def _json_object(raw: bytes, path: Path) -> dict[str, Any]:
-    def refuse(token: str) -> float:
-        raise ValueError(f"{path.name}: non-finite number {token}")
-
-    def finite_float(token: str) -> float:
-        v = float(token)
-        if v in (float("inf"), float("-inf")):
-            raise ValueError(f"{path.name}: number out of range")
-        return v
-
-    try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=refuse, parse_float=finite_float)
-    except RecursionError:  # a short line of 1000 '[' (review, stop 20): a traceback, not an error
-        raise ValueError(f"{path.name}: nested too deeply") from None
+def _json_object(data: Any, path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a JSON object")  # noqa: TRY004 - callers catch ValueError
+        raise safe_read.SafeReadError(path.name, "not a JSON object", "<document>")
     return data
 
 
@@ -422,7 +368,7 @@ class Store:
         best = 0
         for ln in lines:
             with contextlib.suppress(ValueError, AttributeError, TypeError, RecursionError):
-                v = json.loads(ln).get("version")
+                v = safe_read.loads_record(ln).get("version")
                 if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_VERSION:
                     best = max(best, v)
         return best
@@ -559,7 +505,7 @@ class Store:
         out = []
         for ln in lines:
             with contextlib.suppress(ValueError, RecursionError):
-                e = json.loads(ln)
+                e = safe_read.loads_record(ln)
                 if isinstance(e, dict):
                     out.append(e)
         if not raw:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import signal
-import stat
 import threading
 from pathlib import Path
 from typing import Any, Self
 
 from flyserve.control.errors import ControlIOError
+from flyserve.policy import safe_read
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES
 from flyserve.policy.thresholds import ThresholdsError
 
@@ -36,18 +35,13 @@ def _read_capped(path: str | Path) -> bytes | None:
     None if it cannot be read. A FIFO or device is not read (it would block the watcher for ever):
     its hash is that of a marker, and the reload that follows reports it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return safe_read.read_bytes(path, MAX_DOCUMENT_BYTES, follow_symlinks=True)
+    except safe_read.SafeReadError as exc:
+        if exc.reason.startswith("not a regular file"):
             return b"\0not a regular file"
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(MAX_DOCUMENT_BYTES + 1)
-    except OSError:
+        if exc.reason.startswith("larger than"):
+            return b"\0larger than the cap"
         return None
-    finally:
-        os.close(fd)
 
 
 def file_sha256(path: str | Path) -> str | None:

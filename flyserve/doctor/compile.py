@@ -81,14 +81,15 @@ def geometry_from_hf_config(path: str | os.PathLike[str], *, tp: int = 1, dtype:
     hidden_size / num_attention_heads. A multimodal config's ``text_config`` is used when present.
     """
     where = str(path)
-    try:
-        raw = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CompileCheckError(f"{where}: cannot read the model config ({exc.strerror})") from None
-    try:
-        cfg = json.loads(raw)
-    except ValueError as exc:
-        raise CompileCheckError(f"{where}: not JSON (line {getattr(exc, 'lineno', '?')})") from None
+    from flyserve.policy import safe_read
+
+    try:  # one reader for operator files: no FIFO waited on, no /dev/zero read, depth and digit caps
+        raw = safe_read.read_bytes(Path(path), 16 << 20, source=where, follow_symlinks=True)
+        if raw is None:
+            raise CompileCheckError(f"{where}: cannot read the model config (No such file or directory)")
+        cfg = safe_read.parse_json(raw, source=where)
+    except safe_read.SafeReadError as exc:
+        raise CompileCheckError(f"{where}: cannot read the model config: {exc.reason}") from None
     if not isinstance(cfg, dict):
         raise CompileCheckError(f"{where}: a HF config.json is a JSON object")
     if isinstance(cfg.get("text_config"), dict):

@@ -13,6 +13,7 @@ workloads (docs/performance.md).
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -20,9 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flyserve.policy import PREFILL, UNIFIED, Thresholds
+from flyserve.policy import PREFILL, UNIFIED, Thresholds, safe_read
 from flyserve.pricing.costs import CostEntry, CostTable
 from flyserve.pricing.fit import fit_thresholds
+
+MAX_PARTIAL_BYTES = 256 << 20
+"""A resume file holds one line per measured shape (a few hundred, under 1 MB); more is refused."""
 
 # ----------------------------------------------------------------------------- grids
 
@@ -103,7 +107,9 @@ def load_grid(name_or_path: str) -> list[GridPoint]:
     if name_or_path in GRIDS:
         return build_grid(GRIDS[name_or_path])
     try:
-        spec = json.loads(Path(name_or_path).read_text(encoding="utf-8"))
+        spec = safe_read.read_json(Path(name_or_path), 1 << 20, follow_symlinks=True)
+        if spec is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", name_or_path)
         return build_grid(spec)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CalibrationError(
@@ -179,10 +185,17 @@ def run_calibration(
     partial = partial or out_costs.with_name(out_costs.name + ".partial.jsonl")
     done: dict[tuple[int, str], dict[str, Any]] = {}
     if resume and partial.is_file():
-        for line in partial.read_text(encoding="utf-8").splitlines():
+        try:
+            text = safe_read.read_text(partial, MAX_PARTIAL_BYTES, follow_symlinks=True) or ""
+        except safe_read.SafeReadError as exc:
+            raise CalibrationError(f"--partial: {exc}") from None
+        for line in text.splitlines():
             if line.strip():
-                rec = json.loads(line)
-                done[(rec["block_size"], rec["key"])] = rec
+                try:
+                    rec = safe_read.loads_record(line)
+                    done[(rec["block_size"], rec["key"])] = rec
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut by a kill: measured again
     elif partial.exists():
         partial.unlink()
     partial.parent.mkdir(parents=True, exist_ok=True)

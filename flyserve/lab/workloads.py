@@ -48,6 +48,10 @@ from typing import Any
 
 import numpy as np
 
+from flyserve.policy import safe_read
+
+MAX_TRACE_BYTES = 1 << 30
+"""A recorded shape log larger than 1 GiB is refused (an hour of a busy engine is ~100 MB)."""
 SHAPE_LOG_FORMAT = "flyserve-shape-log"
 SHAPE_LOG_VERSION = 1
 
@@ -341,9 +345,9 @@ def parse_trace_lines(lines: Sequence[str], *, name: str, rank: int | None = Non
             continue
         where = f"{name}:{lineno}"
         try:
-            rec = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{where}: not JSON ({exc.msg})") from None
+            rec = safe_read.parse_json(text, source=where, max_depth=8)
+        except safe_read.SafeReadError as exc:
+            raise TraceError(str(exc)) from None
         if not isinstance(rec, dict):
             raise TraceError(f"{where}: each line must be a JSON object")
         if "format" in rec:
@@ -374,12 +378,12 @@ def parse_trace_lines(lines: Sequence[str], *, name: str, rank: int | None = Non
 def load_trace(path: str | Path, *, rank: int | None = None) -> Trace:
     """A recorded shape log (JSONL), e.g. from ``FLYSERVE_SHAPE_LOG=/tmp/shapes.jsonl vllm serve ...``."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TraceError(f"{p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{p}: cannot read: {exc}") from None
+    try:  # flyserve.policy.safe_read: no FIFO waited on, no /dev/zero read without end
+        text = safe_read.read_text(p, MAX_TRACE_BYTES, source=p.name, follow_symlinks=True)
+    except safe_read.SafeReadError as exc:
+        raise TraceError(str(exc)) from None
+    if text is None:
+        raise TraceError(f"{p.name}: no such file")
     return parse_trace_lines(text.splitlines(), name=p.stem, rank=rank)
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from flyserve.policy.errors import ThresholdsError, describe_value
 from flyserve.policy.profile_paths import is_path_like, profile_path
+from flyserve.policy.safe_read import SafeReadError, read_bytes
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES, parse_mapping
 
 __all__ = [
@@ -218,12 +219,11 @@ def _pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
 def read_yaml_file(path: Path) -> dict[str, Any]:
     """A thresholds YAML file as a mapping (size-capped, safe loader); ThresholdsError if not."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_DOCUMENT_BYTES + 1)
-    except FileNotFoundError:
-        raise ThresholdsError([("<file>", "no such file")], source=str(path)) from None
-    except OSError as exc:
-        raise ThresholdsError([("<file>", f"cannot read: {exc.strerror or exc}")], source=str(path)) from None
+        raw = read_bytes(path, MAX_DOCUMENT_BYTES, source=str(path), follow_symlinks=True)
+    except SafeReadError as exc:
+        raise ThresholdsError([("<file>", exc.reason)], source=str(path)) from None
+    if raw is None:
+        raise ThresholdsError([("<file>", "no such file")], source=str(path))
     return parse_mapping(raw, source=str(path))
 
 

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from flyserve.policy import safe_read
 from flyserve.policy.vocabulary import PATHS
 
 KINDS = ("decode", "prefill", "mixed")
@@ -53,7 +54,41 @@ _REPO_COSTS = Path(__file__).resolve().parents[2] / "config" / "costs"  # source
 
 
 class CostTableError(ValueError):
-    """A cost table was rejected; the message names the entry and field."""
+    """A cost table was rejected; the message names the entry and field, never the value."""
+
+
+MAX_COSTS_BYTES = 16 << 20
+"""A cost table of the default grid is 74 kB; a larger file than this is refused unread."""
+MAX_COST_MS = 1e6
+"""The largest time one attention call may cost in a table: 1000 s. Anything above is a typo or an
+attack (a table of 1e308 ms summed to near overflow and priced every batch as infinite)."""
+MAX_TOKENS = 1 << 24
+"""Query and context lengths above 16M tokens are not a shape any engine runs."""
+_META_INTS: dict[str, int] = {
+    "num_heads": 4096,
+    "num_kv_heads": 4096,
+    "head_size": 4096,
+    "block_size": 1 << 16,
+}
+"""Layer fields of ``meta`` (and an entry's ``block_size``): positive integers of at most this."""
+
+
+def _check_meta(meta: dict[str, Any], where: str) -> None:
+    """The layer fields a table is matched and priced by: positive bounded integers (never echoed)."""
+    for key, hi in _META_INTS.items():
+        if key in meta:
+            _check_int(meta[key], f"{where}: field 'meta.{key}'", hi)
+    if "block_sizes" in meta:
+        bs = meta["block_sizes"]
+        if not isinstance(bs, list) or len(bs) > 64:
+            raise CostTableError(f"{where}: field 'meta.block_sizes' must be a list of at most 64 integers")
+        for i, v in enumerate(bs):
+            _check_int(v, f"{where}: field 'meta.block_sizes[{i}]'", _META_INTS["block_size"])
+
+
+def _check_int(v: Any, what: str, hi: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+        raise CostTableError(f"{what} must be an integer from 1 to {hi}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +147,14 @@ class CostTable:
         return json.dumps(doc, indent=1) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, *, name: str, source: str | None = None) -> CostTable:
+    def from_json(cls, text: str | bytes, *, name: str, source: str | None = None) -> CostTable:
+        """Parse and validate a table (flyserve.policy.safe_read.parse_json: depth and number caps,
+        so deep nesting, a 400-digit integer or 1e400 is an error naming the field)."""
         where = source or name
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CostTableError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
+            doc = safe_read.parse_json(text, source=where, max_depth=8)
+        except safe_read.SafeReadError as exc:
+            raise CostTableError(str(exc)) from None
         if not isinstance(doc, dict) or doc.get("format") != "flyserve-costs":
             raise CostTableError(f"{where}: field 'format' must be 'flyserve-costs'")
         if doc.get("version") != 1:
@@ -125,6 +162,7 @@ class CostTable:
         meta = doc.get("meta", {})
         if not isinstance(meta, dict):
             raise CostTableError(f"{where}: field 'meta' must be an object")
+        _check_meta(meta, where)
         raw = doc.get("entries")
         if not isinstance(raw, list) or not raw:
             raise CostTableError(f"{where}: field 'entries' must be a non-empty list")
@@ -137,11 +175,17 @@ def _parse_entry(e: Any, where: str) -> CostEntry:
         raise CostTableError(f"{where}: must be an object")
     kind = e.get("kind")
     if kind not in KINDS:
-        raise CostTableError(f"{where}: field 'kind' must be one of {KINDS} (got {kind!r})")
+        raise CostTableError(f"{where}: field 'kind' must be one of {KINDS}")
     q, s = e.get("query_lens"), e.get("seq_lens")
     for key, v in (("query_lens", q), ("seq_lens", s)):
-        if not isinstance(v, list) or not v or not all(isinstance(x, int) and x >= 0 for x in v):
-            raise CostTableError(f"{where}: field '{key}' must be a non-empty list of non-negative integers")
+        if (
+            not isinstance(v, list)
+            or not v
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_TOKENS for x in v)
+        ):
+            raise CostTableError(
+                f"{where}: field '{key}' must be a non-empty list of integers from 0 to {MAX_TOKENS}"
+            )
     if len(q) != len(s) or any(b < a for a, b in zip(q, s, strict=True)):
         raise CostTableError(
             f"{where}: fields 'query_lens'/'seq_lens' must pair up with seq_len >= query_len"
@@ -150,8 +194,17 @@ def _parse_entry(e: Any, where: str) -> CostEntry:
     if not isinstance(ms, dict) or set(ms) != set(PATHS):
         raise CostTableError(f"{where}: field 'ms' must map each of {PATHS} to milliseconds")
     for p, v in ms.items():
-        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-            raise CostTableError(f"{where}: field 'ms.{p}' must be a positive number (got {v!r})")
+        if (
+            not isinstance(v, int | float)
+            or isinstance(v, bool)
+            or not math.isfinite(v)
+            or not 0 < v <= MAX_COST_MS
+        ):
+            raise CostTableError(
+                f"{where}: field 'ms.{p}' must be a number of milliseconds above 0, at most {MAX_COST_MS:g}"
+            )
+    if "block_size" in e:
+        _check_int(e["block_size"], f"{where}: field 'block_size'", _META_INTS["block_size"])
     if kind == "decode" and (any(x != 1 for x in q) or len(set(s)) != 1):
         raise CostTableError(f"{where}: a 'decode' entry has query_len 1 rows at one seq_len")
     if kind == "prefill" and (len(q) != 1 or q[0] < 2):
@@ -184,13 +237,17 @@ def load_costs(name_or_path: str | Path) -> CostTable:
                 f"unknown cost table {s!r} (available: {', '.join(available_costs()) or 'none'})"
             )
         path = found[0]
+    # One reader for operator files (flyserve.policy.safe_read): a FIFO is refused at once instead
+    # of hanging start, a link to /dev/zero is refused instead of read without end. A link to a
+    # regular file is followed (a Kubernetes ConfigMap mounts files as links).
+    where = path.name
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CostTableError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise CostTableError(f"{path}: cannot read: {exc}") from None
-    return CostTable.from_json(text, name=path.stem, source=str(path))
+        raw = safe_read.read_bytes(path, MAX_COSTS_BYTES, source=where, follow_symlinks=True)
+    except safe_read.SafeReadError as exc:
+        raise CostTableError(str(exc)) from None
+    if raw is None:
+        raise CostTableError(f"{where}: no such file")
+    return CostTable.from_json(raw, name=path.stem, source=where)
 
 
 # ----------------------------------------------------------------------------- the model

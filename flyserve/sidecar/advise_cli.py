@@ -70,6 +70,28 @@ def render(adv: dict[str, Any], url: str, shapes: int) -> str:
     return "\n".join(lines)
 
 
+def render_refusal(body: dict[str, Any]) -> str:
+    """The sidecar's 409 with field ``samples``: advice refused because the window's shape samples
+    are not corroborated by the ranks' decision counters; one line per rank says which and why."""
+    ev = body.get("samples") if isinstance(body.get("samples"), dict) else {}
+    lines = [
+        (
+            f"advice refused: {ev.get('used', '?')} sampled steps in the window are not corroborated by the "
+            "ranks' decision counters (forged or stale files in <state>/shapes/?)"
+        ),
+    ]
+    for r in ev.get("ranks") or []:
+        if not isinstance(r, dict):
+            continue
+        verdict = "ok" if r.get("corroborated") else f"REFUSED: {str(r.get('reason'))[:200]}"
+        lines.append(
+            f"  rank {r.get('engine')}-{r.get('rank')}: {r.get('samples')} samples, "
+            f"{r.get('decisions')} decisions counted: {verdict}"
+        )
+    lines.append("nothing was fitted; remove the files named above from <state>/shapes/ and ask again")
+    return "\n".join(lines)
+
+
 def render_restart(restart: list[dict[str, Any]]) -> list[str]:
     """The start-time knobs worth a restart: marked as such, never part of the PATCH above."""
     if not restart:
@@ -117,9 +139,13 @@ def advise(
         raise typer.Exit(1) from None
     if r.status_code != 200:
         try:
-            detail = r.json().get("detail", r.text)
+            body = r.json()
+            detail = body.get("detail", r.text) if isinstance(body, dict) else r.text
         except ValueError:
-            detail = r.text
+            body, detail = None, r.text
+        if isinstance(body, dict) and body.get("field") == "samples":
+            typer.echo(render_refusal(body), err=True)
+            raise typer.Exit(1)
         typer.echo(f"error: {endpoint}: HTTP {r.status_code}: {str(detail)[:300]}", err=True)
         raise typer.Exit(1)
     adv = r.json()

@@ -48,6 +48,9 @@ HORIZON_S = max(REGRET_WINDOWS.values())
 POLICIES = ("routed", "oracle", "always_unified", "always_prefill")
 PREFILL_ROW_MIN_QUERY = 2
 """Thresholds.min_query_len's default: a batch with a row this long has a prefill row."""
+SAMPLE_CLOCK_SKEW_S = 5.0
+"""A sample dated up to this far ahead of the sidecar's clock (ranks' clocks differ a little) is
+taken as dated now; one dated further ahead is dropped, so no sample outlives its window."""
 ADVICE_KNOBS = PREFILL_KNOBS
 """What advice may change: the knobs the fitter informs, all changeable while serving
 (decode_path is fixed at start: the engine captured its CUDA graphs with it)."""
@@ -201,6 +204,8 @@ class LivePricing:
         self._lock = threading.Lock()
         self.unpriceable: str | None = None  # the latest reason a sample could not be priced
         self.unpriceable_count = 0
+        self.future_samples = 0  # samples dated more than SAMPLE_CLOCK_SKEW_S ahead: never priced
+        self._uncorroborated: frozenset[tuple[int, int]] = frozenset()
 
     def _model(self, block_size: int | None) -> CostModel:
         bs = self.table.block_sizes[0] if block_size is None else block_size
@@ -223,7 +228,7 @@ class LivePricing:
         u = model.predict(q, sl, UNIFIED)
         p = model.predict(q, sl, PREFILL)
         path = s.path if s.path is not None else UNIFIED
-        t = s.time if s.time is not None else now
+        t = min(s.time, now) if s.time is not None else now
         return PricedSample(t, s, u, p, path, p if path == PREFILL else u)
 
     def ingest(self, samples: Iterable[ShapeSample]) -> int:
@@ -235,6 +240,15 @@ class LivePricing:
                 key = (s.engine, s.step)
                 t = s.time if s.time is not None else now
                 seen = self._seen.get(key)
+                if t > now + SAMPLE_CLOCK_SKEW_S:
+                    # Dated in the future: it would fill every window until that date (issue 22
+                    # item 5: forged samples 65 s after their file was deleted). Never priced,
+                    # and remembered so the same sample is not taken when its date comes.
+                    if seen is None:
+                        self.future_samples += 1
+                        self._seen[key] = t
+                    continue
+                t = min(t, now)  # within the skew: as fresh as now, no fresher
                 if seen is not None and (s.time is None or abs(seen - t) <= 5.0):
                     continue
                 self._seen[key] = t
@@ -262,21 +276,44 @@ class LivePricing:
         if len(self._seen) > 4 * max(len(self._priced), 1024):
             self._seen = {k: t for k, t in self._seen.items() if t >= cutoff - 10.0}
 
-    def window(self, seconds: float) -> list[PricedSample]:
+    def window(self, seconds: float, *, corroborated_only: bool = False) -> list[PricedSample]:
+        """The priced samples of the last ``seconds``; with ``corroborated_only``, without the
+        ranks set_uncorroborated() named (regret and drift: gauges a forged file must not move)."""
         now = self._clock()
         with self._lock:
-            return [p for p in self._priced if p.time >= now - seconds]
+            bad = self._uncorroborated if corroborated_only else frozenset()
+            return [
+                p
+                for p in self._priced
+                if p.time >= now - seconds and (not bad or (p.sample.engine, p.sample.rank) not in bad)
+            ]
+
+    def set_uncorroborated(self, ranks: frozenset[tuple[int, int]]) -> None:
+        """(engine, rank)s whose samples their decision counters do not corroborate (flyserve.
+        sidecar.sample_evidence, checked by the sampler after each read): left out of regret and
+        drift, named in the regret section. Advice checks again itself and refuses instead."""
+        with self._lock:
+            self._uncorroborated = ranks
+
+    def sample_ranks(self) -> dict[str, int]:
+        """Priced samples in the horizon per ``<engine>-<rank>``: whose samples regret and drift use."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for p in self._priced:
+                k = f"{p.sample.engine}-{p.sample.rank}"
+                out[k] = out.get(k, 0) + 1
+        return out
 
     def regret_drift(self) -> dict[str, float | None]:
         """Per path, the 15-minute median measured / predicted (the drift gauge's value)."""
-        d = drift_of(self.window(HORIZON_S))
+        d = drift_of(self.window(HORIZON_S, corroborated_only=True))
         return {path: v["median_ratio"] for path, v in d.items()}
 
     def regret(self) -> dict[str, Any]:
         """The ``regret`` section of /dispatch-stats."""
         windows = {}
         for name, secs in REGRET_WINDOWS.items():
-            w = self.window(secs)
+            w = self.window(secs, corroborated_only=True)
             span = (w[-1].time - w[0].time) if len(w) > 1 else 0.0
             windows[name] = summarize(w, span).to_json()
         return {
@@ -288,6 +325,9 @@ class LivePricing:
             },
             "unpriceable": self.unpriceable,
             "unpriceable_samples": self.unpriceable_count,
+            "future_samples": self.future_samples,
+            "uncorroborated_ranks": sorted(f"{e}-{r}" for e, r in self._uncorroborated),
+            "sample_ranks": self.sample_ranks(),
             "windows": windows,
         }
 

@@ -172,6 +172,19 @@ class Regret(_Frozen):
     measured_on: dict[str, Any] = Field(description="GPU, platform, kernels and layer of the table.")
     unpriceable: str | None = Field(description="Why the latest unpriced sample could not be priced.")
     unpriceable_samples: int
+    future_samples: int = Field(
+        0, description="Samples dated more than 5 s ahead of the sidecar's clock: never priced (issue 22 item 5)."
+    )
+    sample_ranks: dict[str, int] = Field(
+        default_factory=dict,
+        description='Priced samples of the 15-minute horizon per rank ("<engine>-<rank>"): only live '
+        "ranks' files are read.",
+    )
+    uncorroborated_ranks: list[str] = Field(
+        default_factory=list,
+        description="Ranks whose samples their own decision counters do not corroborate "
+        "(flyserve.sidecar.sample_evidence): left out of the windows and drift; advice refuses them (409).",
+    )
     windows: dict[str, RegretWindow] = Field(description='Keys "60s", "900s".')
 
 
@@ -309,6 +322,23 @@ class ErrorDetail(_Frozen):
     detail: str
     field: str | None = None
     errors: list[dict[str, str]] = Field(default_factory=list)
+    samples: dict[str, Any] | None = Field(
+        None,
+        description="Advice's 409 with field `samples` only: the samples used and, per rank, whether "
+        "its decision counters corroborate them.",
+    )
+
+
+class AdviceSampleRank(_Frozen):
+    """One rank whose shape samples advice used, checked against its decision counters."""
+
+    engine: int
+    rank: int
+    samples: int = Field(description="Samples of this rank in the window.")
+    samples_by_path: dict[str, int]
+    decisions: int | None = Field(description="Its dispatch decisions counted over the window (or since start).")
+    corroborated: bool
+    reason: str | None = None
 
 
 class AdviceShape(_Frozen):
@@ -367,4 +397,8 @@ class Advice(_Frozen):
     restart: list[RestartAdvice] = Field(
         default_factory=list,
         description="Knobs fixed at start worth a restart, biggest saving first; never in `patch`.",
+    )
+    sample_ranks: list[AdviceSampleRank] = Field(
+        default_factory=list,
+        description="The live ranks whose samples the window holds, each corroborated by its decision counters.",
     )

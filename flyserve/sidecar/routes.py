@@ -21,6 +21,7 @@ from flyserve.sidecar.live_costs import REGRET_WINDOWS, AdviceResult, RegretSumm
 from flyserve.sidecar.models import (
     Advice,
     AdvicePatch,
+    AdviceSampleRank,
     AdviceShape,
     ChangeResponse,
     DispatchStats,
@@ -35,6 +36,7 @@ from flyserve.sidecar.models import (
     RoutingChange,
     ThresholdsView,
 )
+from flyserve.sidecar.sample_evidence import Evidence
 from flyserve.sidecar.service import StatsService, thresholds_view
 from flyserve.sidecar.stream import StreamHub, StreamsFull
 from flyserve.telemetry.shape_sample import read_shape_samples, routing_change
@@ -224,7 +226,9 @@ def _respond(request: Request, result: ChangeResult, dry_run: bool) -> ChangeRes
     if dry_run:
         settings = request.app.state.settings
         current = _service(request).snapshot().thresholds
-        samples = read_shape_samples(settings.state_dir, limit=settings.dry_run_shape_limit)
+        samples = read_shape_samples(
+            settings.state_dir, limit=settings.dry_run_shape_limit, live=_service(request).live_rank_keys()
+        )
         rc = RoutingChange(**routing_change(samples, current, result.snapshot.thresholds))
     else:
         request.app.state.stats.invalidate()
@@ -299,7 +303,13 @@ def reload_config(
     "/thresholds/advice",
     response_model=Advice,
     tags=["thresholds"],
-    responses={409: {"model": ErrorDetail, "description": "No cost table (--costs), or nothing priced yet."}},
+    responses={
+        409: {
+            "model": ErrorDetail,
+            "description": "No cost table (--costs), nothing priced yet, or (field `samples`) the window's "
+            "samples are not corroborated by the ranks' decision counters.",
+        }
+    },
 )
 def get_advice(
     request: Request,
@@ -316,6 +326,14 @@ def get_advice(
         return _conflict("the sidecar was started without --costs: nothing to price advice with", "costs")
     service.price_new_samples()
     snap = service.snapshot()
+    # Before any fit (the expensive part): are the window's samples what the ranks counted?
+    evidence = service.sample_evidence(
+        (p.sample for p in service.pricing.window(REGRET_WINDOWS[window])), REGRET_WINDOWS[window]
+    )
+    if not evidence.corroborated:
+        return JSONResponse(
+            {"detail": evidence.reason, "field": "samples", "samples": evidence.to_json()}, status_code=409
+        )
     try:
         res = service.pricing.advise(
             snap.thresholds,
@@ -325,7 +343,7 @@ def get_advice(
     except ValueError as exc:
         why = service.pricing.unpriceable
         return _conflict(f"{exc}" + (f" ({why})" if why else ""), "window")
-    return advice_view(res, window, snap.version, shapes)
+    return advice_view(res, window, snap.version, shapes, evidence)
 
 
 def _conflict(detail: str, field: str) -> JSONResponse:
@@ -336,7 +354,9 @@ def _window_view(s: RegretSummary) -> RegretWindow:
     return RegretWindow(**s.to_json())
 
 
-def advice_view(res: AdviceResult, window: str, version: int, shapes: int) -> Advice:
+def advice_view(
+    res: AdviceResult, window: str, version: int, shapes: int, evidence: Evidence | None = None
+) -> Advice:
     changes = res.changes
     body = {k: new for k, (_old, new) in changes.items()}
     listed = res.samples[-shapes:] if shapes else []
@@ -364,6 +384,7 @@ def advice_view(res: AdviceResult, window: str, version: int, shapes: int) -> Ad
             for i, p in enumerate(listed)
         ],
         restart=[RestartAdvice(**r.to_json()) for r in res.restart],
+        sample_ranks=[AdviceSampleRank(**r.to_json()) for r in evidence.ranks] if evidence else [],
     )
 
 

@@ -12,17 +12,18 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flyserve.control import ConfigSnapshot, ControlPlane
 from flyserve.control.rank import CONTROL_MODES
+from flyserve.control.reports import is_live as report_is_live
 from flyserve.control.reports import liveness as report_liveness
 from flyserve.policy.profiles import load_profile, profile_path
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.channel_view import read_channel_view
-from flyserve.sidecar.live_costs import LivePricing, PricedSample
+from flyserve.sidecar.live_costs import HORIZON_S, LivePricing, PricedSample
 from flyserve.sidecar.models import (
     DispatchStats,
     EngineStats,
@@ -32,6 +33,7 @@ from flyserve.sidecar.models import (
     Regret,
     ThresholdsView,
 )
+from flyserve.sidecar.sample_evidence import Evidence, corroborate
 from flyserve.sidecar.settings import SidecarSettings
 from flyserve.sidecar.stats import (
     WINDOWS,
@@ -45,7 +47,7 @@ from flyserve.sidecar.stats import (
     window_of,
 )
 from flyserve.telemetry import metrics as tm
-from flyserve.telemetry.shape_sample import read_shape_samples
+from flyserve.telemetry.shape_sample import ShapeSample, read_shape_samples
 
 log = logging.getLogger("flyserve.sidecar")
 
@@ -277,7 +279,13 @@ class StatsService:
         if self.pricing is None:
             return 0
         # Every rank file's ring (256 lines each): more than a second's worth at any real step rate.
-        n = self.pricing.ingest(read_shape_samples(self.settings.state_dir, limit=1 << 16))
+        # Only live ranks' files (issue 22 item 5): a file of a rank that is not running is not read.
+        n = self.pricing.ingest(
+            read_shape_samples(self.settings.state_dir, limit=1 << 16, live=self.live_rank_keys())
+        )
+        # Regret and drift leave out the ranks whose decision counters do not back their samples.
+        ev = self.sample_evidence((p.sample for p in self.pricing.window(HORIZON_S)), HORIZON_S)
+        self.pricing.set_uncorroborated(frozenset((r.engine, r.rank) for r in ev.ranks if r.refused is not None))
         drift = self.pricing.regret_drift()
         for path, ratio in drift.items():
             tm.COST_DRIFT.labels(path).set(float("nan") if ratio is None else ratio)
@@ -338,6 +346,31 @@ class StatsService:
         return rank_views(
             [d for d, _ in looked], {}, now=wall, stale_after_s=self.settings.stale_after_s, liveness=states
         )
+
+    def live_rank_keys(self) -> set[tuple[int, int]]:
+        """(engine, rank) of the ranks live now (flyserve.control.reports.is_live): whose shape
+        samples count."""
+        wall = self._wall()
+        return {
+            r.key
+            for r in self.control.store.reports(now=wall)
+            if report_is_live(r, now=wall, stale_after_s=self.settings.stale_after_s)
+        }
+
+    def sample_evidence(self, samples: Iterable[ShapeSample], window_s: float) -> Evidence:
+        """The window's samples against each rank's decision counters (flyserve.sidecar.
+        sample_evidence): deltas over a baseline at least ``window_s`` old when the history has
+        one, else the counters' totals (an upper bound of any window)."""
+        try:
+            now = read_counters(self.metrics_dir)
+        except OSError:
+            now = {}
+        base, complete = self.history.baseline(self._mono(), window_s)
+        if complete and base is not None:
+            counts = {r: c.minus(base.counters.get(r)) for r, c in now.items()}
+        else:
+            counts = now
+        return corroborate(samples, counts)
 
     def _liveness(self, wall: float) -> dict[tuple[int, int], str]:
         """(engine, rank) -> confirmed / unconfirmed / gone, for /dispatch-stats (issue 22 item 3)."""

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from flyserve.policy import safe_read
+
 log = logging.getLogger("flyserve.sidecar")
 
 TOKEN_ENV = "FLYSERVE_SIDECAR_TOKEN"
@@ -113,23 +115,12 @@ def _read_token_file(token_file: Path) -> tuple[int, str]:
     /dev/urandom once made the sidecar hang at start with no error line (attack review item 9)."""
     where = f"--token-file {token_file}"
     try:
-        fd = os.open(token_file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise TokenError(f"{where}: cannot read ({exc.strerror or exc})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TokenError(f"{where}: not a regular file (a directory, FIFO, socket or device)")
-        if st.st_size > MAX_TOKEN_FILE_BYTES:
-            raise TokenError(f"{where}: larger than {MAX_TOKEN_FILE_BYTES} bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            raw = f.read(MAX_TOKEN_FILE_BYTES + 1)
-    except OSError as exc:
-        raise TokenError(f"{where}: cannot read ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_TOKEN_FILE_BYTES:
-        raise TokenError(f"{where}: larger than {MAX_TOKEN_FILE_BYTES} bytes")
+        got = safe_read.read_file(token_file, MAX_TOKEN_FILE_BYTES, source=where, follow_symlinks=True)
+    except safe_read.SafeReadError as exc:
+        raise TokenError(str(exc)) from None
+    if got is None:
+        raise TokenError(f"{where}: cannot read (No such file or directory)")
+    raw, st = got
     try:
         return st.st_mode, raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -260,7 +260,7 @@ def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -
     Bounded: each rank runs ``steps`` steps; the parent waits at most steps * interval + 120 s.
     Ctrl-C / SIGTERM stops the ranks (SIGTERM, then SIGKILL after 5 s).
     """
-    import json
+    from flyserve.control.store import read_json
 
     validate(args)
     prepare_state_dir(args.state_dir)
@@ -294,10 +294,10 @@ def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -
                 next_report += progress_every_s
                 steps = []
                 for r in range(args.ranks):
-                    try:
-                        d = json.loads((args.state_dir / "ranks" / f"{r}.json").read_text())
+                    try:  # the state directory: one reader (safe_read via store.read_json)
+                        d = read_json(args.state_dir / "ranks" / f"{r}.json") or {}
                         steps.append(int(d.get("step", 0)))
-                    except (OSError, ValueError):
+                    except (OSError, ValueError, TypeError):
                         pass
                 alive = sum(1 for p in procs if p.poll() is None)
                 hi = max(steps) if steps else 0

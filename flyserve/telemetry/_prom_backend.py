@@ -18,6 +18,7 @@ pyproject.toml pins the same range.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import struct
 import threading
@@ -34,6 +35,8 @@ from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.mmap_dict import _read_all_values as mmap_read_all_values
 from prometheus_client.utils import floatToGoString
 from prometheus_client.values import MutexValue
+
+from flyserve.policy import safe_read
 
 # --------------------------------------------------------------------------------------------
 # Version gate
@@ -439,6 +442,32 @@ def close_files() -> None:
         BACKEND.values.clear()
 
 
+MAX_VALUES_FILE_BYTES = 256 << 20
+"""A rank's metrics file holds a few thousand series (under 1 MiB); a sparse file claiming more is
+refused rather than read into memory."""
+
+
+def _used_of(head: bytes, size: int) -> int | None:
+    if len(head) < 8:
+        return 0
+    used = struct.unpack_from("i", head, 0)[0]
+    if used == 0:
+        return 0
+    return used if 8 <= used <= size else None
+
+
+def _open_values_file(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """(fd, size) of a metrics file through flyserve.policy.safe_read.open_regular: a FIFO, a
+    symlink (to /dev/zero) or a directory among the metrics files is refused at once (ValueError),
+    never waited on (a plain open() of a FIFO blocked every /metrics and /dispatch-stats for ever).
+    FileNotFoundError if gone. The caller closes fd."""
+    name = os.path.basename(path)
+    opened = safe_read.open_regular(path, source=name)
+    if opened is None:
+        raise FileNotFoundError(errno.ENOENT, "metrics file is gone", name)
+    return opened[0], opened[1].st_size
+
+
 def values_file_used(path: str | os.PathLike[str]) -> int | None:
     """The used size a metrics file's header claims, or None if that cannot be true: the header
     claims less than 8 (but not 0) or more than the file holds.
@@ -448,30 +477,32 @@ def values_file_used(path: str | os.PathLike[str]) -> int | None:
 
     0 for a file still being created: shorter than 8 bytes or a zero header (prometheus_client's
     MmapedDict creates the file, truncates it to its first size, then writes the header): no
-    entries yet, not a bad file."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        head = f.read(8)
-    if len(head) < 8:
-        return 0
-    used = struct.unpack_from("i", head, 0)[0]
-    if used == 0:
-        return 0
-    return used if 8 <= used <= size else None
+    entries yet, not a bad file. A file that is not regular raises ValueError (safe_read)."""
+    fd, size = _open_values_file(path)
+    try:
+        return _used_of(os.pread(fd, 8, 0), size)
+    finally:
+        os.close(fd)
 
 
 def read_values_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, float, float, int]]:
     """(key, value, timestamp, position) of every entry of one metrics file (read-only).
 
     A key is prometheus_client's JSON ``[metric_name, name, labels, help]``. Raises ValueError for
-    a file whose header or entries cannot be true (values_file_used), FileNotFoundError if gone."""
-    used = values_file_used(path)
-    if used is None:
-        raise ValueError(f"{os.path.basename(path)}: header's used size does not fit the file")
-    if used == 0:  # still being created
-        return iter(())
-    with open(path, "rb") as f:
-        data = f.read(used)
+    a file whose header or entries cannot be true (values_file_used) or that is not a regular
+    file, FileNotFoundError if gone. One open, header and entries read from it."""
+    fd, size = _open_values_file(path)
+    try:
+        used = _used_of(os.pread(fd, 8, 0), size)
+        if used is None:
+            raise ValueError(f"{os.path.basename(path)}: header's used size does not fit the file")
+        if used == 0:  # still being created
+            return iter(())
+        if used > MAX_VALUES_FILE_BYTES:
+            raise ValueError(f"{os.path.basename(path)}: larger than {MAX_VALUES_FILE_BYTES} bytes")
+        data = os.pread(fd, used, 0)
+    finally:
+        os.close(fd)
     try:
         return iter(list(mmap_read_all_values(data, used)))
     except (RuntimeError, struct.error, UnicodeDecodeError) as exc:

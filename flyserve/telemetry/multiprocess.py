@@ -179,6 +179,9 @@ class SoundFilesCollector(MultiProcessCollector):
                 used = values_file_used(f)
             except OSError:  # gone since the glob, or unreadable: as if absent
                 continue
+            except ValueError as exc:  # a FIFO, symlink or directory (safe_read): never opened by the merge
+                note_skipped_file(f, str(exc))
+                continue
             if used is None:
                 note_skipped_file(f, "its header claims a size the file cannot hold")
             elif used:  # 0: a file still being created, no entries yet

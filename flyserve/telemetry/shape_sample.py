@@ -36,21 +36,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
+import re
 import tempfile
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from flyserve.policy import safe_read
 from flyserve.policy.rules import decide
 from flyserve.policy.shape import BatchShape
 from flyserve.policy.thresholds import Thresholds
 
 SHAPES_DIR = "shapes"
+log = logging.getLogger("flyserve.telemetry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,9 @@ class ShapeSample:
     block_size: int | None = None
     kernel_s: float | None = None
     engine: int = 0
+    rank: int = 0
+    """The rank whose file held the sample (``<engine>-<rank>.jsonl``): what liveness and the
+    decision-counter evidence (flyserve.sidecar.sample_evidence) are checked against."""
 
     def shape(self, t: Thresholds) -> BatchShape:
         return BatchShape.from_query_lens(
@@ -165,26 +172,49 @@ class ShapeSampleWriter:
                 raise
 
 
-def read_shape_samples(state_dir: Path, *, limit: int) -> list[ShapeSample]:
+MAX_SHAPE_FILE_BYTES = 16 << 20
+"""A rank file holds at most its ring (256-1024 lines of a few kB): a larger one is refused whole."""
+_FILE_NAME = re.compile(r"^([0-9]{1,5})-([0-9]{1,5})\.jsonl$")
+
+
+def rank_of_file(name: str) -> tuple[int, int] | None:
+    """(engine, rank) of a rank file's name ``<engine>-<rank>.jsonl``, or None for any other name."""
+    m = _FILE_NAME.match(name)
+    return None if m is None else (int(m.group(1)), int(m.group(2)))
+
+
+def read_shape_samples(
+    state_dir: Path, *, limit: int, live: Collection[tuple[int, int]] | None = None
+) -> list[ShapeSample]:
     """Recent shapes from every rank file, newest first overall, at most ``limit``; bad lines skipped.
 
     All TP ranks of an engine sample the same shapes; files are read in name order, which puts
     one rank per engine first, and duplicates (same engine, same step) are dropped.
+
+    ``live``: the (engine, rank) keys of the ranks that are live now (flyserve.control.reports.
+    is_live); a file of any other rank, or whose name is not ``<engine>-<rank>.jsonl``, is not
+    read: samples count only from ranks that are running (issue 22 item 5: a forged file of a
+    rank that does not exist moved advice). Every file is read with flyserve.policy.safe_read: a
+    FIFO, a symlink (to /dev/zero) or a file over MAX_SHAPE_FILE_BYTES is skipped, never waited on
+    or read without end.
     """
     d = shapes_dir(state_dir)
     try:
         names = sorted(n for n in os.listdir(d) if n.endswith(".jsonl") and not n.startswith("."))
     except OSError:
         return []
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[int, int]] = set()
     out: list[ShapeSample] = []
     for name in names:
-        engine = name.split("-", 1)[0]
-        for s in _read_file(d / name, engine=_int_or(engine, 0)):
-            key = (engine, s.step)
-            if key in seen:
+        key = rank_of_file(name)
+        if live is not None and (key is None or key not in live):
+            continue
+        engine, rank = key if key is not None else (_int_or(name.split("-", 1)[0], 0), 0)
+        for s in _read_file(d / name, engine=engine, rank=rank):
+            k = (engine, s.step)
+            if k in seen:
                 continue
-            seen.add(key)
+            seen.add(k)
             out.append(s)
     out.sort(key=lambda s: s.step, reverse=True)
     return out[:limit]
@@ -202,16 +232,20 @@ def _opt(d: dict, key: str, conv):
     return None if v is None else conv(v)
 
 
-def _read_file(path: Path, *, engine: int = 0) -> Iterator[ShapeSample]:
+def _read_file(path: Path, *, engine: int = 0, rank: int = 0) -> Iterator[ShapeSample]:
     """A rank file's samples; a line that does not parse, or whose lengths do not pair up, is skipped
-    (rank files are input: one bad line must not hide the others or poison a price)."""
+    (rank files are input: one bad line must not hide the others or poison a price). A file that
+    safe_read refuses yields nothing and is logged once per reason."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
+        text = safe_read.read_text(path, MAX_SHAPE_FILE_BYTES, source=f"{SHAPES_DIR}/{path.name}")
+    except safe_read.SafeReadError as exc:
+        _note_refused(exc)
+        return
+    if text is None:
         return
     for line in text.splitlines():
         try:
-            d = json.loads(line)
+            d = safe_read.loads_record(line)
             q = tuple(int(x) for x in d["query_lens"])
             sl = _opt(d, "seq_lens", lambda v: tuple(int(x) for x in v))
             if any(x < 0 for x in q) or (
@@ -234,9 +268,21 @@ def _read_file(path: Path, *, engine: int = 0) -> Iterator[ShapeSample]:
                 block_size=_opt(d, "block_size", int),
                 kernel_s=k if k is not None and math.isfinite(k) and k > 0 else None,
                 engine=engine,
+                rank=rank,
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
+
+
+_REFUSED_SEEN: set[str] = set()
+
+
+def _note_refused(exc: safe_read.SafeReadError) -> None:
+    """One warning per (file, reason): the sampler reads every second and must not flood the log."""
+    key = str(exc)
+    if key not in _REFUSED_SEEN and len(_REFUSED_SEEN) < 1024:
+        _REFUSED_SEEN.add(key)
+        log.warning("shape sample refused: %s", exc)
 
 
 def routing_change(samples: Sequence[ShapeSample], current: Thresholds, proposed: Thresholds) -> dict:

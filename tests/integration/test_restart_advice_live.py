@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _live_ranks import vouched_ranks
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
@@ -57,7 +58,7 @@ def test_advice_names_decode_path_as_a_restart_and_keeps_it_out_of_the_patch(tmp
         metrics_ttl_s=0.0,
         costs="h200",
     )
-    with TestClient(create_app(settings)) as c:
+    with vouched_ranks(state, (0,), step=STEPS), TestClient(create_app(settings)) as c:
         adv = c.get("/thresholds/advice").json()
         metrics = {
             (s.name, tuple(sorted(s.labels.items()))): s.value

@@ -140,6 +140,7 @@ def test_body_size_limit_is_413(tmp_path: Path):
 
 
 def test_dry_run_reports_routing_change_and_applies_nothing(client: TestClient, tmp_path: Path):
+    write_rank(tmp_path, 0, step=20, version=0)  # samples count only from live ranks
     w = ShapeSampleWriter(tmp_path, rank=0)
     for step in range(10):  # 8k-context prefill batches that the gfx950 profile admits
         w.add(step, [4096, 4096], 8192, 16)
