@@ -112,8 +112,22 @@ def read_regular_file_owned(path: Path, max_bytes: int) -> tuple[bytes, int] | N
     """read_regular_file, with the uid that owns the file read: the fstat of the descriptor the
     bytes came from, never a separate stat of the path (a file renamed over it in between would
     lend its owner to the other's content; issue 22 review)."""
-    got = safe_read.read_file(path, max_bytes)
-    return None if got is None else (got[0], got[1].st_uid)
+    opened = _open_regular(path)
+    if opened is None:
+        return None
+    fd, st = opened
+    try:
+        if st.st_size > max_bytes:
+            raise safe_read.SafeReadError(path.name, f"larger than {max_bytes} bytes ({st.st_size})")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise safe_read.SafeReadError(path.name, f"cannot read: {exc.strerror or type(exc).__name__}") from None
+    finally:
+        os.close(fd)
+    if len(raw) > max_bytes:
+        raise safe_read.SafeReadError(path.name, f"larger than {max_bytes} bytes (grew while read)")
+    return raw, st.st_uid
 
 
 AUDIT_READ_MAX = 64 << 20
