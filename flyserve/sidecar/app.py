@@ -24,6 +24,7 @@ from starlette.routing import Match
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.control.paths import make_private_dir
 from flyserve.policy.thresholds import ThresholdsError
+from flyserve.sidecar.actor import actor_id
 from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.middleware import BodyLimitMiddleware, HeaderGuardMiddleware, RequestMetricsMiddleware
 from flyserve.sidecar.models import RankView
@@ -163,6 +164,11 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     app.state.stats = stats
     app.state.shutting_down = shutting_down
     app.state.registry = _registry(control.state_dir.metrics_dir, settings.share_control_metrics)
+    app.state.actor_id = actor_id(
+        None if settings.token is None else settings.token.get_secret_value(),
+        state_dir=control.state_dir,
+        actor_name=settings.actor_name,
+    )
     registry = app.state.registry
 
     def _exposition() -> bytes:

@@ -8,7 +8,6 @@ token at all (mutations disabled). The comparison is constant-time.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from typing import Annotated
 
@@ -20,11 +19,6 @@ bearer_scheme = HTTPBearer(
     scheme_name="bearer",
     description="The sidecar token (from --token-file or $FLYSERVE_SIDECAR_TOKEN).",
 )
-
-
-def token_id(token: str) -> str:
-    """A short, non-reversible id for the audit log's ``actor``: which token, never the token."""
-    return "token:" + hashlib.sha256(token.encode()).hexdigest()[:8]
 
 
 def require_token(
@@ -46,4 +40,6 @@ def require_token(
     given = credentials.credentials.encode()
     if not hmac.compare_digest(given, expected.get_secret_value().encode()):
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail="invalid bearer token")
-    return token_id(expected.get_secret_value())
+    # Keyed (flyserve.sidecar.actor): a plain hash shown on GET /thresholds let anyone check a
+    # token guess offline (issue 22 item 9).
+    return request.app.state.actor_id

@@ -32,6 +32,15 @@ def sidecar(
             "$FLYSERVE_SIDECAR_TOKEN; with neither, every mutation is refused (403).",
         ),
     ] = None,
+    actor_name: Annotated[
+        str | None,
+        typer.Option(
+            "--actor-name",
+            help="Name recorded as the actor of changes made with the token (audit log, GET /thresholds). "
+            "Default: a keyed hash of the token (key: <state>/control/actor.key, 0600), never checkable "
+            "offline against a token guess.",
+        ),
+    ] = None,
     profile: Annotated[
         str, typer.Option("--profile", help="Threshold profile under the overrides.")
     ] = "gfx950",
@@ -135,6 +144,14 @@ def sidecar(
     except TokenError as exc:
         err(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if actor_name is not None:
+        from flyserve.sidecar.actor import ActorNameError, check_actor_name
+
+        try:
+            check_actor_name(actor_name)
+        except ActorNameError as exc:
+            err(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     if costs is not None:
         from flyserve.pricing.costs import CostModel, CostTableError, load_costs
 
@@ -164,6 +181,7 @@ def sidecar(
         config_file=config_file,
         config_poll_s=config_poll,
         token=token,
+        actor_name=actor_name,
         stream_interval_s=max(stream_interval, stream_min_interval),
         stream_min_interval_s=stream_min_interval,
         max_streams=max_streams,

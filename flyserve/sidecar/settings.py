@@ -47,6 +47,11 @@ class SidecarSettings(BaseModel):
     token: SecretStr | None = Field(
         None, description="Bearer token for mutating routes. None: every mutation is refused (403)."
     )
+    actor_name: str | None = Field(
+        None,
+        description="The actor recorded for changes made with the token (audit log, GET /thresholds). "
+        "None: an HMAC of the token under the state directory's control/actor.key.",
+    )
     stale_after_s: float = Field(
         5.0, gt=0, description="A rank whose report is older than this is marked stale (ranks report ~1/s)."
     )
