@@ -25,10 +25,11 @@ from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.control.paths import make_private_dir
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.actor import actor_id
+from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.middleware import BodyLimitMiddleware, HeaderGuardMiddleware, RequestMetricsMiddleware
 from flyserve.sidecar.models import RankView
-from flyserve.sidecar.routes import router
+from flyserve.sidecar.routes import compute_advice, router
 from flyserve.sidecar.service import StatsService
 from flyserve.sidecar.settings import SidecarSettings
 from flyserve.sidecar.stream import StreamHub
@@ -152,6 +153,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
             if watcher is not None:
                 watcher.stop()
             stats.stop()
+            app.state.advice_worker.close()
 
     app = FastAPI(
         title="flyserve sidecar",
@@ -182,6 +184,11 @@ def create_app(settings: SidecarSettings) -> FastAPI:
             body = generate_latest(registry)
         return body
 
+    app.state.advice_worker = FitWorker(
+        lambda window: compute_advice(stats, window),
+        deadline_s=settings.advice_deadline_s,
+        fresh_s=settings.advice_fresh_s,
+    )
     app.state.stream_hub = StreamHub(
         stats.dispatch_stats_json, tick_s=settings.stream_min_interval_s, max_streams=settings.max_streams
     )

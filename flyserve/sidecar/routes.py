@@ -8,14 +8,19 @@ shutdown and client disconnect between events.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
+from dataclasses import dataclass
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from flyserve.control import ChangeResult, ControlPlane
 from flyserve.policy.thresholds import Thresholds, ThresholdsError
+from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.auth import require_token
 from flyserve.sidecar.live_costs import REGRET_WINDOWS, AdviceResult, RegretSummary
 from flyserve.sidecar.models import (
@@ -228,6 +233,7 @@ def _respond(request: Request, result: ChangeResult, dry_run: bool) -> ChangeRes
         rc = RoutingChange(**routing_change(samples, current, result.snapshot.thresholds))
     else:
         request.app.state.stats.invalidate()
+        request.app.state.advice_worker.invalidate()
     return ChangeResponse(
         dry_run=dry_run,
         changed=result.changed,
@@ -295,37 +301,90 @@ def reload_config(
     return _respond(request, r, dry_run)
 
 
+@dataclass(frozen=True, slots=True)
+class FittedAdvice:
+    """One advice fit: what it returned and the thresholds version it was fitted against."""
+
+    result: AdviceResult
+    version: int
+
+
+def compute_advice(service: StatsService, window: str) -> FittedAdvice:
+    """The fit itself (on the advice worker's thread, flyserve.sidecar.advice_worker): read and
+    price the new shape samples, then fit. ValueError: nothing to fit (the route's 409)."""
+    assert service.pricing is not None
+    service.price_new_samples()
+    snap = service.snapshot()
+    try:
+        res = service.pricing.advise(
+            snap.thresholds, window_s=REGRET_WINDOWS[window], max_shapes=service.settings.advice_shape_limit
+        )
+    except ValueError as exc:
+        why = service.pricing.unpriceable
+        raise ValueError(f"{exc}" + (f" ({why})" if why else "")) from None
+    return FittedAdvice(res, snap.version)
+
+
+def _render_limiter(request: Request) -> anyio.CapacityLimiter:
+    """Turning a fit into the response (up to 10,000 listed shapes) takes a thread of its own, one
+    at a time: never the event loop, never more than one slot of the pool that sync routes (PATCH)
+    run in. Made on first use: an anyio limiter needs the running loop."""
+    lim = getattr(request.app.state, "advice_render_limiter", None)
+    if lim is None:
+        lim = request.app.state.advice_render_limiter = anyio.CapacityLimiter(1)
+    return lim
+
+
 @router.get(
     "/thresholds/advice",
     response_model=Advice,
     tags=["thresholds"],
-    responses={409: {"model": ErrorDetail, "description": "No cost table (--costs), or nothing priced yet."}},
+    responses={
+        409: {"model": ErrorDetail, "description": "No cost table (--costs), or nothing priced yet."},
+        503: {"model": ErrorDetail, "description": "No fit finished yet within the deadline; Retry-After."},
+    },
 )
-def get_advice(
+async def get_advice(
     request: Request,
     window: Annotated[
         str, Query(pattern=r"^(60s|900s)$", description="Which window's sampled shapes to fit: 60s or 900s.")
     ] = "900s",
     shapes: Annotated[int, Query(ge=0, le=10_000, description="Newest fitted shapes to list.")] = 100,
-) -> Advice:
+) -> Any:
     """Threshold values that would have routed this window's sampled batches best (calibrate's fitter
     on live shapes priced by the cost table), routed/oracle before and after, and the PATCH that
-    applies them. Applying stays an operator action; decode_path is never proposed."""
+    applies them. Applying stays an operator action; decode_path is never proposed.
+
+    Fitted on the sidecar's advice worker, one fit at a time, reused while fresh; a fit that takes
+    longer than the deadline (2 s) gets the last result marked ``stale: true``, or 503 with
+    Retry-After when there is none yet."""
     service = _service(request)
     if service.pricing is None:
         return _conflict("the sidecar was started without --costs: nothing to price advice with", "costs")
-    service.price_new_samples()
-    snap = service.snapshot()
-    try:
-        res = service.pricing.advise(
-            snap.thresholds,
-            window_s=REGRET_WINDOWS[window],
-            max_shapes=request.app.state.settings.advice_shape_limit,
+    worker: FitWorker[str, FittedAdvice] = request.app.state.advice_worker
+    got = await worker.get(window)
+    if got is None:
+        return JSONResponse(
+            {"detail": "advice is being computed; retry shortly", "field": None, "errors": []},
+            status_code=503,
+            headers={"Retry-After": str(max(1, math.ceil(worker.deadline_s)))},
         )
-    except ValueError as exc:
-        why = service.pricing.unpriceable
-        return _conflict(f"{exc}" + (f" ({why})" if why else ""), "window")
-    return advice_view(res, window, snap.version, shapes)
+    if isinstance(got.error, ValueError):
+        return _conflict(str(got.error), "window")
+    if got.error is not None or got.value is None:
+        return JSONResponse(
+            {"detail": "advice computation failed; see the sidecar log", "field": None, "errors": []},
+            status_code=503,
+            headers={"Retry-After": str(max(1, math.ceil(worker.fresh_s)))},
+        )
+    fitted, age = got.value, got.age_s(time.monotonic())
+
+    def render() -> bytes:
+        view = advice_view(fitted.result, window, fitted.version, shapes, stale=got.stale, age_s=age)
+        return view.model_dump_json().encode()
+
+    body = await anyio.to_thread.run_sync(render, limiter=_render_limiter(request))
+    return Response(body, media_type="application/json")
 
 
 def _conflict(detail: str, field: str) -> JSONResponse:
@@ -336,7 +395,9 @@ def _window_view(s: RegretSummary) -> RegretWindow:
     return RegretWindow(**s.to_json())
 
 
-def advice_view(res: AdviceResult, window: str, version: int, shapes: int) -> Advice:
+def advice_view(
+    res: AdviceResult, window: str, version: int, shapes: int, *, stale: bool = False, age_s: float = 0.0
+) -> Advice:
     changes = res.changes
     body = {k: new for k, (_old, new) in changes.items()}
     listed = res.samples[-shapes:] if shapes else []
@@ -364,6 +425,8 @@ def advice_view(res: AdviceResult, window: str, version: int, shapes: int) -> Ad
             for i, p in enumerate(listed)
         ],
         restart=[RestartAdvice(**r.to_json()) for r in res.restart],
+        stale=stale,
+        age_s=round(age_s, 3),
     )
 
 
@@ -382,8 +445,9 @@ def metrics(request: Request) -> Response:
 
 
 @router.get("/healthz", response_model=Health, tags=["ops"])
-def healthz() -> Health:
-    """The process is up and serving."""
+async def healthz() -> Health:
+    """The process is up and serving. Async on purpose: answered on the event loop, it never waits
+    for a worker thread that a flood of slow requests could have taken (issue 22)."""
     return Health(status="ok")
 
 

@@ -103,6 +103,17 @@ class SidecarSettings(BaseModel):
         description="Advice fits at most this many of the window's newest priced batches that have a "
         "prefill row (decode-only batches take decode_path whatever the knobs say).",
     )
+    advice_deadline_s: float = Field(
+        2.0,
+        gt=0,
+        description="GET /thresholds/advice waits this long for a fit; then it answers the last one "
+        "marked stale (or 503 with Retry-After). Fits run one at a time on their own thread.",
+    )
+    advice_fresh_s: float = Field(
+        5.0,
+        ge=0,
+        description="A finished fit is reused for this long (and until the thresholds change here).",
+    )
     dry_run_shape_limit: int = Field(
         2048, gt=0, description="At most this many recent shapes are replayed for a dry run's routing change."
     )

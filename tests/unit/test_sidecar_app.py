@@ -82,7 +82,10 @@ def test_patch_applies_through_the_control_plane_with_audit(client: TestClient, 
     g = client.get("/thresholds")
     assert g.json()["values"]["min_seq_len"] == 4096 and g.headers["etag"] == '"1"'
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
-    assert audit[-1]["actor"] == client.app.state.actor_id and TOKEN not in (tmp_path / "audit.jsonl").read_text()
+    assert (
+        audit[-1]["actor"] == client.app.state.actor_id
+        and TOKEN not in (tmp_path / "audit.jsonl").read_text()
+    )
     # null drops the override again
     r = client.patch("/thresholds", json={"min_seq_len": None}, headers=AUTH)
     assert r.json()["thresholds"]["values"]["min_seq_len"] == 1536
