@@ -27,7 +27,12 @@ from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.actor import actor_id
 from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.cache import TtlCache
-from flyserve.sidecar.middleware import BodyLimitMiddleware, HeaderGuardMiddleware, RequestMetricsMiddleware
+from flyserve.sidecar.middleware import (
+    AdmissionMiddleware,
+    BodyLimitMiddleware,
+    HeaderGuardMiddleware,
+    RequestMetricsMiddleware,
+)
 from flyserve.sidecar.models import RankView
 from flyserve.sidecar.routes import compute_advice, router
 from flyserve.sidecar.service import StatsService
@@ -234,5 +239,10 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     app.include_router(router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(HeaderGuardMiddleware)
+    app.add_middleware(
+        AdmissionMiddleware,
+        max_requests=settings.max_requests,
+        token=None if settings.token is None else settings.token.get_secret_value().encode(),
+    )
     app.add_middleware(RequestMetricsMiddleware)  # added last = outermost: counts 413s too
     return app

@@ -109,8 +109,23 @@ def sidecar(
     ] = 64,
     max_connections: Annotated[
         int,
-        typer.Option("--max-connections", min=8, help="Concurrent connections; one more gets 503 at once."),
+        typer.Option(
+            "--max-connections",
+            min=8,
+            help="Concurrent connections and requests. At the cap a new connection evicts the oldest one "
+            "that has not sent a whole request head; a request over the cap gets 503 at once, except "
+            "/healthz, /readyz and changes with the valid token.",
+        ),
     ] = 512,
+    head_timeout: Annotated[
+        float,
+        typer.Option(
+            "--head-timeout",
+            min=0.5,
+            help="Seconds a connection has to send a whole request head (request line and headers); "
+            "a slower one is dropped.",
+        ),
+    ] = 5.0,
     request_timeout: Annotated[
         float,
         typer.Option(
@@ -190,6 +205,7 @@ def sidecar(
         stats_ttl_s=stats_ttl,
         metrics_ttl_s=metrics_ttl,
         costs=costs,
+        max_requests=max_connections,
     )
     if token is None:
         err("warning: no token (--token-file or $FLYSERVE_SIDECAR_TOKEN): mutations are disabled", err=True)
@@ -205,6 +221,7 @@ def sidecar(
         port=port,
         log_level=log_level,
         request_timeout_s=request_timeout,
+        head_timeout_s=head_timeout,
         max_connections=max_connections,
     )
 

@@ -7,6 +7,7 @@ Pure ASGI rather than BaseHTTPMiddleware: they must not buffer a streaming respo
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 from typing import Any
@@ -172,3 +173,62 @@ class RequestMetricsMiddleware:
             )
             tm.SIDECAR_REQUESTS.labels(template, scope.get("method", ""), str(status[0])).inc()
             tm.SIDECAR_REQUEST_SECONDS.labels(template).observe(elapsed)
+
+
+RESERVED = frozenset({("GET", "/healthz"), ("GET", "/readyz")})
+"""Always admitted: the probes a kubelet or load balancer decides with (issue 22 item 2)."""
+RESERVED_WITH_TOKEN = frozenset(
+    {("PATCH", "/thresholds"), ("PUT", "/thresholds"), ("POST", "/thresholds/rollback"), ("POST", "/reload")}
+)
+"""Admitted over the cap when they carry the valid bearer token: a change must get through a flood."""
+
+
+class AdmissionMiddleware:
+    """At most ``max_requests`` requests in progress; one more is a 503 (Retry-After: 1) at once,
+    never a queue, counted in flyserve_sidecar_shed_requests_total. Probes, and changes that carry
+    the valid token (compared in constant time), are always admitted: a flood of anonymous
+    requests must never fail the probes or block a threshold change."""
+
+    def __init__(self, app: ASGIApp, max_requests: int, token: bytes | None) -> None:
+        self.app, self.max_requests, self.token = app, max_requests, token
+        self.in_flight = 0
+
+    def _reserved(self, scope: Scope) -> bool:
+        key = (scope.get("method", ""), scope.get("path", ""))
+        if key in RESERVED:
+            return True
+        if key not in RESERVED_WITH_TOKEN or self.token is None:
+            return False
+        for k, v in scope.get("headers", ()):
+            if k == b"authorization":
+                scheme, _, given = v.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.max_requests and not self._reserved(scope):
+            tm.SIDECAR_SHED_REQUESTS.inc()
+            body = json.dumps(
+                {"detail": f"more than {self.max_requests} requests in progress; retry", "field": None, "errors": []}
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"retry-after", b"1"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1

@@ -88,6 +88,12 @@ class SidecarSettings(BaseModel):
         "<state>/metrics like the ranks do. Tests that build apps in-process turn it off so the "
         "process-wide metrics backend is left alone.",
     )
+    max_requests: int = Field(
+        512,
+        ge=1,
+        description="Requests in progress at once; one more is a 503 at once. /healthz, /readyz and "
+        "changes with the valid token are always admitted (--max-connections sets it).",
+    )
     max_body_bytes: int = Field(64 * 1024, gt=0, description="Larger request bodies get 413.")
     costs: str | None = Field(
         None,
