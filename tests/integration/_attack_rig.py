@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import multiprocessing
 import os
 import resource
 import select
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -156,31 +158,62 @@ class Probe:
         return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)] if xs else float("nan")
 
 
+def healthz_once(port: int, timeout: float) -> int:
+    """One GET /healthz on a fresh connection, as a kubelet probes: the status (0: no answer)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+        head = b""
+        while b"\r\n" not in head and len(head) < 4096:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+    parts = head.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+def _probe_loop(port: int, every: float, timeout: float, stop: Any, out: Any) -> None:
+    """In its own process (the attack's client threads must not slow the prober's own GIL), on
+    raw sockets (no client library's set-up time in the numbers)."""
+    times: list[float] = []
+    failures: list[str] = []
+    while not stop.is_set():
+        t = time.monotonic()
+        try:
+            status = healthz_once(port, timeout)
+            times.append(time.monotonic() - t)
+            if status != 200:
+                failures.append(f"status {status}")
+        except OSError as exc:
+            times.append(time.monotonic() - t)
+            failures.append(type(exc).__name__)
+        stop.wait(every)
+    out.send((times, failures))
+    out.close()
+
+
 @contextlib.contextmanager
-def probing(url: str, *, every: float = 0.2, timeout: float = 5.0) -> Iterator[Probe]:
+def probing(port: int, *, every: float = 0.2, timeout: float = 5.0) -> Iterator[Probe]:
+    """/healthz probed from a separate process (as a kubelet would) while the block runs."""
     probe = Probe()
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            t = time.monotonic()
-            try:
-                status = httpx.get(url + "/healthz", timeout=timeout).status_code
-                probe.times.append(time.monotonic() - t)
-                if status != 200:
-                    probe.failures.append(f"status {status}")
-            except httpx.HTTPError as exc:
-                probe.times.append(time.monotonic() - t)
-                probe.failures.append(type(exc).__name__)
-            stop.wait(every)
-
-    t = threading.Thread(target=run, daemon=True, name="healthz-probe")
-    t.start()
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_probe_loop, args=(port, every, timeout, stop, send), daemon=True)
+    proc.start()
     try:
         yield probe
     finally:
         stop.set()
-        t.join(timeout + 5)
+        if recv.poll(timeout + 30):
+            probe.times, probe.failures = recv.recv()
+        else:
+            probe.failures.append("the probe process sent nothing")
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def test_2_six_hundred_half_open_connections_keep_neither_probes_nor_a_patch_out
         try:
             assert flood.opened >= 550, flood.opened
             time.sleep(1.0)
-            with probing(r.url) as probe:
+            with probing(r.port) as probe:
                 time.sleep(2.0)
                 ready = httpx.get(r.url + "/readyz", timeout=5)
                 m = patch_and_time_apply(r, 4096)
@@ -100,7 +100,7 @@ def test_45_concurrent_advice_requests_never_hold_up_probes_or_a_patch(tmp_path:
         flood = AdviceFlood(r.url, r.port, n=45)
         flood.start()
         try:
-            with probing(r.url) as probe:
+            with probing(r.port) as probe:
                 time.sleep(3.0)
                 stats = httpx.get(r.url + "/dispatch-stats", timeout=5)
                 m = patch_and_time_apply(r, 4096)
@@ -137,7 +137,7 @@ def test_10_and_9_big_numbers_and_deep_nesting_are_named_and_the_actor_is_keyed(
         flood = BigBodyFlood(r.url, r.port, n=8)
         flood.start()
         try:
-            with probing(r.url) as probe:
+            with probing(r.port) as probe:
                 time.sleep(2.0)
                 m = patch_and_time_apply(r, 4096)
         finally:
