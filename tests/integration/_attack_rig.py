@@ -359,7 +359,7 @@ class AdviceFlood(Attack):
                 try:
                     r = c.get(self.url + "/thresholds/advice")
                     self.count(
-                        str(r.status_code) + ("-stale" if r.status_code == 200 and r.json()["stale"] else "")
+                        str(r.status_code) + ("-stale" if r.status_code == 200 and r.json().get("stale") else "")
                     )
                 except httpx.HTTPError as exc:
                     self.count(type(exc).__name__)
