@@ -21,10 +21,11 @@ bearer_scheme = HTTPBearer(
 )
 
 
-def require_token(
+async def require_token(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)]
 ) -> str:
-    """Return the actor id of a valid bearer token, or raise 401/403."""
+    """Return the actor id of a valid bearer token, or raise 401/403. Async (no I/O): it runs on the
+    event loop, never waiting for a slot of FastAPI's shared thread pool."""
     if credentials is None or not credentials.credentials:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
@@ -43,6 +44,8 @@ from flyserve.sidecar.models import (
 from flyserve.sidecar.service import StatsService, thresholds_view
 from flyserve.sidecar.stream import StreamHub, StreamsFull
 from flyserve.telemetry.shape_sample import read_shape_samples, routing_change
+
+T = TypeVar("T")
 
 router = APIRouter(
     responses={422: {"model": ErrorDetail, "description": "Invalid input: names the field and the reason."}}
@@ -243,11 +246,28 @@ def _respond(request: Request, result: ChangeResult, dry_run: bool) -> ChangeRes
     )
 
 
+def _limiter(request: Request, name: str, tokens: int) -> anyio.CapacityLimiter:
+    """A capacity limiter of this app's, made on first use (an anyio limiter needs the running loop)."""
+    attr = f"{name}_limiter"
+    lim = getattr(request.app.state, attr, None)
+    if lim is None:
+        lim = anyio.CapacityLimiter(tokens)
+        setattr(request.app.state, attr, lim)
+    return lim
+
+
+async def _change_thread(request: Request, fn: Callable[[], T]) -> T:
+    """Run a change (file I/O under the control plane's lock) on a worker thread of its own limiter:
+    a flood of slow anonymous reads that takes every slot of FastAPI's shared pool (40) must not
+    make a change with the token wait (issue 22)."""
+    return await anyio.to_thread.run_sync(fn, limiter=_limiter(request, "change", 4))
+
+
 _MUTATION = {"response_model": ChangeResponse, "responses": _ERRORS, "tags": ["thresholds"]}
 
 
 @router.put("/thresholds", openapi_extra=_thresholds_body_schema(False), **_MUTATION)
-def put_thresholds(
+async def put_thresholds(
     request: Request,
     actor: Actor,
     body: Annotated[dict[str, Any], Body()],
@@ -255,14 +275,17 @@ def put_thresholds(
     dry_run: DryRun = False,
 ) -> ChangeResponse:
     """Replace the whole override layer: keys left out fall back to the config file, then the profile."""
-    r = _plane(request).replace(
-        body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
-    )
-    return _respond(request, r, dry_run)
+    def run() -> ChangeResponse:
+        r = _plane(request).replace(
+            body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
+        )
+        return _respond(request, r, dry_run)
+
+    return await _change_thread(request, run)
 
 
 @router.patch("/thresholds", openapi_extra=_thresholds_body_schema(True), **_MUTATION)
-def patch_thresholds(
+async def patch_thresholds(
     request: Request,
     actor: Actor,
     body: Annotated[dict[str, Any], Body()],
@@ -270,14 +293,17 @@ def patch_thresholds(
     dry_run: DryRun = False,
 ) -> ChangeResponse:
     """Set some overrides; a key set to null drops its override (JSON merge-patch style)."""
-    r = _plane(request).apply_overrides(
-        body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
-    )
-    return _respond(request, r, dry_run)
+    def run() -> ChangeResponse:
+        r = _plane(request).apply_overrides(
+            body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
+        )
+        return _respond(request, r, dry_run)
+
+    return await _change_thread(request, run)
 
 
 @router.post("/thresholds/rollback", **_MUTATION)
-def rollback_thresholds(
+async def rollback_thresholds(
     request: Request,
     actor: Actor,
     body: RollbackRequest,
@@ -285,20 +311,24 @@ def rollback_thresholds(
     dry_run: DryRun = False,
 ) -> ChangeResponse:
     """Publish a new version whose values equal an earlier one's (see /thresholds/history)."""
-    r = _plane(request).rollback(
-        body.version, actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run
-    )
-    return _respond(request, r, dry_run)
+    def run() -> ChangeResponse:
+        r = _plane(request).rollback(body.version, actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run)
+        return _respond(request, r, dry_run)
+
+    return await _change_thread(request, run)
 
 
 @router.post("/reload", **_MUTATION)
-def reload_config(
+async def reload_config(
     request: Request, actor: Actor, if_match: IfMatch = None, dry_run: DryRun = False
 ) -> ChangeResponse:
     """Re-read the operator config file and publish it (what SIGHUP or a file edit would do)."""
     # Counted in flyserve_config_reloads_total by the control plane.
-    r = _plane(request).reload(actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run)
-    return _respond(request, r, dry_run)
+    def run() -> ChangeResponse:
+        r = _plane(request).reload(actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run)
+        return _respond(request, r, dry_run)
+
+    return await _change_thread(request, run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,12 +357,8 @@ def compute_advice(service: StatsService, window: str) -> FittedAdvice:
 
 def _render_limiter(request: Request) -> anyio.CapacityLimiter:
     """Turning a fit into the response (up to 10,000 listed shapes) takes a thread of its own, one
-    at a time: never the event loop, never more than one slot of the pool that sync routes (PATCH)
-    run in. Made on first use: an anyio limiter needs the running loop."""
-    lim = getattr(request.app.state, "advice_render_limiter", None)
-    if lim is None:
-        lim = request.app.state.advice_render_limiter = anyio.CapacityLimiter(1)
-    return lim
+    at a time: never the event loop, never a slot of FastAPI's shared pool."""
+    return _limiter(request, "advice_render", 1)
 
 
 @router.get(
@@ -452,8 +478,13 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Readiness, tags=["ops"], responses={503: {"model": Readiness}})
-def readyz(request: Request):
-    """Ready when the state directory is readable and at least one rank reports."""
+async def readyz(request: Request):
+    """Ready when the state directory is readable and at least one rank reports. The look at the
+    state directory runs on a thread of the probes' own limiter, never behind FastAPI's shared pool."""
+    return await anyio.to_thread.run_sync(lambda: _readiness(request), limiter=_limiter(request, "probe", 4))
+
+
+def _readiness(request: Request) -> JSONResponse:
     settings = request.app.state.settings
     readable = settings.state_dir.is_dir()
     try:
