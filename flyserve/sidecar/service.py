@@ -232,6 +232,7 @@ class StatsService:
         # shape files and summing the windows never runs on a request's thread (issue 22).
         self._regret: dict[str, Any] | None = None
         self._priced_once = threading.Event()
+        self._waited_for_pricing = False
 
     # ------------------------------------------------------------------ control snapshot
 
@@ -397,9 +398,12 @@ class StatsService:
             errors.append(f"channel: {exc}")
         regret = None
         if self.pricing is not None:
-            # The sampler thread's last pass (at most pricing_interval_s old); just after start,
-            # wait briefly for its first one rather than read the shape files here.
-            self._priced_once.wait(timeout=2.0)
+            # The sampler thread's last pass (at most pricing_interval_s old). Just after start, the
+            # first computation waits briefly for its first pass rather than read the shape files
+            # here; only once: a pass stuck on a bad file must not make every computation wait.
+            if not self._waited_for_pricing:
+                self._waited_for_pricing = True
+                self._priced_once.wait(timeout=2.0)
             last = self._regret
             if last is None:
                 errors.append("regret: not computed yet (the first pricing pass is still running)")
