@@ -103,3 +103,32 @@ def test_a_failed_fit_is_remembered_not_retried_on_every_request(exc: Exception)
         assert calls == ["900s"]
     finally:
         worker.close()
+
+
+def test_shape_files_are_read_only_by_the_sampler_and_the_advice_worker(tmp_path) -> None:
+    """Regret windows and advice fits read and price shape files; requests never do (issue 22:
+    a FIFO in shapes/ hung every request that did)."""
+    from fastapi.testclient import TestClient
+
+    from flyserve.sidecar.app import create_app
+    from flyserve.sidecar.settings import SidecarSettings
+
+    settings = SidecarSettings(
+        state_dir=tmp_path, share_control_metrics=False, stats_ttl_s=0.0, metrics_ttl_s=0.0, costs="h200"
+    )
+    app = create_app(settings)
+    service = app.state.stats
+    readers: list[str] = []
+    real = service.price_new_samples
+
+    def spy() -> int:
+        readers.append(threading.current_thread().name)
+        return real()
+
+    service.price_new_samples = spy
+    with TestClient(app) as c:
+        for _ in range(3):
+            assert c.get("/dispatch-stats").status_code == 200
+        c.get("/thresholds/advice")
+    assert readers, "nothing priced the samples at all"
+    assert all(n.startswith(("flyserve-sidecar-sampler", "flyserve-advice")) for n in readers), readers
