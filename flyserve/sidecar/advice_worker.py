@@ -64,7 +64,8 @@ class FitWorker(Generic[K, T]):
         self._compute = compute
         self.deadline_s, self.fresh_s = deadline_s, fresh_s
         self._clock = clock
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._name = name
+        self._closed = False
         self._lock = threading.Lock()
         self._done: dict[K, Outcome[T]] = {}
         self._running: tuple[K, concurrent.futures.Future[None]] | None = None
@@ -76,9 +77,20 @@ class FitWorker(Generic[K, T]):
 
     def _start(self, key: K) -> concurrent.futures.Future[None]:
         """Submit a fit for ``key``; the caller holds the lock and has checked nothing is running."""
-        fut = self._pool.submit(self._run, key, self._generation)
+        # A daemon thread per fit (one at a time): a fit stuck on a bad file must never hold up the
+        # process's exit, which a ThreadPoolExecutor's worker would (it is joined at exit).
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        generation = self._generation
         self._running = (key, fut)
         self.fits += 1
+
+        def body() -> None:
+            try:
+                self._run(key, generation)
+            finally:
+                fut.set_result(None)
+
+        threading.Thread(target=body, name=f"{self._name}-{self.fits}", daemon=True).start()
         return fut
 
     def _run(self, key: K, generation: int) -> None:
@@ -116,6 +128,8 @@ class FitWorker(Generic[K, T]):
                 if hit is not None:
                     return hit
                 running = self._running
+                if running is None and self._closed:
+                    break
                 fut = running[1] if running is not None else self._start(key)
             left = deadline - self._clock()
             if left <= 0:
@@ -140,4 +154,6 @@ class FitWorker(Generic[K, T]):
             return self._running is not None
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Start no more fits (a running one finishes on its daemon thread, or dies with the process)."""
+        with self._lock:
+            self._closed = True

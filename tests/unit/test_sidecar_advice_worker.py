@@ -132,3 +132,19 @@ def test_shape_files_are_read_only_by_the_sampler_and_the_advice_worker(tmp_path
         c.get("/thresholds/advice")
     assert readers, "nothing priced the samples at all"
     assert all(n.startswith(("flyserve-sidecar-sampler", "flyserve-advice")) for n in readers), readers
+
+
+def test_a_fit_stuck_for_ever_does_not_hold_up_the_process_exit() -> None:
+    """A fit blocked on a bad file (a FIFO) must not keep the sidecar from exiting on SIGTERM."""
+    import subprocess
+    import sys
+
+    code = (
+        "import asyncio, threading\n"
+        "from flyserve.sidecar.advice_worker import FitWorker\n"
+        "w = FitWorker(lambda k: threading.Event().wait(), deadline_s=0.1)\n"
+        "print(asyncio.run(w.get('900s')))\n"
+        "w.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr[-1000:]
