@@ -62,6 +62,8 @@ RANK_UP = tm.exposed_name(tm.RANK_UP)
 RANK_REPORT_AGE = tm.exposed_name(tm.RANK_REPORT_AGE)
 RANKS_AGREE = tm.exposed_name(tm.RANKS_AGREE)
 SIDECAR_IGNORED_FILES = tm.exposed_name(tm.SIDECAR_IGNORED_FILES)
+SIDECAR_DROPPED_CONNECTIONS = tm.exposed_name(tm.SIDECAR_DROPPED_CONNECTIONS)
+SIDECAR_SHED_REQUESTS = tm.exposed_name(tm.SIDECAR_SHED_REQUESTS)
 KERNEL_SECONDS_BUCKET = KERNEL_SECONDS + "_bucket"
 KERNEL_SECONDS_COUNT = KERNEL_SECONDS + "_count"
 KERNEL_SECONDS_SUM = KERNEL_SECONDS + "_sum"
@@ -920,6 +922,27 @@ def _control_ranks_row(d: dash.Dashboard) -> dash.Dashboard:
             "sidecar's log names each metrics file once (operations.md, Failure modes).",
             [_target(f"max by (kind) ({SIDECAR_IGNORED_FILES}{{{INSTANCE_SEL}}})", "{{kind}}")],
             unit="none",
+            min_val=0,
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Sidecar connections dropped and requests shed",
+            "Connections the sidecar closed before answering, per second, by reason (head_timeout, "
+            "request_timeout, evicted at --max-connections, refused), and requests shed with 503 over "
+            "the cap. A steady rate is a slow or half-open client flood; /healthz, /readyz and changes "
+            "with the token keep being answered through it (operations.md, Failure modes).",
+            [
+                _target(
+                    f"sum by (reason) (rate({SIDECAR_DROPPED_CONNECTIONS}{{{INSTANCE_SEL}}}[$__rate_interval]))",
+                    "dropped: {{reason}}",
+                ),
+                _target(
+                    f"sum(rate({SIDECAR_SHED_REQUESTS}{{{INSTANCE_SEL}}}[$__rate_interval]))",
+                    "shed (503)",
+                ),
+            ],
+            unit="reqps",
             min_val=0,
         )
     )

@@ -54,13 +54,15 @@ def advice_phase(
     ``run_traffic`` returns, with ``regret_before``, ``advice`` and ``regret_after`` added."""
     import httpx
 
+    from flyserve.sidecar.advice_client import fetch_advice
+
     before = priced_seconds(sidecar_url)
     regret_before = regret_between(priced_at_start, before)
     echo(
         f"[+] what the thresholds cost in both halves (steps priced by the measured CPU table): "
         f"regret {_pct(regret_before)} over the per-batch best"
     )
-    r = httpx.get(f"{sidecar_url}/thresholds/advice", params={"shapes": 0}, timeout=120)
+    r = fetch_advice(sidecar_url, {"shapes": 0}, timeout=120)
     if r.status_code != 200:
         raise RuntimeError(f"GET /thresholds/advice answered {r.status_code}: {r.text[:300]}")
     adv = r.json()

@@ -128,12 +128,14 @@ def advise(
     sidecar's cost table: routed/oracle before and after, and the PATCH (with If-Match) to apply them."""
     import httpx
 
+    from flyserve.sidecar.advice_client import fetch_advice
+
     if window not in ("60s", "900s"):
         typer.echo(f"error: --window must be 60s or 900s (got {window!r})", err=True)
         raise typer.Exit(2)
     endpoint = url.rstrip("/") + "/thresholds/advice"
     try:
-        r = httpx.get(endpoint, params={"window": window, "shapes": max(shapes, 100)}, timeout=timeout)
+        r = fetch_advice(url, {"window": window, "shapes": max(shapes, 100)}, timeout=timeout)
     except httpx.HTTPError as exc:
         typer.echo(f"error: cannot reach the sidecar at {url}: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -24,10 +24,17 @@ from starlette.routing import Match
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.control.paths import make_private_dir
 from flyserve.policy.thresholds import ThresholdsError
+from flyserve.sidecar.actor import actor_id
+from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.cache import TtlCache
-from flyserve.sidecar.middleware import BodyLimitMiddleware, HeaderGuardMiddleware, RequestMetricsMiddleware
+from flyserve.sidecar.middleware import (
+    AdmissionMiddleware,
+    BodyLimitMiddleware,
+    HeaderGuardMiddleware,
+    RequestMetricsMiddleware,
+)
 from flyserve.sidecar.models import RankView
-from flyserve.sidecar.routes import router
+from flyserve.sidecar.routes import compute_advice, router
 from flyserve.sidecar.service import StatsService
 from flyserve.sidecar.settings import SidecarSettings
 from flyserve.sidecar.stream import StreamHub
@@ -151,6 +158,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
             if watcher is not None:
                 watcher.stop()
             stats.stop()
+            app.state.advice_worker.close()
 
     app = FastAPI(
         title="flyserve sidecar",
@@ -163,6 +171,11 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     app.state.stats = stats
     app.state.shutting_down = shutting_down
     app.state.registry = _registry(control.state_dir.metrics_dir, settings.share_control_metrics)
+    app.state.actor_id = actor_id(
+        None if settings.token is None else settings.token.get_secret_value(),
+        state_dir=control.state_dir,
+        actor_name=settings.actor_name,
+    )
     registry = app.state.registry
 
     def _exposition() -> bytes:
@@ -176,6 +189,11 @@ def create_app(settings: SidecarSettings) -> FastAPI:
             body = generate_latest(registry)
         return body
 
+    app.state.advice_worker = FitWorker(
+        lambda window: compute_advice(stats, window),
+        deadline_s=settings.advice_deadline_s,
+        fresh_s=settings.advice_fresh_s,
+    )
     app.state.stream_hub = StreamHub(
         stats.dispatch_stats_json, tick_s=settings.stream_min_interval_s, max_streams=settings.max_streams
     )
@@ -221,5 +239,10 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     app.include_router(router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(HeaderGuardMiddleware)
+    app.add_middleware(
+        AdmissionMiddleware,
+        max_requests=settings.max_requests,
+        token=None if settings.token is None else settings.token.get_secret_value().encode(),
+    )
     app.add_middleware(RequestMetricsMiddleware)  # added last = outermost: counts 413s too
     return app

@@ -32,6 +32,15 @@ def sidecar(
             "$FLYSERVE_SIDECAR_TOKEN; with neither, every mutation is refused (403).",
         ),
     ] = None,
+    actor_name: Annotated[
+        str | None,
+        typer.Option(
+            "--actor-name",
+            help="Name recorded as the actor of changes made with the token (audit log, GET /thresholds). "
+            "Default: a keyed hash of the token (key: <state>/control/actor.key, 0600), never checkable "
+            "offline against a token guess.",
+        ),
+    ] = None,
     profile: Annotated[
         str, typer.Option("--profile", help="Threshold profile under the overrides.")
     ] = "gfx950",
@@ -100,8 +109,23 @@ def sidecar(
     ] = 64,
     max_connections: Annotated[
         int,
-        typer.Option("--max-connections", min=8, help="Concurrent connections; one more gets 503 at once."),
+        typer.Option(
+            "--max-connections",
+            min=8,
+            help="Concurrent connections and requests. At the cap a new connection evicts the oldest one "
+            "that has not sent a whole request head; a request over the cap gets 503 at once, except "
+            "/healthz, /readyz and changes with the valid token.",
+        ),
     ] = 512,
+    head_timeout: Annotated[
+        float,
+        typer.Option(
+            "--head-timeout",
+            min=0.5,
+            help="Seconds a connection has to send a whole request head (request line and headers); "
+            "a slower one is dropped.",
+        ),
+    ] = 5.0,
     request_timeout: Annotated[
         float,
         typer.Option(
@@ -135,6 +159,14 @@ def sidecar(
     except TokenError as exc:
         err(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if actor_name is not None:
+        from flyserve.sidecar.actor import ActorNameError, check_actor_name
+
+        try:
+            check_actor_name(actor_name)
+        except ActorNameError as exc:
+            err(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     if costs is not None:
         from flyserve.pricing.costs import CostModel, CostTableError, load_costs
 
@@ -164,6 +196,7 @@ def sidecar(
         config_file=config_file,
         config_poll_s=config_poll,
         token=token,
+        actor_name=actor_name,
         stream_interval_s=max(stream_interval, stream_min_interval),
         stream_min_interval_s=stream_min_interval,
         max_streams=max_streams,
@@ -172,6 +205,7 @@ def sidecar(
         stats_ttl_s=stats_ttl,
         metrics_ttl_s=metrics_ttl,
         costs=costs,
+        max_requests=max_connections,
     )
     if token is None:
         err("warning: no token (--token-file or $FLYSERVE_SIDECAR_TOKEN): mutations are disabled", err=True)
@@ -187,6 +221,7 @@ def sidecar(
         port=port,
         log_level=log_level,
         request_timeout_s=request_timeout,
+        head_timeout_s=head_timeout,
         max_connections=max_connections,
     )
 

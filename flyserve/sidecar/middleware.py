@@ -1,5 +1,5 @@
-"""Pure-ASGI middlewares: request-head checks (431, 400), a request-body size limit (413) and the
-sidecar's own request metrics.
+"""Pure-ASGI middlewares: request-head checks (431, 400), a request-body size limit (413) and JSON
+check (flyserve.sidecar.json_body: 400/422 naming the field) and the sidecar's own request metrics.
 
 Pure ASGI rather than BaseHTTPMiddleware: they must not buffer a streaming response
 (/dispatch-stats/stream) and they run on every request, so they stay small.
@@ -7,12 +7,14 @@ Pure ASGI rather than BaseHTTPMiddleware: they must not buffer a streaming respo
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from flyserve.sidecar.json_body import check_json_body
 from flyserve.telemetry import metrics as tm
 
 STREAM_ROUTES = frozenset({"/dispatch-stats/stream"})
@@ -81,45 +83,6 @@ class HeaderGuardMiddleware:
         await self.app(scope, receive, send)
 
 
-class _DuplicateKey(Exception):
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _DuplicateKey(k)
-        out[k] = v
-    return out
-
-
-def _json_body_refusal(body: bytes) -> tuple[int, str, str] | None:
-    """(status, detail, field) for a body that must not reach the app, else None.
-
-    Bytes that are not UTF-8 or not JSON are a 400 (FastAPI answered 422 "field '0': JSON decode
-    error", attack review item 14); a key given twice in one object is a 422 naming it (the last
-    one silently won, item 15). Anything else (NaN, a 5000-digit integer, deep nesting) is left to
-    the app's own validation, which names the field."""
-    if not body.strip():
-        return None
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return 400, f"request body is not UTF-8 (byte {exc.start})", "<body>"
-    try:
-        json.loads(text, object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as exc:
-        key = exc.key if len(exc.key) <= 64 else exc.key[:64] + "..."
-        return 422, f"field '{key}': given more than once", key
-    except json.JSONDecodeError as exc:
-        return 400, f"request body is not valid JSON (line {exc.lineno}, column {exc.colno})", "<body>"
-    except (ValueError, RecursionError):
-        return None
-    return None
-
-
 class BodyLimitMiddleware:
     """413 for a body over ``max_bytes``: by Content-Length up front, or while a chunked body arrives.
 
@@ -158,9 +121,9 @@ class BodyLimitMiddleware:
             chunks.append(body)
             if not msg.get("more_body", False):
                 break
-        refusal = _json_body_refusal(b"".join(chunks))
+        refusal = check_json_body(b"".join(chunks))
         if refusal is not None:
-            await _send_json(send, *refusal)
+            await _send_json(send, refusal.status, refusal.detail, refusal.field)
             return
         replayed = False
 
@@ -210,3 +173,62 @@ class RequestMetricsMiddleware:
             )
             tm.SIDECAR_REQUESTS.labels(template, scope.get("method", ""), str(status[0])).inc()
             tm.SIDECAR_REQUEST_SECONDS.labels(template).observe(elapsed)
+
+
+RESERVED = frozenset({("GET", "/healthz"), ("GET", "/readyz")})
+"""Always admitted: the probes a kubelet or load balancer decides with (issue 22 item 2)."""
+RESERVED_WITH_TOKEN = frozenset(
+    {("PATCH", "/thresholds"), ("PUT", "/thresholds"), ("POST", "/thresholds/rollback"), ("POST", "/reload")}
+)
+"""Admitted over the cap when they carry the valid bearer token: a change must get through a flood."""
+
+
+class AdmissionMiddleware:
+    """At most ``max_requests`` requests in progress; one more is a 503 (Retry-After: 1) at once,
+    never a queue, counted in flyserve_sidecar_shed_requests_total. Probes, and changes that carry
+    the valid token (compared in constant time), are always admitted: a flood of anonymous
+    requests must never fail the probes or block a threshold change."""
+
+    def __init__(self, app: ASGIApp, max_requests: int, token: bytes | None) -> None:
+        self.app, self.max_requests, self.token = app, max_requests, token
+        self.in_flight = 0
+
+    def _reserved(self, scope: Scope) -> bool:
+        key = (scope.get("method", ""), scope.get("path", ""))
+        if key in RESERVED:
+            return True
+        if key not in RESERVED_WITH_TOKEN or self.token is None:
+            return False
+        for k, v in scope.get("headers", ()):
+            if k == b"authorization":
+                scheme, _, given = v.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.max_requests and not self._reserved(scope):
+            tm.SIDECAR_SHED_REQUESTS.inc()
+            body = json.dumps(
+                {"detail": f"more than {self.max_requests} requests in progress; retry", "field": None, "errors": []}
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"retry-after", b"1"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1

@@ -402,3 +402,9 @@ class Advice(_Frozen):
         default_factory=list,
         description="The live ranks whose samples the window holds, each corroborated by its decision counters.",
     )
+    stale: bool = Field(
+        False,
+        description="True: the fit in progress did not finish within the deadline (2 s); this is the "
+        "last finished one, `age_s` old.",
+    )
+    age_s: float = Field(0.0, description="Seconds since this fit finished (fits are reused for 5 s).")

@@ -8,14 +8,20 @@ shutdown and client disconnect between events.
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
 
+import anyio
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from flyserve.control import ChangeResult, ControlPlane
 from flyserve.policy.thresholds import Thresholds, ThresholdsError
+from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.auth import require_token
 from flyserve.sidecar.live_costs import REGRET_WINDOWS, AdviceResult, RegretSummary
 from flyserve.sidecar.models import (
@@ -40,6 +46,8 @@ from flyserve.sidecar.sample_evidence import Evidence
 from flyserve.sidecar.service import StatsService, thresholds_view
 from flyserve.sidecar.stream import StreamHub, StreamsFull
 from flyserve.telemetry.shape_sample import read_shape_samples, routing_change
+
+T = TypeVar("T")
 
 router = APIRouter(
     responses={422: {"model": ErrorDetail, "description": "Invalid input: names the field and the reason."}}
@@ -232,6 +240,7 @@ def _respond(request: Request, result: ChangeResult, dry_run: bool) -> ChangeRes
         rc = RoutingChange(**routing_change(samples, current, result.snapshot.thresholds))
     else:
         request.app.state.stats.invalidate()
+        request.app.state.advice_worker.invalidate()
     return ChangeResponse(
         dry_run=dry_run,
         changed=result.changed,
@@ -241,11 +250,28 @@ def _respond(request: Request, result: ChangeResult, dry_run: bool) -> ChangeRes
     )
 
 
+def _limiter(request: Request, name: str, tokens: int) -> anyio.CapacityLimiter:
+    """A capacity limiter of this app's, made on first use (an anyio limiter needs the running loop)."""
+    attr = f"{name}_limiter"
+    lim = getattr(request.app.state, attr, None)
+    if lim is None:
+        lim = anyio.CapacityLimiter(tokens)
+        setattr(request.app.state, attr, lim)
+    return lim
+
+
+async def _change_thread(request: Request, fn: Callable[[], T]) -> T:
+    """Run a change (file I/O under the control plane's lock) on a worker thread of its own limiter:
+    a flood of slow anonymous reads that takes every slot of FastAPI's shared pool (40) must not
+    make a change with the token wait (issue 22)."""
+    return await anyio.to_thread.run_sync(fn, limiter=_limiter(request, "change", 4))
+
+
 _MUTATION = {"response_model": ChangeResponse, "responses": _ERRORS, "tags": ["thresholds"]}
 
 
 @router.put("/thresholds", openapi_extra=_thresholds_body_schema(False), **_MUTATION)
-def put_thresholds(
+async def put_thresholds(
     request: Request,
     actor: Actor,
     body: Annotated[dict[str, Any], Body()],
@@ -253,14 +279,17 @@ def put_thresholds(
     dry_run: DryRun = False,
 ) -> ChangeResponse:
     """Replace the whole override layer: keys left out fall back to the config file, then the profile."""
-    r = _plane(request).replace(
-        body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
-    )
-    return _respond(request, r, dry_run)
+    def run() -> ChangeResponse:
+        r = _plane(request).replace(
+            body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
+        )
+        return _respond(request, r, dry_run)
+
+    return await _change_thread(request, run)
 
 
 @router.patch("/thresholds", openapi_extra=_thresholds_body_schema(True), **_MUTATION)
-def patch_thresholds(
+async def patch_thresholds(
     request: Request,
     actor: Actor,
     body: Annotated[dict[str, Any], Body()],
@@ -268,14 +297,17 @@ def patch_thresholds(
     dry_run: DryRun = False,
 ) -> ChangeResponse:
     """Set some overrides; a key set to null drops its override (JSON merge-patch style)."""
-    r = _plane(request).apply_overrides(
-        body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
-    )
-    return _respond(request, r, dry_run)
+    def run() -> ChangeResponse:
+        r = _plane(request).apply_overrides(
+            body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
+        )
+        return _respond(request, r, dry_run)
+
+    return await _change_thread(request, run)
 
 
 @router.post("/thresholds/rollback", **_MUTATION)
-def rollback_thresholds(
+async def rollback_thresholds(
     request: Request,
     actor: Actor,
     body: RollbackRequest,
@@ -283,20 +315,71 @@ def rollback_thresholds(
     dry_run: DryRun = False,
 ) -> ChangeResponse:
     """Publish a new version whose values equal an earlier one's (see /thresholds/history)."""
-    r = _plane(request).rollback(
-        body.version, actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run
-    )
-    return _respond(request, r, dry_run)
+    def run() -> ChangeResponse:
+        r = _plane(request).rollback(body.version, actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run)
+        return _respond(request, r, dry_run)
+
+    return await _change_thread(request, run)
 
 
 @router.post("/reload", **_MUTATION)
-def reload_config(
+async def reload_config(
     request: Request, actor: Actor, if_match: IfMatch = None, dry_run: DryRun = False
 ) -> ChangeResponse:
     """Re-read the operator config file and publish it (what SIGHUP or a file edit would do)."""
     # Counted in flyserve_config_reloads_total by the control plane.
-    r = _plane(request).reload(actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run)
-    return _respond(request, r, dry_run)
+    def run() -> ChangeResponse:
+        r = _plane(request).reload(actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run)
+        return _respond(request, r, dry_run)
+
+    return await _change_thread(request, run)
+
+
+@dataclass(frozen=True, slots=True)
+class FittedAdvice:
+    """One advice fit: what it returned and the thresholds version it was fitted against."""
+
+    result: AdviceResult
+    version: int
+    evidence: Evidence | None = None
+
+
+class UncorroboratedSamples(Exception):
+    """The window's samples are not what their ranks' decision counters counted: no fit (409,
+    field ``samples``)."""
+
+    def __init__(self, evidence: Evidence) -> None:
+        super().__init__(evidence.reason)
+        self.evidence = evidence
+
+
+def compute_advice(service: StatsService, window: str) -> FittedAdvice:
+    """The fit itself (on the advice worker's thread, flyserve.sidecar.advice_worker): read and
+    price the new shape samples, check them against the ranks' decision counters, then fit.
+    ValueError: nothing to fit (the route's 409); UncorroboratedSamples: samples refused (409)."""
+    assert service.pricing is not None
+    service.price_new_samples()
+    snap = service.snapshot()
+    # Before any fit (the expensive part): are the window's samples what the ranks counted?
+    evidence = service.sample_evidence(
+        (p.sample for p in service.pricing.window(REGRET_WINDOWS[window])), REGRET_WINDOWS[window]
+    )
+    if not evidence.corroborated:
+        raise UncorroboratedSamples(evidence)
+    try:
+        res = service.pricing.advise(
+            snap.thresholds, window_s=REGRET_WINDOWS[window], max_shapes=service.settings.advice_shape_limit
+        )
+    except ValueError as exc:
+        why = service.pricing.unpriceable
+        raise ValueError(f"{exc}" + (f" ({why})" if why else "")) from None
+    return FittedAdvice(res, snap.version, evidence)
+
+
+def _render_limiter(request: Request) -> anyio.CapacityLimiter:
+    """Turning a fit into the response (up to 10,000 listed shapes) takes a thread of its own, one
+    at a time: never the event loop, never a slot of FastAPI's shared pool."""
+    return _limiter(request, "advice_render", 1)
 
 
 @router.get(
@@ -308,42 +391,56 @@ def reload_config(
             "model": ErrorDetail,
             "description": "No cost table (--costs), nothing priced yet, or (field `samples`) the window's "
             "samples are not corroborated by the ranks' decision counters.",
-        }
+        },
+        503: {"model": ErrorDetail, "description": "No fit finished yet within the deadline; Retry-After."},
     },
 )
-def get_advice(
+async def get_advice(
     request: Request,
     window: Annotated[
         str, Query(pattern=r"^(60s|900s)$", description="Which window's sampled shapes to fit: 60s or 900s.")
     ] = "900s",
     shapes: Annotated[int, Query(ge=0, le=10_000, description="Newest fitted shapes to list.")] = 100,
-) -> Advice:
+) -> Any:
     """Threshold values that would have routed this window's sampled batches best (calibrate's fitter
     on live shapes priced by the cost table), routed/oracle before and after, and the PATCH that
-    applies them. Applying stays an operator action; decode_path is never proposed."""
+    applies them. Applying stays an operator action; decode_path is never proposed.
+
+    Fitted on the sidecar's advice worker, one fit at a time, reused while fresh; a fit that takes
+    longer than the deadline (2 s) gets the last result marked ``stale: true``, or 503 with
+    Retry-After when there is none yet."""
     service = _service(request)
     if service.pricing is None:
         return _conflict("the sidecar was started without --costs: nothing to price advice with", "costs")
-    service.price_new_samples()
-    snap = service.snapshot()
-    # Before any fit (the expensive part): are the window's samples what the ranks counted?
-    evidence = service.sample_evidence(
-        (p.sample for p in service.pricing.window(REGRET_WINDOWS[window])), REGRET_WINDOWS[window]
-    )
-    if not evidence.corroborated:
+    worker: FitWorker[str, FittedAdvice] = request.app.state.advice_worker
+    got = await worker.get(window)
+    if got is None:
         return JSONResponse(
-            {"detail": evidence.reason, "field": "samples", "samples": evidence.to_json()}, status_code=409
+            {"detail": "advice is being computed; retry shortly", "field": None, "errors": []},
+            status_code=503,
+            headers={"Retry-After": str(max(1, math.ceil(worker.deadline_s)))},
         )
-    try:
-        res = service.pricing.advise(
-            snap.thresholds,
-            window_s=REGRET_WINDOWS[window],
-            max_shapes=request.app.state.settings.advice_shape_limit,
+    if isinstance(got.error, UncorroboratedSamples):
+        ev = got.error.evidence
+        return JSONResponse({"detail": ev.reason, "field": "samples", "samples": ev.to_json()}, status_code=409)
+    if isinstance(got.error, ValueError):
+        return _conflict(str(got.error), "window")
+    if got.error is not None or got.value is None:
+        return JSONResponse(
+            {"detail": "advice computation failed; see the sidecar log", "field": None, "errors": []},
+            status_code=503,
+            headers={"Retry-After": str(max(1, math.ceil(worker.fresh_s)))},
         )
-    except ValueError as exc:
-        why = service.pricing.unpriceable
-        return _conflict(f"{exc}" + (f" ({why})" if why else ""), "window")
-    return advice_view(res, window, snap.version, shapes, evidence)
+    fitted, age = got.value, got.age_s(time.monotonic())
+
+    def render() -> bytes:
+        view = advice_view(
+            fitted.result, window, fitted.version, shapes, fitted.evidence, stale=got.stale, age_s=age
+        )
+        return view.model_dump_json().encode()
+
+    body = await anyio.to_thread.run_sync(render, limiter=_render_limiter(request))
+    return Response(body, media_type="application/json")
 
 
 def _conflict(detail: str, field: str) -> JSONResponse:
@@ -355,7 +452,14 @@ def _window_view(s: RegretSummary) -> RegretWindow:
 
 
 def advice_view(
-    res: AdviceResult, window: str, version: int, shapes: int, evidence: Evidence | None = None
+    res: AdviceResult,
+    window: str,
+    version: int,
+    shapes: int,
+    evidence: Evidence | None = None,
+    *,
+    stale: bool = False,
+    age_s: float = 0.0,
 ) -> Advice:
     changes = res.changes
     body = {k: new for k, (_old, new) in changes.items()}
@@ -385,6 +489,8 @@ def advice_view(
         ],
         restart=[RestartAdvice(**r.to_json()) for r in res.restart],
         sample_ranks=[AdviceSampleRank(**r.to_json()) for r in evidence.ranks] if evidence else [],
+        stale=stale,
+        age_s=round(age_s, 3),
     )
 
 
@@ -403,17 +509,24 @@ def metrics(request: Request) -> Response:
 
 
 @router.get("/healthz", response_model=Health, tags=["ops"])
-def healthz() -> Health:
-    """The process is up and serving."""
+async def healthz() -> Health:
+    """The process is up and serving. Async on purpose: answered on the event loop, it never waits
+    for a worker thread that a flood of slow requests could have taken (issue 22)."""
     return Health(status="ok")
 
 
 @router.get("/readyz", response_model=Readiness, tags=["ops"], responses={503: {"model": Readiness}})
-def readyz(request: Request):
+async def readyz(request: Request):
     """Ready when the state directory is readable and at least one rank reports. Once this sidecar
     has confirmed a rank by the process table (its ranks share its pid namespace), only confirmed
     ranks count: fresh reports "from another host", which anyone who can write in ranks/ can
-    refresh, no longer keep /readyz at 200 after the real ranks are gone (issue 22 review)."""
+    refresh, no longer keep /readyz at 200 after the real ranks are gone (issue 22 review). The look
+    at the state directory runs on a thread of the probes' own limiter, never behind FastAPI's
+    shared pool."""
+    return await anyio.to_thread.run_sync(lambda: _readiness(request), limiter=_limiter(request, "probe", 4))
+
+
+def _readiness(request: Request) -> JSONResponse:
     settings = request.app.state.settings
     readable = settings.state_dir.is_dir()
     try:

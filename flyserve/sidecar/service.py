@@ -230,6 +230,11 @@ class StatsService:
 
             self.pricing = LivePricing(load_costs(settings.costs), clock=wall, on_priced=count_priced)
         self._next_pricing = 0.0
+        # The regret section, computed by the sampler thread after each pricing pass: reading the
+        # shape files and summing the windows never runs on a request's thread (issue 22).
+        self._regret: dict[str, Any] | None = None
+        self._priced_once = threading.Event()
+        self._waited_for_pricing = False
 
     # ------------------------------------------------------------------ control snapshot
 
@@ -305,8 +310,11 @@ class StatsService:
                 self._next_pricing = now + self.settings.pricing_interval_s
                 try:
                     self.price_new_samples()
+                    self._regret = self.pricing.regret()
                 except Exception:
                     log.exception("live pricing failed")
+                finally:
+                    self._priced_once.set()
             for cache in (self._cache, *self.extra_caches):
                 try:
                     cache.refresh_if_used(idle_s=30.0)
@@ -431,11 +439,20 @@ class StatsService:
             errors.append(f"channel: {exc}")
         regret = None
         if self.pricing is not None:
-            try:
-                self.price_new_samples()
-                regret = Regret(**self.pricing.regret())
-            except Exception as exc:  # noqa: BLE001 - the page must show what it can
-                errors.append(f"regret: {exc}")
+            # The sampler thread's last pass (at most pricing_interval_s old). Just after start, the
+            # first computation waits briefly for its first pass rather than read the shape files
+            # here; only once: a pass stuck on a bad file must not make every computation wait.
+            if not self._waited_for_pricing:
+                self._waited_for_pricing = True
+                self._priced_once.wait(timeout=2.0)
+            last = self._regret
+            if last is None:
+                errors.append("regret: not computed yet (the first pricing pass is still running)")
+            else:
+                try:
+                    regret = Regret(**last)
+                except Exception as exc:  # noqa: BLE001 - the page must show what it can
+                    errors.append(f"regret: {exc}")
         return DispatchStats(
             time=wall,
             thresholds=view,

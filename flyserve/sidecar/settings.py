@@ -49,6 +49,11 @@ class SidecarSettings(BaseModel):
     token: SecretStr | None = Field(
         None, description="Bearer token for mutating routes. None: every mutation is refused (403)."
     )
+    actor_name: str | None = Field(
+        None,
+        description="The actor recorded for changes made with the token (audit log, GET /thresholds). "
+        "None: an HMAC of the token under the state directory's control/actor.key.",
+    )
     stale_after_s: float = Field(
         5.0, gt=0, description="A rank whose report is older than this is marked stale (ranks report ~1/s)."
     )
@@ -85,6 +90,12 @@ class SidecarSettings(BaseModel):
         "<state>/metrics like the ranks do. Tests that build apps in-process turn it off so the "
         "process-wide metrics backend is left alone.",
     )
+    max_requests: int = Field(
+        512,
+        ge=1,
+        description="Requests in progress at once; one more is a 503 at once. /healthz, /readyz and "
+        "changes with the valid token are always admitted (--max-connections sets it).",
+    )
     max_body_bytes: int = Field(64 * 1024, gt=0, description="Larger request bodies get 413.")
     costs: str | None = Field(
         None,
@@ -99,6 +110,17 @@ class SidecarSettings(BaseModel):
         gt=0,
         description="Advice fits at most this many of the window's newest priced batches that have a "
         "prefill row (decode-only batches take decode_path whatever the knobs say).",
+    )
+    advice_deadline_s: float = Field(
+        2.0,
+        gt=0,
+        description="GET /thresholds/advice waits this long for a fit; then it answers the last one "
+        "marked stale (or 503 with Retry-After). Fits run one at a time on their own thread.",
+    )
+    advice_fresh_s: float = Field(
+        5.0,
+        ge=0,
+        description="A finished fit is reused for this long (and until the thresholds change here).",
     )
     dry_run_shape_limit: int = Field(
         2048, gt=0, description="At most this many recent shapes are replayed for a dry run's routing change."

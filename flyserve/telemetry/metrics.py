@@ -241,6 +241,23 @@ SIDECAR_REQUEST_SECONDS: Final = FlyHistogram(
     registry=None,
     scope=SIDECAR,
 )
+SIDECAR_DROPPED_CONNECTIONS: Final = FlyCounter(
+    "flyserve_sidecar_dropped_connections",
+    "Connections the sidecar closed before answering: reason=head_timeout (no whole request head "
+    "within --head-timeout), request_timeout (no whole request within --request-timeout), "
+    "evicted (at --max-connections, the oldest connection still waiting for its head made room), "
+    "refused (at --max-connections with every connection busy in a request).",
+    ["reason"],
+    registry=None,
+    scope=SIDECAR,
+)
+SIDECAR_SHED_REQUESTS: Final = FlyCounter(
+    "flyserve_sidecar_shed_requests",
+    "Requests answered 503 at once because --max-connections requests were already in progress "
+    "(probes and authenticated changes are always admitted).",
+    registry=None,
+    scope=SIDECAR,
+)
 RANK_UP: Final = FlyGauge(
     "flyserve_rank_up",
     "1 if the rank's report (ranks/<rank>.json) is fresh, 0 if stale.",
@@ -320,6 +337,8 @@ CONTROL_METRICS: Final = (CONFIG_RELOADS, CONFIG_LAST_SUCCESS)
 SIDECAR_METRICS: Final = (
     SIDECAR_REQUESTS,
     SIDECAR_REQUEST_SECONDS,
+    SIDECAR_DROPPED_CONNECTIONS,
+    SIDECAR_SHED_REQUESTS,
     RANK_UP,
     RANK_REPORT_AGE,
     RANKS_AGREE,

@@ -57,6 +57,7 @@ def test_advice_names_decode_path_as_a_restart_and_keeps_it_out_of_the_patch(tmp
         stats_ttl_s=0.0,
         metrics_ttl_s=0.0,
         costs="h200",
+        advice_deadline_s=120.0,  # a loaded CI machine: wait for the fit rather than get a 503
     )
     with vouched_ranks(state, (0,), step=STEPS), TestClient(create_app(settings)) as c:
         adv = c.get("/thresholds/advice").json()

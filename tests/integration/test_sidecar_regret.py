@@ -69,6 +69,7 @@ def _client(state: Path) -> TestClient:
         stats_ttl_s=0.0,
         metrics_ttl_s=0.0,
         costs="h200",
+        advice_deadline_s=120.0,  # a loaded CI machine: wait for the fit rather than get a 503
     )
     return TestClient(create_app(settings))
 

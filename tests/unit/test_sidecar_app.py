@@ -13,7 +13,6 @@ from pydantic import SecretStr
 
 from flyserve.control import ControlPlane, StateDir
 from flyserve.sidecar.app import create_app
-from flyserve.sidecar.auth import token_id
 from flyserve.sidecar.settings import SidecarSettings, TokenError, read_token
 from flyserve.telemetry.shape_sample import ShapeSampleWriter, read_shape_samples
 
@@ -83,7 +82,10 @@ def test_patch_applies_through_the_control_plane_with_audit(client: TestClient, 
     g = client.get("/thresholds")
     assert g.json()["values"]["min_seq_len"] == 4096 and g.headers["etag"] == '"1"'
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
-    assert audit[-1]["actor"] == token_id(TOKEN) and TOKEN not in (tmp_path / "audit.jsonl").read_text()
+    assert (
+        audit[-1]["actor"] == client.app.state.actor_id
+        and TOKEN not in (tmp_path / "audit.jsonl").read_text()
+    )
     # null drops the override again
     r = client.patch("/thresholds", json={"min_seq_len": None}, headers=AUTH)
     assert r.json()["thresholds"]["values"]["min_seq_len"] == 1536

@@ -1,0 +1,406 @@
+"""A live rig for issue 22's floods: `flyserve sidecar --costs h200` and `flyserve simulate` (two
+ranks) on one state directory, a /healthz prober, a timed PATCH, and the attacks themselves.
+
+Shared by tests/integration/test_sidecar_floods_live.py (which asserts the acceptance: /healthz
+under 1 s, the PATCH applied within the documented bound) and benchmarks/bench_sidecar_under_attack.py
+(which prints the numbers). Everything binds 127.0.0.1 on ports chosen free at run time, every
+loop is bounded, and every process started is stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import multiprocessing
+import os
+import resource
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from flyserve.control.effective import CONSENSUS_S, CONSENSUS_STEPS
+from flyserve.control.plane import DEFAULT_LEAD_S
+
+TOKEN = "flood-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+STEP_MARGIN = 8
+STEP_INTERVAL_S = 0.02  # the simulated engine: about 50 steps/s
+REPORT_LAG_S = 1.5  # a rank writes its report about once a second: the apply is seen that much later
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred: Callable[[], object], *, timeout: float, what: str, every: float = 0.1) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+def raise_fd_limit(want: int = 4096) -> None:
+    """Room for a flood of client sockets in this process (and the children it starts)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def apply_bound_s(rate: float) -> float:
+    """control/effective.py's bound (docs/operations.md) for a rank stepping at ``rate``, plus the
+    time a rank takes to report it: CONSENSUS_S + 2 * lead_s + (max(margin, CONSENSUS_STEPS) + 2) steps."""
+    return CONSENSUS_S + 2 * DEFAULT_LEAD_S + (max(STEP_MARGIN, CONSENSUS_STEPS) + 2) / rate + REPORT_LAG_S
+
+
+@dataclass
+class Rig:
+    url: str
+    port: int
+    state: Path
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def real_reports(self) -> dict[int, dict]:
+        """The simulator's two ranks, read from their files (not through the code under test)."""
+        out = {}
+        for r in (0, 1):
+            with contextlib.suppress(OSError, ValueError):
+                out[r] = json.loads((self.state / "ranks" / f"{r}.json").read_text())
+        return out
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def rig(tmp: Path, *sidecar_args: str) -> Iterator[Rig]:
+    """The sidecar (--costs h200) and a two-rank simulator, ranks past their first measured rate."""
+    raise_fd_limit()
+    state = tmp / "state"
+    token = tmp / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "FLYSERVE_SIDECAR_TOKEN"}
+    cli = [sys.executable, "-m", "flyserve.cli"]
+    sidecar = subprocess.Popen(
+        [*cli, "sidecar", "--state-dir", str(state), "--host", "127.0.0.1", "--port", str(port),
+         "--token-file", str(token), "--step-margin", str(STEP_MARGIN), "--costs", "h200",
+         "--log-level", "warning", *sidecar_args],
+        env=env, stdout=(tmp / "sidecar.log").open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    r = Rig(f"http://127.0.0.1:{port}", port, state, [sidecar])
+    try:
+
+        def up() -> bool:
+            assert sidecar.poll() is None, (tmp / "sidecar.log").read_text()[-2000:]
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(r.url + "/healthz", timeout=2).status_code == 200
+            return False
+
+        wait_for(up, timeout=90, what="the sidecar's /healthz", every=0.2)
+        sim = subprocess.Popen(
+            [*cli, "simulate", "--state-dir", str(state), "--ranks", "2", "--steps", "1000000",
+             "--step-interval", str(STEP_INTERVAL_S), "--costs", "h200", "--workload", "seed-8k-c32",
+             "--quiet"],
+            stdout=(tmp / "simulate.log").open("w"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        r.procs.append(sim)
+        wait_for(
+            lambda: len(got := r.real_reports()) == 2 and all(d.get("steps_per_s") for d in got.values()),
+            timeout=90,
+            what="both ranks to report a measured step rate",
+            every=0.2,
+        )
+        yield r
+    finally:
+        for p in reversed(r.procs):
+            _stop(p)
+
+
+# ---------------------------------------------------------------- measuring
+
+
+@dataclass
+class Probe:
+    """/healthz on a fresh connection every ``every`` s (as a kubelet probes): each answer's time,
+    or what went wrong (a failure's time is the probe's timeout)."""
+
+    times: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def quantile(self, q: float) -> float:
+        xs = sorted(self.times)
+        return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)] if xs else float("nan")
+
+
+def healthz_once(port: int, timeout: float) -> int:
+    """One GET /healthz on a fresh connection, as a kubelet probes: the status (0: no answer)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+        head = b""
+        while b"\r\n" not in head and len(head) < 4096:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+    parts = head.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+def _probe_loop(port: int, every: float, timeout: float, stop: Any, out: Any) -> None:
+    """In its own process (the attack's client threads must not slow the prober's own GIL), on
+    raw sockets (no client library's set-up time in the numbers)."""
+    times: list[float] = []
+    failures: list[str] = []
+    while not stop.is_set():
+        t = time.monotonic()
+        try:
+            status = healthz_once(port, timeout)
+            times.append(time.monotonic() - t)
+            if status != 200:
+                failures.append(f"status {status}")
+        except OSError as exc:
+            times.append(time.monotonic() - t)
+            failures.append(type(exc).__name__)
+        stop.wait(every)
+    out.send((times, failures))
+    out.close()
+
+
+@contextlib.contextmanager
+def probing(port: int, *, every: float = 0.2, timeout: float = 5.0) -> Iterator[Probe]:
+    """/healthz probed from a separate process (as a kubelet would) while the block runs."""
+    probe = Probe()
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_probe_loop, args=(port, every, timeout, stop, send), daemon=True)
+    proc.start()
+    try:
+        yield probe
+    finally:
+        stop.set()
+        if recv.poll(timeout + 30):
+            probe.times, probe.failures = recv.recv()
+        else:
+            probe.failures.append("the probe process sent nothing")
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+
+
+@dataclass(frozen=True)
+class Apply:
+    status: int
+    version: int | None
+    apply_s: float | None  # publish -> both ranks report it applied (None: not within the bound)
+    bound_s: float
+    applied_steps: tuple[int, ...] = ()
+    effective_step: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.apply_s is not None and self.apply_s <= self.bound_s
+
+
+def patch_and_time_apply(r: Rig, value: int) -> Apply:
+    """PATCH with the token on a fresh connection, then wait for both ranks to report the version."""
+    rate = min(d.get("steps_per_s") or 1.0 for d in r.real_reports().values())
+    bound = apply_bound_s(rate)
+    try:
+        resp = httpx.patch(r.url + "/thresholds", json={"min_seq_len": value}, headers=AUTH, timeout=30)
+    except httpx.HTTPError:
+        return Apply(0, None, None, bound)
+    if resp.status_code != 200:
+        return Apply(resp.status_code, None, None, bound)
+    published = time.monotonic()
+    snap = resp.json()["thresholds"]
+
+    def applied() -> bool:
+        got = r.real_reports()
+        return len(got) == 2 and all(d.get("applied_version") == snap["version"] for d in got.values())
+
+    try:
+        wait_for(applied, timeout=bound + 30, what="both ranks to apply", every=0.05)
+    except TimeoutError:
+        return Apply(200, snap["version"], None, bound, (), snap["effective_step"])
+    took = time.monotonic() - published
+    steps = tuple(sorted(d.get("applied_step") for d in r.real_reports().values()))
+    return Apply(200, snap["version"], took, bound, steps, snap["effective_step"])
+
+
+# ---------------------------------------------------------------- attacks
+
+
+class Attack:
+    """Runs in background threads between start() and stop(); ``sent`` counts its requests."""
+
+    name = "baseline"
+
+    def __init__(self, url: str, port: int) -> None:
+        self.url, self.port = url, port
+        self.stop_event = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.sent = 0
+        self.statuses: dict[str, int] = {}
+
+    def count(self, what: str) -> None:
+        self.statuses[what] = self.statuses.get(what, 0) + 1
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(40)
+
+    def _spawn(self, target: Callable[[], None], n: int = 1) -> None:
+        for i in range(n):
+            t = threading.Thread(target=target, daemon=True, name=f"{self.name}-{i}")
+            t.start()
+            self.threads.append(t)
+
+
+class HalfOpenFlood(Attack):
+    """``n`` raw connections, half sending a partial request head, half nothing; closed ones are
+    reopened every 0.5 s, so the flood stays at ``n`` (as an attacker would keep it)."""
+
+    name = "half-open flood"
+
+    def __init__(self, url: str, port: int, n: int = 600) -> None:
+        super().__init__(url, port)
+        self.n = n
+        self.socks: list[socket.socket] = []
+        self.opened = self.reopened = 0
+
+    def _open(self, i: int) -> socket.socket | None:
+        try:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            if i % 2 == 0:
+                s.sendall(b"GET /dispatch-stats HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            s.setblocking(False)
+            self.opened += 1
+            return s
+        except OSError:
+            return None
+
+    def start(self) -> None:
+        for i in range(self.n):
+            s = self._open(i)
+            if s is not None:
+                self.socks.append(s)
+        self._spawn(self._keep_up)
+
+    def _keep_up(self) -> None:
+        while not self.stop_event.wait(0.5):
+            live = [s for s in self.socks if s.fileno() >= 0]
+            readable, _, _ = select.select(live, [], [], 0) if live else ([], [], [])
+            for s in readable:
+                with contextlib.suppress(OSError):
+                    s.close()
+            self.socks = [s for s in self.socks if s.fileno() >= 0]
+            while len(self.socks) < self.n and not self.stop_event.is_set():
+                s = self._open(len(self.socks))
+                if s is None:
+                    break
+                self.socks.append(s)
+                self.reopened += 1
+
+    def stop(self) -> None:
+        super().stop()
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+class AdviceFlood(Attack):
+    """``n`` unauthenticated clients asking GET /thresholds/advice in a loop."""
+
+    name = "advice flood"
+
+    def __init__(self, url: str, port: int, n: int = 45) -> None:
+        super().__init__(url, port)
+        self.n = n
+
+    def start(self) -> None:
+        self._spawn(self._loop, self.n)
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=30) as c:
+            while not self.stop_event.is_set():
+                try:
+                    r = c.get(self.url + "/thresholds/advice")
+                    self.count(
+                        str(r.status_code) + ("-stale" if r.status_code == 200 and r.json().get("stale") else "")
+                    )
+                except httpx.HTTPError as exc:
+                    self.count(type(exc).__name__)
+                self.sent += 1
+
+
+class BigBodyFlood(Attack):
+    """``n`` clients sending PATCH bodies with a 5000-digit integer or 5000-deep nesting, no token."""
+
+    name = "big-number bodies"
+    BODIES = (b'{"min_seq_len": ' + b"9" * 5000 + b"}", b"[" * 5000 + b"]" * 5000)
+
+    def __init__(self, url: str, port: int, n: int = 8) -> None:
+        super().__init__(url, port)
+        self.n = n
+
+    def start(self) -> None:
+        self._spawn(self._loop, self.n)
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=30) as c:
+            i = 0
+            while not self.stop_event.is_set():
+                try:
+                    r = c.patch(
+                        self.url + "/thresholds",
+                        content=self.BODIES[i % 2],
+                        headers={"Content-Type": "application/json"},
+                    )
+                    self.count(str(r.status_code))
+                except httpx.HTTPError as exc:
+                    self.count(type(exc).__name__)
+                self.sent += 1
+                i += 1
+
+
+ATTACKS: dict[str, type[Attack]] = {
+    "baseline": Attack,
+    "half-open": HalfOpenFlood,
+    "advice": AdviceFlood,
+    "big-bodies": BigBodyFlood,
+}
+"""Hooks: items 1 (FIFO / /dev/zero shapes), 3 and 4 (forged rank reports) are other helpers' work;
+an Attack subclass registered here runs in the benchmark the same way."""
