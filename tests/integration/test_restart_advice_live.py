@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from _live_ranks import vouched_ranks
 from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from typer.testing import CliRunner
@@ -39,6 +40,14 @@ def _replay_routed(t: Thresholds) -> tuple[float, float]:
     return r.routed_s, r.oracle_s
 
 
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
 def test_advice_names_decode_path_as_a_restart_and_keeps_it_out_of_the_patch(tmp_path: Path):
     state = tmp_path / "state"
     r = runner.invoke(
@@ -59,13 +68,13 @@ def test_advice_names_decode_path_as_a_restart_and_keeps_it_out_of_the_patch(tmp
         costs="h200",
         advice_deadline_s=120.0,  # a loaded CI machine: wait for the fit rather than get a 503
     )
+    # The priced-seconds counters are this process's (the app runs in it): an earlier test in the
+    # same pytest process leaves its counts there, so this test reads what its own app added.
+    before = _samples(generate_latest(REGISTRY).decode())
     with vouched_ranks(state, (0,), step=STEPS), TestClient(create_app(settings)) as c:
         adv = c.get("/thresholds/advice").json()
-        metrics = {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(c.get("/metrics").text)
-            for s in fam.samples
-        }
+        after = _samples(c.get("/metrics").text)
+    metrics = {k: v - before.get(k, 0.0) for k, v in after.items()}
 
     gfx = Thresholds.load("gfx950")
     routed, oracle = _replay_routed(gfx)
