@@ -31,6 +31,7 @@ from pathlib import Path
 from flyserve.policy.vocabulary import NO_PREFILL_ROWS, PATHS, PREFILL, REASONS
 from flyserve.sidecar.models import KernelStats, Totals, Window
 from flyserve.telemetry import metrics as tm
+from flyserve.telemetry.compaction import reading
 from flyserve.telemetry.multiprocess import note_skipped_file
 
 log = logging.getLogger("flyserve.sidecar")
@@ -72,7 +73,9 @@ class RankCounters:
             out = {}
             for k, v in a.items():
                 d = v - b.get(k, 0.0)
-                out[k] = v if d < 0 else d
+                # A float sum read in another order (files merged by a compaction) may differ in
+                # its last bits: only a real drop is a reset.
+                out[k] = v if d < -1e-9 * max(1.0, abs(v)) else max(d, 0.0)
             return out
 
         return RankCounters(
@@ -145,9 +148,25 @@ def read_counters(metrics_dir: Path) -> dict[int, RankCounters]:
     """
     if not metrics_dir.is_dir():
         raise FileNotFoundError(f"metrics directory {metrics_dir} does not exist")
+    with reading(metrics_dir) as excluded:  # never mid-commit of a compaction (telemetry.compaction)
+        out = _read_counters(metrics_dir, excluded)
+    for rc in out.values():
+        for path, buckets in rc.kernel_buckets.items():
+            acc = 0.0
+            cumulative = {}
+            for le in sorted(buckets):
+                acc += buckets[le]
+                cumulative[le] = acc
+            rc.kernel_buckets[path] = cumulative
+            if path not in rc.kernel_count:  # multiprocess files hold no _count: it is the +Inf bucket
+                rc.kernel_count[path] = acc
+    return out
+
+
+def _read_counters(metrics_dir: Path, excluded: frozenset[str]) -> dict[int, RankCounters]:
     out: dict[int, RankCounters] = {}
     for name in os.listdir(metrics_dir):
-        if not name.endswith(".db") or not name.startswith(("counter_", "histogram_")):
+        if not name.endswith(".db") or not name.startswith(("counter_", "histogram_")) or name in excluded:
             continue
         try:
             values = tm.read_values_file(os.path.join(metrics_dir, name))
@@ -181,16 +200,6 @@ def read_counters(metrics_dir: Path) -> dict[int, RankCounters]:
                 rc.kernel_sum[a] = rc.kernel_sum.get(a, 0.0) + value
             else:
                 rc.kernel_count[a] = rc.kernel_count.get(a, 0.0) + value
-    for rc in out.values():
-        for path, buckets in rc.kernel_buckets.items():
-            acc = 0.0
-            cumulative = {}
-            for le in sorted(buckets):
-                acc += buckets[le]
-                cumulative[le] = acc
-            rc.kernel_buckets[path] = cumulative
-            if path not in rc.kernel_count:  # multiprocess files hold no _count: it is the +Inf bucket
-                rc.kernel_count[path] = acc
     return out
 
 

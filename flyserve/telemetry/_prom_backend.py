@@ -476,3 +476,24 @@ def read_values_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, float,
         return iter(list(mmap_read_all_values(data, used)))
     except (RuntimeError, struct.error, UnicodeDecodeError) as exc:
         raise ValueError(f"{os.path.basename(path)}: corrupt entry ({type(exc).__name__})") from None
+
+
+def encode_values_file(entries: Iterable[tuple[str, float, float]]) -> bytes:
+    """The bytes of a metrics file holding ``entries`` (key, value, timestamp), in the layout
+    prometheus_client's ``MmapedDict`` writes (a used-size header, then per entry: key length,
+    UTF-8 key padded with spaces to 8-byte alignment, value, timestamp), so its readers and
+    :func:`read_values_file` read it. Used to write compacted archives (flyserve.telemetry.compaction)
+    in one piece to a temporary file, never through a live mapping."""
+    parts = [b"\0" * 8]
+    used = 8
+    for key, value, timestamp in entries:
+        encoded = key.encode("utf-8")
+        padding = b" " * (8 - (len(encoded) + 4) % 8)
+        entry = struct.pack(
+            f"i{len(encoded)}s{len(padding)}sdd", len(encoded), encoded, padding, value, timestamp
+        )
+        parts.append(entry)
+        used += len(entry)
+    data = bytearray(b"".join(parts))
+    struct.pack_into("i", data, 0, used)
+    return bytes(data)

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from flyserve.telemetry._prom_backend import BACKEND, close_files, reinit_values, values_file_used
+from flyserve.telemetry.compaction import reading
 
 log = logging.getLogger("flyserve.telemetry")
 
@@ -173,8 +174,16 @@ class SoundFilesCollector(MultiProcessCollector):
     nothing more)."""
 
     def collect(self):  # type: ignore[no-untyped-def]  # prometheus_client's signature
+        # Under the read lock: a compaction never commits while the files are read, and sources
+        # an archive already holds (a crashed compaction's, until it is finished) are left out.
+        with reading(self._path) as excluded:
+            return self._collect(excluded)
+
+    def _collect(self, excluded: frozenset[str]):  # type: ignore[no-untyped-def]
         files = []
         for f in glob.glob(os.path.join(self._path, "*.db")):
+            if excluded and os.path.basename(f) in excluded:
+                continue
             try:
                 used = values_file_used(f)
             except OSError:  # gone since the glob, or unreadable: as if absent
