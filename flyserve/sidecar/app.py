@@ -25,6 +25,7 @@ from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.control.paths import make_private_dir
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
+from flyserve.sidecar.compactor import MetricsCompactor
 from flyserve.sidecar.middleware import BodyLimitMiddleware, HeaderGuardMiddleware, RequestMetricsMiddleware
 from flyserve.sidecar.models import RankView
 from flyserve.sidecar.routes import router
@@ -129,12 +130,16 @@ def create_app(settings: SidecarSettings) -> FastAPI:
 
     stats.on_stats = on_stats
     shutting_down = threading.Event()
+    compactor = MetricsCompactor(
+        control, interval_s=settings.compact_interval_s, stale_after_s=settings.stale_after_s
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         shutting_down.clear()
         _repair_state_dir(control)
         stats.start()
+        compactor.start()  # its own thread: never where requests are answered
         # The operator's file is watched here, in the one process that always runs beside the
         # ranks: an edit (or a ConfigMap swap, or SIGHUP) is published without anyone calling
         # POST /reload. Publishing is idempotent by content hash, so another watcher is harmless.
@@ -150,6 +155,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
             shutting_down.set()
             if watcher is not None:
                 watcher.stop()
+            compactor.stop()
             stats.stop()
 
     app = FastAPI(
@@ -161,6 +167,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     app.state.settings = settings
     app.state.control = control
     app.state.stats = stats
+    app.state.compactor = compactor
     app.state.shutting_down = shutting_down
     app.state.registry = _registry(control.state_dir.metrics_dir, settings.share_control_metrics)
     registry = app.state.registry

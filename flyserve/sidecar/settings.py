@@ -98,6 +98,13 @@ class SidecarSettings(BaseModel):
         description="Advice fits at most this many of the window's newest priced batches that have a "
         "prefill row (decode-only batches take decode_path whatever the knobs say).",
     )
+    compact_interval_s: float = Field(
+        60.0,
+        ge=0,
+        description="Seconds between compactions of dead processes' metric files (0: never; "
+        "flyserve.telemetry.compaction): without it every rank restart leaves ~3 files that every "
+        "scrape reads for ever.",
+    )
     dry_run_shape_limit: int = Field(
         2048, gt=0, description="At most this many recent shapes are replayed for a dry run's routing change."
     )

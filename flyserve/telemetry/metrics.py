@@ -271,6 +271,23 @@ SIDECAR_IGNORED_FILES: Final = FlyGauge(
     scope=SIDECAR,
 )
 
+SIDECAR_COMPACTED_FILES: Final = FlyCounter(
+    "flyserve_sidecar_compacted_files",
+    "Dead processes' metric files the sidecar's compaction handled: action=merged (counters, "
+    "histograms, min/max/sum/mostrecent gauges, summed into the <kind>_dead.db archives) or "
+    "action=dropped (live-mode gauges of a dead process).",
+    ["action"],
+    registry=None,
+    scope=SIDECAR,
+)
+SIDECAR_METRICS_FILES: Final = FlyGauge(
+    "flyserve_sidecar_metrics_files",
+    "Metric files (*.db) in <state>/metrics after the last compaction: about 3 per live process "
+    "plus one archive per kind; growing means compaction is off or cannot run.",
+    registry=None,
+    scope=SIDECAR,
+)
+
 # live pricing (the sidecar started with --costs; flyserve.sidecar.live_costs) -----------------
 PRICED_SECONDS: Final = FlyCounter(
     "flyserve_priced_attention_seconds",
@@ -324,6 +341,8 @@ SIDECAR_METRICS: Final = (
     RANK_REPORT_AGE,
     RANKS_AGREE,
     SIDECAR_IGNORED_FILES,
+    SIDECAR_COMPACTED_FILES,
+    SIDECAR_METRICS_FILES,
     PRICED_SECONDS,
     PRICED_BY_BATCH,
     COST_DRIFT,

@@ -51,6 +51,7 @@ def _write(d: Path, rank: str, n: int, stamp: float) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.run(
         [sys.executable, "-c", WRITER, str(d), rank, str(n), str(stamp)],
+        check=False,
         env=env,
         capture_output=True,
         timeout=120,
