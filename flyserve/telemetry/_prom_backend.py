@@ -497,3 +497,28 @@ def encode_values_file(entries: Iterable[tuple[str, float, float]]) -> bytes:
     data = bytearray(b"".join(parts))
     struct.pack_into("i", data, 0, used)
     return bytes(data)
+
+
+def float_text(value: float) -> str:
+    """A sample value as prometheus_client's text format writes it (``+Inf``, ``1.0``, ``1e+06``)."""
+    return floatToGoString(value)
+
+
+def entry_offsets(data: bytes, start: int, used: int) -> list[tuple[str, int]]:
+    """(key, index of the value as a float64 of ``data``) of every entry from byte ``start`` (8 for
+    the first) up to ``used``, in a metrics file's layout (:func:`encode_values_file`). The
+    timestamp is the next float64. Raises ValueError for an entry that cannot be true."""
+    out = []
+    pos = start
+    unpack = struct.unpack_from
+    while pos < used:
+        n = unpack("i", data, pos)[0]
+        if n <= 0 or pos + 4 + n > used:
+            raise ValueError(f"entry at byte {pos} claims a key of {n} bytes")
+        key = data[pos + 4 : pos + 4 + n].decode("utf-8")  # UnicodeDecodeError is a ValueError
+        pos += 4 + n + (8 - (n + 4) % 8)
+        if pos + 16 > used:
+            raise ValueError(f"entry at byte {pos} runs past the used size")
+        out.append((key, pos // 8))
+        pos += 16
+    return out

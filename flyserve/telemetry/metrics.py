@@ -409,11 +409,15 @@ def record_config_reload(result: str, source: str) -> None:
         CONFIG_LAST_SUCCESS.set(time.time())
 
 
-def exposition_registry(metrics_dir: str | os.PathLike[str] | None = None) -> CollectorRegistry:
+def exposition_registry(
+    metrics_dir: str | os.PathLike[str] | None = None, *, files: bool = True
+) -> CollectorRegistry:
     """The registry a scrape endpoint serves (the sidecar's /metrics).
 
     With ``metrics_dir``: this process's sidecar metrics plus every process's shared metrics read
     from the files (this process is switched to that directory if it was still in-process).
     Without: every flyserve metric of this process, in-process (tests, single-process demos).
     """
-    return _exposition_registry(metrics_dir, every_metric=ALL_METRICS, in_process_metrics=SIDECAR_METRICS)
+    return _exposition_registry(
+        metrics_dir, every_metric=ALL_METRICS, in_process_metrics=SIDECAR_METRICS, files=files
+    )

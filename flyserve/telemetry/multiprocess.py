@@ -122,6 +122,7 @@ def exposition_registry(
     *,
     every_metric: Iterable[Any],
     in_process_metrics: Iterable[Any],
+    files: bool = True,
 ) -> CollectorRegistry:
     """The registry a scrape endpoint serves (flyserve.telemetry.metrics.exposition_registry
     passes the metric lists).
@@ -145,7 +146,8 @@ def exposition_registry(
         raise ValueError(f"this process writes its metrics to {current}, not {d}")
     for m in in_process_metrics:
         reg.register(m)
-    SoundFilesCollector(reg, path=str(d))
+    if files:  # False: the caller renders the files itself (flyserve.telemetry.files_exposition)
+        SoundFilesCollector(reg, path=str(d))
     return reg
 
 

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from flyserve.sidecar.stats import read_counters, totals_of
 from flyserve.telemetry import compaction
+from flyserve.telemetry._prom_backend import encode_values_file, read_values_file
 from flyserve.telemetry.compaction import JOURNAL, compact, parse_name, reading
 from flyserve.telemetry.multiprocess import SoundFilesCollector
 
@@ -246,3 +247,56 @@ def test_parse_name():
     assert parse_name("gauge_livemostrecent_12.db").mode == "livemostrecent"
     assert parse_name("gauge_max_dead.db").pid == "dead"
     assert parse_name("notes.txt") is None and parse_name("gauge_12.db") is None
+
+
+# ----------------------------------------------------------------------------- the fast exposition
+
+
+def _lines(text: bytes) -> list[str]:
+    return sorted(text.decode().splitlines())
+
+
+def test_files_exposition_has_the_lines_prometheus_client_writes(metrics_dir: Path):
+    """FilesExposition (the sidecar's /metrics for the files) against generate_latest over
+    SoundFilesCollector: the same HELP, TYPE and sample lines, before and after a compaction, with
+    new processes' files, and after a file grew in place (its cached entries are extended)."""
+
+    from flyserve.telemetry.files_exposition import FilesExposition
+
+    def reference() -> list[str]:
+        reg = CollectorRegistry()
+        SoundFilesCollector(reg, path=str(metrics_dir))
+        return _lines(generate_latest(reg))
+
+    fx = FilesExposition(metrics_dir)
+    assert _lines(fx.text()) == reference()
+    assert any(line.startswith("flyserve_engine_step{") for line in reference())  # live gauges covered
+    compact(metrics_dir)
+    assert _lines(fx.text()) == reference()
+    _write(metrics_dir, "2", 6, 4000.0)  # new files, new series (rank 2), a larger max gauge
+    assert _lines(fx.text()) == reference()
+    # A file that grows in place (same inode, entries appended, as a live rank's does).
+    archive = metrics_dir / "counter_dead.db"
+    entries = [(k, v, ts) for k, v, ts, _ in read_values_file(archive)]
+    key = next(k for k, _, _ in entries if '"rank": "0"' in k and "decisions" in k)
+    entries.append((key.replace('"rank": "0"', '"rank": "9"'), 42.0, 0.0))
+    with open(archive, "r+b") as f:
+        f.write(encode_values_file(entries))
+    assert _lines(fx.text()) == reference()
+    assert any('rank="9"' in line and line.endswith(" 42.0") for line in _lines(fx.text()))
+    assert 'flyserve_dispatch_decisions_total{path="prefill",rank="2",reason="chunk"} 6.0' in _lines(
+        fx.text()
+    )
+
+
+def test_files_exposition_leaves_out_a_corrupt_file_and_counts_it(metrics_dir: Path):
+    from flyserve.telemetry.files_exposition import FilesExposition
+    from flyserve.telemetry.multiprocess import SKIPPED_FILES
+
+    good = _lines(FilesExposition(metrics_dir).text())
+    (metrics_dir / "counter_999998.db").write_bytes(b"\xff\xff\xff\x7f" + b"\0" * 60)
+    (metrics_dir / "counter_999997.db").write_bytes(
+        b"\x18\0\0\0\0\0\0\0" + b"\x04\0\0\0\xff\xfe\xfd\xfc" + b"\0" * 16
+    )
+    assert _lines(FilesExposition(metrics_dir).text()) == good
+    assert {"counter_999998.db", "counter_999997.db"} <= SKIPPED_FILES
