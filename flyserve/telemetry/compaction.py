@@ -238,16 +238,20 @@ def recover(metrics_dir: Path) -> str | None:
 # ----------------------------------------------------------------------------- merging
 
 
-def merge_entries(group: str, files: list[Path]) -> list[tuple[str, float, float]]:
-    """The entries of one archive holding ``files`` (the old archive among them, if any).
+def read_entries(path: Path) -> list[tuple[str, float, float]]:
+    """(key, value, timestamp) of every entry; ValueError/OSError for a file that cannot be read."""
+    return [(k, v, ts) for k, v, ts, _pos in read_values_file(path)]
+
+
+def merge_entries(group: str, files: list[list[tuple[str, float, float]]]) -> list[tuple[str, float, float]]:
+    """The entries of one archive holding ``files``' entries (the old archive's among them, if any).
 
     Counters and histograms are summed per key (a histogram file holds per-bucket counts and the
-    sum, all additive); gauges follow their mode. Raises ValueError/OSError for a file that cannot
-    be read (the caller leaves it out)."""
+    sum, all additive); gauges follow their mode."""
     mode = group.split("_", 1)[1] if group.startswith("gauge_") else ""
     values: dict[str, tuple[float, float]] = {}
-    for path in files:
-        for key, value, ts, _pos in read_values_file(path):
+    for entries in files:
+        for key, value, ts in entries:
             old = values.get(key)
             if old is None:
                 values[key] = (value, ts)
@@ -300,9 +304,10 @@ def compact(
         merged, skipped, archives = 0, [], []
         for group, members in sorted(groups.items()):
             sources: list[MetricFile] = []
+            inputs = []
             for mf in members:  # a file that cannot be read is left where it is (and logged)
                 try:
-                    merge_entries(group, [d / mf.name])
+                    inputs.append(read_entries(d / mf.name))
                 except (ValueError, OSError) as exc:
                     skipped.append(mf.name)
                     log.warning("compaction: left %s alone: %s", mf.name, str(exc)[:200])
@@ -311,7 +316,8 @@ def compact(
             if not sources:
                 continue
             archive = d / members[0].archive_name
-            inputs = ([archive] if archive.exists() else []) + [d / mf.name for mf in sources]
+            if archive.exists():  # an archive that cannot be read fails this run (logged by the caller)
+                inputs.insert(0, read_entries(archive))
             entries = merge_entries(group, inputs)
             temp = d / f"{TEMP_PREFIX}{archive.name}.tmp"
             _write_durable(temp, encode_values_file(entries))
