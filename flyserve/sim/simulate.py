@@ -376,11 +376,11 @@ def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -
             time.sleep(0.05 if restarting else 0.1)
             if restarting and restarts < args.max_restarts and time.time() >= next_restart:
                 next_restart += args.restart_every_s
-                for _ in range(total):  # the next running rank, round robin
+                for _ in range(total):  # the next rank that is up (it reported), round robin
                     sl = slots[victim % total]
                     victim += 1
                     p = procs[sl.rank]
-                    if p.poll() is None:
+                    if p.poll() is None and _reported_pid(args.state_dir, sl) == p.pid:
                         p.kill()  # SIGKILL: no atexit, its files stay as a crashed worker's do
                         p.wait(timeout=10)
                         killed.append(p)
@@ -393,9 +393,8 @@ def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -
                 next_report += progress_every_s
                 steps = []
                 for sl in slots:
-                    name = f"{sl.rank}.json" if sl.engine == 0 else f"{sl.engine}-{sl.rank}.json"
                     try:
-                        d = json.loads((args.state_dir / "ranks" / name).read_text())
+                        d = json.loads((args.state_dir / "ranks" / _report_name(sl)).read_text())
                         steps.append(int(d.get("step", 0)))
                     except (OSError, ValueError):
                         pass
@@ -422,6 +421,21 @@ def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -
         + (f", {restarts} restart(s)" if restarting else "")
     )
     return 0
+
+
+def _report_name(sl: RankSlot) -> str:
+    return f"{sl.rank}.json" if sl.engine == 0 else f"{sl.engine}-{sl.rank}.json"
+
+
+def _reported_pid(state_dir: Path, sl: RankSlot) -> int | None:
+    """The pid in the rank's report: a restarted rank is killed again only once it is up (it has
+    written its metric files and reported), as a worker that crashes mid-run."""
+    import json
+
+    try:
+        return int(json.loads((state_dir / "ranks" / _report_name(sl)).read_text()).get("pid"))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _stop_all(procs: list[subprocess.Popen]) -> None:
