@@ -29,7 +29,7 @@ from flyserve.sidecar.compactor import MetricsCompactor
 from flyserve.sidecar.middleware import BodyLimitMiddleware, HeaderGuardMiddleware, RequestMetricsMiddleware
 from flyserve.sidecar.models import RankView
 from flyserve.sidecar.routes import router
-from flyserve.sidecar.service import StatsService
+from flyserve.sidecar.service import MAX_LATE_S, StatsService
 from flyserve.sidecar.settings import SidecarSettings
 from flyserve.sidecar.stream import StreamHub
 from flyserve.telemetry import metrics as tm
@@ -186,7 +186,9 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     app.state.stream_hub = StreamHub(
         stats.dispatch_stats_json, tick_s=settings.stream_min_interval_s, max_streams=settings.max_streams
     )
-    app.state.metrics_cache = TtlCache(_exposition, settings.metrics_ttl_s)
+    app.state.metrics_cache = TtlCache(
+        _exposition, settings.metrics_ttl_s, max_stale_s=settings.metrics_ttl_s + MAX_LATE_S
+    )
     stats.extra_caches.append(app.state.metrics_cache)
 
     @app.exception_handler(ThresholdsError)
