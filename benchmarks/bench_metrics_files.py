@@ -1,12 +1,12 @@
 """/metrics with thousands of dead processes' metric files, before and after compaction (a script,
 not a test): prints a table.
 
-    .venv/bin/python benchmarks/bench_metrics_files.py [--dead 1000] [--live 64] [--rounds 15]
+    .venv/bin/python benchmarks/bench_metrics_files.py [--dead 750] [--live 64] [--rounds 15]
 
 One real process writes one rank's files through flyserve's metrics backend (counters, histograms,
-live gauges: 3 files, as a rank process writes); they are cloned into ``--live`` processes that are alive
+live gauges and the control plane's max gauge: 4 files, as a rank process writes); they are cloned into ``--live`` processes that are alive
 (this script's own pid space is not needed: the pids are marked alive by the compaction's
-``is_alive``) and ``--dead`` processes that are gone (3 files each: 1,000 dead processes are the
+``is_alive``) and ``--dead`` processes that are gone (4 files each: 750 dead processes are the
 issue's 3,000 files), each with a rank label out of the live ones, as restarts of those ranks would
 leave them. Then, in-process, without HTTP (the cost of building the exposition body is what a
 scrape waits for):
@@ -104,8 +104,8 @@ def timed(fn, rounds: int) -> tuple[np.ndarray, bytes]:  # type: ignore[no-untyp
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dead", type=int, default=1000, help="dead processes (3 files each)")
-    ap.add_argument("--live", type=int, default=64, help="live rank processes (3 files each)")
+    ap.add_argument("--dead", type=int, default=750, help="dead processes (4 files each)")
+    ap.add_argument("--live", type=int, default=64, help="live rank processes (4 files each)")
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -147,7 +147,7 @@ def main() -> int:
 
     print(
         f"\n/metrics body build: {args.live} live rank processes + {args.dead} dead ones "
-        f"({3 * args.dead} files), {args.rounds} rounds each, in-process (no HTTP)"
+        f"({4 * args.dead} files), {args.rounds} rounds each, in-process (no HTTP)"
     )
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
