@@ -75,7 +75,7 @@ class TtlCache(Generic[T]):
         if self.ttl_s <= 0 or now - self.last_get > idle_s:
             return False
         c = self._value
-        if c is not None and now - c[0] < 0.75 * self.ttl_s:
+        if c is not None and now - c[0] < 0.5 * self.ttl_s:
             return False  # still fresh: a /metrics body (TTL 1 s) is not rebuilt on every 0.4 s tick
         if not self._lock.acquire(blocking=False):
             return False  # a request is computing it already

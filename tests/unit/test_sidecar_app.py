@@ -388,7 +388,7 @@ def test_ttl_cache_serves_a_late_refreshers_value_instead_of_computing_in_the_re
     assert c.get() == 1
     now[0] = 1.0  # past the TTL, no refresher ever ran: computed as before
     assert c.get() == 2
-    c.refresh_if_used(idle_s=30.0)  # the refresher: 0.0 s old (< 0.75 TTL), so it does not compute
+    c.refresh_if_used(idle_s=30.0)  # the refresher: 0.0 s old (< TTL / 2), so it does not compute
     assert calls == [0.0, 1.0]
     now[0] = 2.0  # 1 s old, the refresher seen 1 s ago: served, not computed
     assert c.get() == 2 and calls == [0.0, 1.0]
