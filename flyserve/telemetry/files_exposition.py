@@ -138,6 +138,9 @@ class FilesExposition:
             names = sorted(os.listdir(self.path))
         except FileNotFoundError:  # removed under us: nothing to show (the sidecar re-creates it)
             return b""
+        present = set(names)
+        for gone in [n for n in self._files if n not in present]:  # merged by a compaction, or wiped
+            del self._files[gone]
         for name in names:
             if not name.endswith(".db") or name in excluded:
                 continue

@@ -300,3 +300,15 @@ def test_files_exposition_leaves_out_a_corrupt_file_and_counts_it(metrics_dir: P
     )
     assert _lines(FilesExposition(metrics_dir).text()) == good
     assert {"counter_999998.db", "counter_999997.db"} <= SKIPPED_FILES
+
+
+def test_files_exposition_forgets_files_a_compaction_removed(metrics_dir: Path):
+    """Its per-file cache would otherwise grow by every dead process for the life of the sidecar."""
+    from flyserve.telemetry.files_exposition import FilesExposition
+
+    fx = FilesExposition(metrics_dir)
+    fx.text()
+    assert len(fx._files) == len(list(metrics_dir.glob("*.db")))
+    compact(metrics_dir)
+    fx.text()
+    assert sorted(fx._files) == sorted(p.name for p in metrics_dir.glob("*.db"))
