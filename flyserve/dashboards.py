@@ -928,7 +928,7 @@ def _control_ranks_row(d: dash.Dashboard) -> dash.Dashboard:
     d = d.with_panel(
         _timeseries(
             "Metric files and compaction",
-            "Metric files (*.db) in <state>/metrics after the sidecar's last compaction (about 3 per live "
+            "Metric files (*.db) in <state>/metrics after the sidecar's last compaction (about 4 per live "
             "rank plus one archive per kind), and dead processes' files it merged or dropped per minute. "
             "Files growing with rank restarts while nothing is merged: compaction is off "
             "(--compact-interval 0) or refused (operations.md, Failure modes).",

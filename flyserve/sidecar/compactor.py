@@ -76,7 +76,7 @@ class MetricsCompactor:
                 log.warning(
                     "metrics compaction off: %d rank report(s) come from another host or pid namespace "
                     "(e.g. engine %d rank %d), where a live rank cannot be told from a dead one; "
-                    "<state>/metrics grows by ~3 files per rank restart",
+                    "<state>/metrics grows by ~4 files per rank restart",
                     len(foreign),
                     foreign[0].engine,
                     foreign[0].rank,

@@ -102,7 +102,7 @@ class SidecarSettings(BaseModel):
         60.0,
         ge=0,
         description="Seconds between compactions of dead processes' metric files (0: never; "
-        "flyserve.telemetry.compaction): without it every rank restart leaves ~3 files that every "
+        "flyserve.telemetry.compaction): without it every rank restart leaves ~4 files that every "
         "scrape reads for ever.",
     )
     dry_run_shape_limit: int = Field(

@@ -282,7 +282,7 @@ SIDECAR_COMPACTED_FILES: Final = FlyCounter(
 )
 SIDECAR_METRICS_FILES: Final = FlyGauge(
     "flyserve_sidecar_metrics_files",
-    "Metric files (*.db) in <state>/metrics after the last compaction: about 3 per live process "
+    "Metric files (*.db) in <state>/metrics after the last compaction: about 4 per live process "
     "plus one archive per kind; growing means compaction is off or cannot run.",
     registry=None,
     scope=SIDECAR,
