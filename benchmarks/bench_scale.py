@@ -15,7 +15,7 @@ In one run, one after the other on the same machine:
 
 Each row drives /dispatch-stats, then /metrics, with an open-loop load (request i is due at
 t0 + i / rate; its latency runs from that time to the last byte: queueing counts), through the
-minimal keep-alive client of bench_sidecar.py. Meanwhile a watcher samples, once a second, the
+minimal keep-alive client of bench_sidecar.py. Meanwhile a watcher process samples, once a second, the
 number of ``*.db`` files in ``<state>/metrics`` and the sum of ``flyserve_dispatch_decisions_total``
 in /metrics (it must never go down: a compaction that lost or double counted would show). Every
 step of every rank is one decision, so that sum grows by about 2 per rank per second.
@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import multiprocessing
 import os
 import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -74,28 +76,52 @@ def decisions_total(body: str) -> float:
     )
 
 
-class Watcher(threading.Thread):
-    """Once a second: file count of <state>/metrics and the decisions total /metrics shows."""
+def _watch(metrics_dir: str, base: str, stop_event: Any, out: str) -> None:
+    """Once a second: file count of <state>/metrics and the decisions total /metrics shows, written
+    to ``out`` (JSON) after each sample. A process of its own: fetching and parsing a 736 KB body
+    in the load generator's process would hold its GIL and add to the latencies it measures."""
+    files: list[int] = []
+    totals: list[float] = []
+    drops: list[tuple[float, float]] = []
+    with httpx.Client(timeout=10) as c:
+        while not stop_event.wait(1.0):
+            files.append(sum(1 for n in os.listdir(metrics_dir) if n.endswith(".db")))
+            try:
+                t = decisions_total(c.get(base + "/metrics").text)
+            except httpx.HTTPError:
+                continue
+            if totals and t < totals[-1]:
+                drops.append((totals[-1], t))
+            totals.append(t)
+            tmp = out + ".tmp"
+            Path(tmp).write_text(json.dumps({"files": files, "totals": totals, "drops": drops}))
+            os.replace(tmp, out)
 
-    def __init__(self, metrics_dir: Path, base: str) -> None:
-        super().__init__(daemon=True)
-        self.metrics_dir, self.base = metrics_dir, base
-        self.files: list[int] = []
-        self.totals: list[float] = []
-        self.drops: list[tuple[float, float]] = []
-        self.stop_event = threading.Event()
 
-    def run(self) -> None:
-        with httpx.Client(timeout=10) as c:
-            while not self.stop_event.wait(1.0):
-                self.files.append(sum(1 for n in os.listdir(self.metrics_dir) if n.endswith(".db")))
-                try:
-                    t = decisions_total(c.get(self.base + "/metrics").text)
-                except httpx.HTTPError:
-                    continue
-                if self.totals and t < self.totals[-1]:
-                    self.drops.append((self.totals[-1], t))
-                self.totals.append(t)
+class Watcher:
+    """The _watch process and what it wrote last."""
+
+    def __init__(self, metrics_dir: Path, base: str, out: Path) -> None:
+        self.out = out
+        self.stop_event = multiprocessing.Event()
+        self.proc = multiprocessing.Process(
+            target=_watch, args=(str(metrics_dir), base, self.stop_event, str(out)), daemon=True
+        )
+
+    def start(self) -> None:
+        self.proc.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.proc.join(timeout=15)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+    def data(self) -> dict[str, list]:
+        try:
+            return json.loads(self.out.read_text())
+        except (OSError, ValueError):
+            return {"files": [], "totals": [], "drops": []}
 
 
 def wait_ranks(base: str, want: int, sim: subprocess.Popen, log: Path, timeout: float = 180) -> None:
@@ -187,11 +213,13 @@ def main() -> int:
         sidecar = start_sidecar(state, port, log, args.compact_interval)
         base = f"http://127.0.0.1:{port}"
         wait_ranks(base, 60, sim, log)  # a restarting rank is missing for a second or two
-        watcher = Watcher(state / "metrics", base)
+        watcher = Watcher(state / "metrics", base, tmp / "watch.json")
         watcher.start()
         r0 = restarts_done(log)
         for path, lat, errors, size in measure(base, port, args.rate, args.duration):
-            rows.append(("8x8, restarting", path, lat, errors, size, f"max {max(watcher.files or [0])}"))
+            rows.append(
+                ("8x8, restarting", path, lat, errors, size, f"max {max(watcher.data()['files'] or [0])}")
+            )
         notes.append(f"restarts during the 'restarting' rows: {r0} -> {restarts_done(log)}")
         deadline = time.monotonic() + args.restarts * args.restart_every * 3 + 300
         while restarts_done(log) < args.restarts:
@@ -205,18 +233,18 @@ def main() -> int:
         stats = httpx.get(base + "/dispatch-stats", timeout=10).json()
         notes.append(
             f"after: live ranks {stats['live_ranks']}, engines {len(stats['engines'])}, "
-            f"metrics files {files_after} (max seen {max(watcher.files)}), "
+            f"metrics files {files_after} (max seen {max(watcher.data()['files'] or [0])}), "
             f"{sum(1 for n in os.listdir(state / 'metrics') if n.endswith('_dead.db'))} archives"
         )
-        watcher.stop_event.set()
-        watcher.join(timeout=15)
+        watcher.stop()
+        w = watcher.data()
         notes.append(
-            f"decisions total in /metrics sampled {len(watcher.totals)} times: "
-            f"{watcher.totals[0]:.0f} -> {watcher.totals[-1]:.0f}, went down {len(watcher.drops)} time(s)"
+            f"decisions total in /metrics sampled {len(w['totals'])} times: "
+            f"{w['totals'][0]:.0f} -> {w['totals'][-1]:.0f}, went down {len(w['drops'])} time(s)"
         )
     finally:
         if watcher is not None:
-            watcher.stop_event.set()
+            watcher.stop()
         if sidecar is not None:
             stop(sidecar)
         stop(sim)
