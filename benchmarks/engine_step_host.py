@@ -159,7 +159,9 @@ def _per_call_table(st) -> str:
     for (file, line, func), (_cc, nc, tt, ct, _callers) in st.stats.items():
         if "flyserve" in file and nc:
             short = file[file.rindex("flyserve") :]
-            rows.append((ct, f"{nc:>8} {tt / nc * 1e6:>10.2f} {ct / nc * 1e6:>10.2f}  {short}:{line}({func})"))
+            rows.append(
+                (ct, f"{nc:>8} {tt / nc * 1e6:>10.2f} {ct / nc * 1e6:>10.2f}  {short}:{line}({func})")
+            )
     rows.sort(reverse=True)
     head = f"{'calls':>8} {'own us':>10} {'cum us':>10}  function (per call, under cProfile)"
     return "\n".join([head] + [r for _, r in rows[:16]]) + "\n"

@@ -35,7 +35,9 @@ def test_shape_from_query_start_loc(benchmark):
 @pytest.mark.benchmark(group="policy-256-rows")
 def test_shape_plus_decide(benchmark):
     def step():
-        return decide(BatchShape.from_query_start_loc(QSL, max_seq_len=61440, num_heads=16, thresholds=SEED), SEED)
+        return decide(
+            BatchShape.from_query_start_loc(QSL, max_seq_len=61440, num_heads=16, thresholds=SEED), SEED
+        )
 
     d = benchmark(step)
     assert d.path in ("prefill", "unified")

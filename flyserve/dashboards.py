@@ -64,6 +64,8 @@ RANKS_AGREE = tm.exposed_name(tm.RANKS_AGREE)
 SIDECAR_IGNORED_FILES = tm.exposed_name(tm.SIDECAR_IGNORED_FILES)
 SIDECAR_DROPPED_CONNECTIONS = tm.exposed_name(tm.SIDECAR_DROPPED_CONNECTIONS)
 SIDECAR_SHED_REQUESTS = tm.exposed_name(tm.SIDECAR_SHED_REQUESTS)
+SIDECAR_COMPACTED_FILES = tm.exposed_name(tm.SIDECAR_COMPACTED_FILES)
+SIDECAR_METRICS_FILES = tm.exposed_name(tm.SIDECAR_METRICS_FILES)
 KERNEL_SECONDS_BUCKET = KERNEL_SECONDS + "_bucket"
 KERNEL_SECONDS_COUNT = KERNEL_SECONDS + "_count"
 KERNEL_SECONDS_SUM = KERNEL_SECONDS + "_sum"
@@ -943,6 +945,25 @@ def _control_ranks_row(d: dash.Dashboard) -> dash.Dashboard:
                 ),
             ],
             unit="reqps",
+            min_val=0,
+        )
+    )
+    d = d.with_panel(
+        _timeseries(
+            "Metric files and compaction",
+            "Metric files (*.db) in <state>/metrics after the sidecar's last compaction (about 4 per live "
+            "rank plus one archive per kind), and dead processes' files it merged or dropped per minute. "
+            "Files growing with rank restarts while nothing is merged: compaction is off "
+            "(--compact-interval 0) or refused (operations.md, Failure modes).",
+            [
+                _target(f"max({SIDECAR_METRICS_FILES}{{{INSTANCE_SEL}}})", "files", "A"),
+                _target(
+                    f"sum by (action) (rate({SIDECAR_COMPACTED_FILES}{{{INSTANCE_SEL}}}[{RATE}])) * 60",
+                    "{{action}} per min",
+                    "B",
+                ),
+            ],
+            unit="none",
             min_val=0,
         )
     )

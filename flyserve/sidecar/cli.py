@@ -134,6 +134,15 @@ def sidecar(
             help="Seconds a client has to send a whole request (head and body); a slower one is dropped.",
         ),
     ] = 10.0,
+    compact_interval: Annotated[
+        float,
+        typer.Option(
+            "--compact-interval",
+            min=0.0,
+            help="Seconds between compactions of dead processes' metric files in <state>/metrics "
+            "(merged into one archive per kind, totals unchanged; 0: never).",
+        ),
+    ] = 60.0,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn/flyserve log level.")] = "info",
 ) -> None:
     """Serve /dispatch-stats, /thresholds and /metrics next to vLLM (uvicorn, one worker)."""
@@ -206,6 +215,7 @@ def sidecar(
         metrics_ttl_s=metrics_ttl,
         costs=costs,
         max_requests=max_connections,
+        compact_interval_s=compact_interval,
     )
     if token is None:
         err("warning: no token (--token-file or $FLYSERVE_SIDECAR_TOKEN): mutations are disabled", err=True)

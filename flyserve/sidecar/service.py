@@ -52,6 +52,9 @@ from flyserve.telemetry.shape_sample import ShapeSample, read_shape_samples
 log = logging.getLogger("flyserve.sidecar")
 
 
+MAX_LATE_S = 2.0
+"""How late the background refresh may run before a request computes a cached payload itself."""
+
 _PROFILE_DEFAULTS: dict[tuple[str, int | None], dict[str, Any]] = {}
 
 
@@ -216,7 +219,7 @@ class StatsService:
         self.history = CounterHistory(settings.counter_snapshot_interval_s)
         self._wall, self._mono = wall, mono
         self._cache: TtlCache[tuple[DispatchStats, bytes]] = TtlCache(
-            self._compute_payload, settings.stats_ttl_s
+            self._compute_payload, settings.stats_ttl_s, max_stale_s=settings.stats_ttl_s + MAX_LATE_S
         )
         self.extra_caches: list[TtlCache] = []  # e.g. the /metrics exposition, refreshed by the same thread
         self.on_stats: Callable[[DispatchStats], None] | None = None  # e.g. update the rank gauges

@@ -122,6 +122,13 @@ class SidecarSettings(BaseModel):
         ge=0,
         description="A finished fit is reused for this long (and until the thresholds change here).",
     )
+    compact_interval_s: float = Field(
+        60.0,
+        ge=0,
+        description="Seconds between compactions of dead processes' metric files (0: never; "
+        "flyserve.telemetry.compaction): without it every rank restart leaves ~4 files that every "
+        "scrape reads for ever.",
+    )
     dry_run_shape_limit: int = Field(
         2048, gt=0, description="At most this many recent shapes are replayed for a dry run's routing change."
     )

@@ -13,8 +13,33 @@ def simulate(
         Path | None, typer.Option("--state-dir", help="State directory (default as for `sidecar`).")
     ] = None,
     ranks: Annotated[
-        int, typer.Option("--ranks", min=1, max=64, help="Rank processes (engine 0, ranks 0..N-1).")
+        int,
+        typer.Option(
+            "--ranks",
+            min=1,
+            help="Rank processes per engine (engine e: ranks e*N..e*N+N-1; 256 in all at most).",
+        ),
     ] = 2,
+    engines: Annotated[
+        int,
+        typer.Option(
+            "--engines",
+            min=1,
+            help="Data-parallel engines, each with its own ranks and its own step counter.",
+        ),
+    ] = 1,
+    restart_every: Annotated[
+        float,
+        typer.Option(
+            "--restart-every",
+            min=0.0,
+            help="Kill one running rank (SIGKILL, as a crash) every this many seconds and start it again as "
+            "a new process (0: never). Needs --max-restarts.",
+        ),
+    ] = 0.0,
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", min=0, help="Stop restarting ranks after this many restarts.")
+    ] = 0,
     workload: Annotated[
         str,
         typer.Option(
@@ -62,7 +87,7 @@ def simulate(
         ),
     ] = False,
 ) -> None:
-    """Play N vLLM ranks: feed a workload's batch shapes through the real policy, recorder and control."""
+    """Play vLLM ranks (N per engine, E engines): feed a workload's batch shapes through the real policy, recorder and control."""
     from flyserve.control.initialise import implicit_note, resolve
     from flyserve.sim.simulate import SimulateArgs, parse_drift
     from flyserve.sim.simulate import simulate as run
@@ -91,6 +116,9 @@ def simulate(
         num_heads=heads,
         costs=costs,
         drift=planted,
+        engines=engines,
+        restart_every_s=restart_every,
+        max_restarts=max_restarts,
     )
     try:
         code = run(

@@ -1,4 +1,4 @@
-"""`flyserve simulate`: N processes that play the ranks of one vLLM engine, without vLLM.
+"""`flyserve simulate`: processes that play the ranks of vLLM engines, without vLLM.
 
 Each rank process runs the real per-step path of flyserve's routing, once per engine step:
 
@@ -11,6 +11,15 @@ so the sidecar, Prometheus and the dashboards see exactly what they would see ne
 ranks replay the same trace step for step (TP ranks see the same batch), and step ``s`` replays
 trace step ``s % len(trace)``: the decisions of a run can be recomputed from (workload, steps,
 thresholds history), which is what the integration tests do.
+
+With ``--engines E`` there are E data-parallel engines of N ranks each, as vLLM runs them: rank
+``engine * N + tp_rank`` (unique across engines, as flyserve.vllm.runtime numbers real workers),
+each engine on its own schedule (engine ``e`` starts ENGINE_STAGGER_S * e later), so engines are
+at different step numbers at any moment and each applies a version at its own step. With
+``--restart-every S`` the parent kills one running rank every S seconds (SIGKILL, as a crashed
+worker dies: no exit handler runs) and starts it again as a new process that rejoins its engine's
+schedule at the current step, up to ``--max-restarts``: each restart leaves the dead process's
+metric files behind, which is what the sidecar's compaction (flyserve.telemetry.compaction) is for.
 
 Ranks also keep a bounded sample of recent shapes in ``<state>/shapes/`` (flyserve.telemetry.shape_sample)
 for the sidecar's dry runs and live pricing: every step, with its rows' query and context lengths
@@ -35,6 +44,10 @@ from pathlib import Path
 RANK_MODULE = "flyserve.sim.simulate"
 SAMPLE_CAPACITY = 1024
 """Shape-sample lines a simulated rank keeps (it samples every step and flushes once a second)."""
+MAX_RANKS = 256
+"""Rank processes one simulation may start (engines x ranks): each is a Python process of ~40 MB."""
+ENGINE_STAGGER_S = 0.37
+"""Engine e's step 0 is this much later than engine e-1's: engines do not step in lockstep."""
 
 
 @dataclass(frozen=True)
@@ -49,13 +62,23 @@ class SimulateArgs:
     engine: int = 0
     costs: str | None = None
     drift: tuple[tuple[str, float], ...] = ()
+    engines: int = 1
+    restart_every_s: float = 0.0
+    max_restarts: int = 0
+
+    @property
+    def total_ranks(self) -> int:
+        return self.engines * self.ranks
 
 
 # ----------------------------------------------------------------------------- one rank
 
 
-def run_rank(args: SimulateArgs, rank: int, start_at: float) -> int:
-    """One rank's loop. Returns its exit code; stops early (cleanly) on SIGTERM/SIGINT."""
+def run_rank(args: SimulateArgs, rank: int, start_at: float, *, join: bool = False) -> int:
+    """One rank's loop. Returns its exit code; stops early (cleanly) on SIGTERM/SIGINT.
+
+    ``join``: a restarted rank; it starts at the step its engine's schedule is at now, not at 0,
+    as a replaced worker finds its engine mid-run."""
     from flyserve.control import RankControl, StateDir
     from flyserve.lab.workloads import workload
     from flyserve.policy import NO_PREFILL_ROWS, PREFILL, UNIFIED, BatchShape, decide, decision_for
@@ -91,6 +114,9 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float) -> int:
     circuit_state: bool | None = None  # what flyserve_circuit_open{rank} says now
     n = len(trace)
     heads = args.num_heads
+    first = 0
+    if join and args.step_interval_s > 0:
+        first = min(args.steps, max(0, int((time.time() - start_at) / args.step_interval_s) + 1))
     # Wall-clock schedule shared by all ranks (start_at), so TP ranks step together.
     try:
         while time.time() < start_at and not stop:
@@ -98,7 +124,7 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float) -> int:
         next_flush = time.monotonic() + 0.5
         anchor = start_at  # step s is due at anchor + s * interval on every rank
         late_s = 5 * args.step_interval_s
-        for step in range(args.steps):
+        for step in range(first, args.steps):
             if stop:
                 break
             ts = trace[step % n]
@@ -152,6 +178,8 @@ def _rank_main(argv: list[str]) -> int:
     p.add_argument("--start-at", type=float, required=True)
     p.add_argument("--costs", default=None)
     p.add_argument("--drift", action="append", default=[])
+    p.add_argument("--engine", type=int, default=0)
+    p.add_argument("--join", action="store_true")
     a = p.parse_args(argv)
     args = SimulateArgs(
         a.state_dir,
@@ -161,10 +189,11 @@ def _rank_main(argv: list[str]) -> int:
         a.step_interval,
         a.profile,
         a.num_heads,
+        engine=a.engine,
         costs=a.costs,
         drift=parse_drift(a.drift),
     )
-    return run_rank(args, a.rank, a.start_at)
+    return run_rank(args, a.rank, a.start_at, join=a.join)
 
 
 # ----------------------------------------------------------------------------- the parent
@@ -198,8 +227,19 @@ def validate(args: SimulateArgs) -> None:
     from flyserve.policy.profiles import load_profile
     from flyserve.policy.thresholds import ThresholdsError
 
-    if args.ranks < 1 or args.ranks > 64:
-        raise ValueError(f"--ranks must be between 1 and 64 (got {args.ranks})")
+    if args.ranks < 1:
+        raise ValueError(f"--ranks must be >= 1 (got {args.ranks})")
+    if args.engines < 1:
+        raise ValueError(f"--engines must be >= 1 (got {args.engines})")
+    if args.total_ranks > MAX_RANKS:
+        raise ValueError(
+            f"--engines {args.engines} x --ranks {args.ranks} = {args.total_ranks} rank processes; "
+            f"at most {MAX_RANKS} (one Python process each)"
+        )
+    if args.restart_every_s < 0 or args.restart_every_s > 3600:
+        raise ValueError(f"--restart-every must be between 0 and 3600 seconds (got {args.restart_every_s})")
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be >= 0 (got {args.max_restarts})")
     if args.steps < 1:
         raise ValueError(f"--steps must be >= 1 (got {args.steps})")
     if args.step_interval_s < 0 or args.step_interval_s > 60:
@@ -242,10 +282,14 @@ def prepare_state_dir(state_dir: Path) -> None:
     wipe_metrics_dir(sd.metrics_dir, only_dead=True)
 
 
-def rank_command(args: SimulateArgs, rank: int, start_at: float) -> list[str]:
+def rank_command(
+    args: SimulateArgs, rank: int, start_at: float, *, engine: int = 0, join: bool = False
+) -> list[str]:
+    """The command line of one rank process; ``rank`` is the global rank (engine * ranks + tp rank)."""
     return [
         sys.executable, "-m", RANK_MODULE,
         "--state-dir", str(args.state_dir), "--rank", str(rank), "--ranks", str(args.ranks),
+        "--engine", str(engine), *(["--join"] if join else []),
         "--workload", args.workload, "--steps", str(args.steps),
         "--step-interval", repr(args.step_interval_s), "--profile", args.profile,
         "--num-heads", str(args.num_heads), "--start-at", repr(start_at),
@@ -254,30 +298,70 @@ def rank_command(args: SimulateArgs, rank: int, start_at: float) -> list[str]:
     ]  # fmt: skip
 
 
-def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -> int:
-    """Start the ranks, print progress, wait for them. 0 if every rank finished cleanly.
+@dataclass(frozen=True)
+class RankSlot:
+    """Where one rank process belongs: global rank, engine, and the engine's step-0 time."""
 
-    Bounded: each rank runs ``steps`` steps; the parent waits at most steps * interval + 120 s.
-    Ctrl-C / SIGTERM stops the ranks (SIGTERM, then SIGKILL after 5 s).
+    rank: int
+    engine: int
+    start_at: float
+
+
+def rank_slots(args: SimulateArgs, start_at: float) -> list[RankSlot]:
+    """Engine e's ranks are e * ranks .. e * ranks + ranks - 1 (flyserve.vllm.runtime's numbering)."""
+    return [
+        RankSlot(e * args.ranks + r, e, start_at + e * ENGINE_STAGGER_S)
+        for e in range(args.engines)
+        for r in range(args.ranks)
+    ]
+
+
+def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -> int:
+    """Start the ranks, print progress, restart ranks if asked, wait for them. 0 if every rank
+    finished cleanly (a rank killed on purpose by a restart does not count as a failure).
+
+    Bounded: each rank runs ``steps`` steps; the parent waits at most steps * interval + 120 s
+    after the last engine's start. Ctrl-C / SIGTERM stops the ranks (SIGTERM, then SIGKILL after 5 s).
     """
     from flyserve.control.store import read_json
 
     validate(args)
     prepare_state_dir(args.state_dir)
+    total = args.total_ranks
     # Rank start-up (imports, trace generation) takes about a second each on a small machine.
-    start_at = time.time() + 1.5 + 0.25 * args.ranks
+    start_at = time.time() + 1.5 + 0.25 * total
     env = dict(os.environ)
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # flyserve picks its own metrics dir explicitly
-    procs = [subprocess.Popen(rank_command(args, r, start_at), env=env) for r in range(args.ranks)]
+    slots = rank_slots(args, start_at)
+    procs = {
+        sl.rank: subprocess.Popen(rank_command(args, sl.rank, sl.start_at, engine=sl.engine), env=env)
+        for sl in slots
+    }
+    killed: list[subprocess.Popen] = []  # restarted ranks' old processes (reaped, never failures)
+    engines_text = (
+        f"{args.engines} engine(s) x {args.ranks} rank(s)"
+        if args.engines > 1
+        else f"{args.ranks} rank(s) of engine 0"
+    )
     echo(
-        f"simulate: {args.ranks} rank(s) of engine {args.engine}, workload {args.workload}, {args.steps} steps "
+        f"simulate: {engines_text}, workload {args.workload}, {args.steps} steps "
         f"every {args.step_interval_s}s, profile {args.profile}, {args.num_heads} heads; state {args.state_dir}"
         + (f"; kernel times from cost table {args.costs}" if args.costs else "")
         + (f", drift {', '.join(f'{p}={f}' for p, f in args.drift)}" if args.drift else "")
+        + (
+            f"; a rank killed and restarted every {args.restart_every_s:g}s, at most {args.max_restarts}"
+            if args.restart_every_s > 0 and args.max_restarts > 0
+            else ""
+        )
     )
-    echo("  pids: " + " ".join(str(p.pid) for p in procs))
-    deadline = time.monotonic() + 1.5 + 0.25 * args.ranks + args.steps * args.step_interval_s + 120.0
+    echo("  pids: " + " ".join(str(p.pid) for p in procs.values()))
+    last_start = start_at + (args.engines - 1) * ENGINE_STAGGER_S
+    deadline = time.monotonic() + (last_start - time.time()) + args.steps * args.step_interval_s + 120.0
     interrupted = False
+    restarts = 0
+    restarting = args.restart_every_s > 0 and args.max_restarts > 0
+    next_restart = time.time() + max(args.restart_every_s, start_at - time.time())
+    victim = 0
 
     def _term(signum, frame):
         nonlocal interrupted
@@ -286,37 +370,72 @@ def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -
     old = signal.signal(signal.SIGTERM, _term)
     next_report = time.monotonic() + progress_every_s
     try:
-        while any(p.poll() is None for p in procs):
+        while any(p.poll() is None for p in procs.values()):
             if interrupted or time.monotonic() > deadline:
                 break
-            time.sleep(0.1)
+            time.sleep(0.05 if restarting else 0.1)
+            if restarting and restarts < args.max_restarts and time.time() >= next_restart:
+                next_restart += args.restart_every_s
+                for _ in range(total):  # the next rank that is up (it reported), round robin
+                    sl = slots[victim % total]
+                    victim += 1
+                    p = procs[sl.rank]
+                    if p.poll() is None and _reported_pid(args.state_dir, sl) == p.pid:
+                        p.kill()  # SIGKILL: no atexit, its files stay as a crashed worker's do
+                        p.wait(timeout=10)
+                        killed.append(p)
+                        procs[sl.rank] = subprocess.Popen(
+                            rank_command(args, sl.rank, sl.start_at, engine=sl.engine, join=True), env=env
+                        )
+                        restarts += 1
+                        break
             if time.monotonic() >= next_report:
                 next_report += progress_every_s
                 steps = []
-                for r in range(args.ranks):
+                for sl in slots:
                     try:  # the state directory: one reader (safe_read via store.read_json)
-                        d = read_json(args.state_dir / "ranks" / f"{r}.json") or {}
+                        d = read_json(args.state_dir / "ranks" / _report_name(sl)) or {}
                         steps.append(int(d.get("step", 0)))
                     except (OSError, ValueError, TypeError):
                         pass
-                alive = sum(1 for p in procs if p.poll() is None)
+                alive = sum(1 for p in procs.values() if p.poll() is None)
                 hi = max(steps) if steps else 0
-                echo(f"  step {hi + 1 if steps else 0}/{args.steps}, {alive}/{args.ranks} rank(s) running")
+                echo(
+                    f"  step {hi + 1 if steps else 0}/{args.steps}, {alive}/{total} rank(s) running"
+                    + (f", {restarts} restart(s)" if restarting else "")
+                )
     except KeyboardInterrupt:
         interrupted = True
     finally:
         signal.signal(signal.SIGTERM, old)
-        _stop_all(procs)
-    codes = [p.returncode for p in procs]
-    bad = [(r, c) for r, c in enumerate(codes) if c != 0]
+        _stop_all(list(procs.values()))
+    bad = [(r, p.returncode) for r, p in sorted(procs.items()) if p.returncode != 0]
     if interrupted:
         echo("simulate: interrupted; ranks stopped")
         return 130
     if bad:
         echo("simulate: rank(s) failed: " + ", ".join(f"rank {r} exit {c}" for r, c in bad))
         return 1
-    echo(f"simulate: done, {args.ranks} rank(s) x {args.steps} steps")
+    echo(
+        f"simulate: done, {total} rank(s) x {args.steps} steps"
+        + (f", {restarts} restart(s)" if restarting else "")
+    )
     return 0
+
+
+def _report_name(sl: RankSlot) -> str:
+    return f"{sl.rank}.json" if sl.engine == 0 else f"{sl.engine}-{sl.rank}.json"
+
+
+def _reported_pid(state_dir: Path, sl: RankSlot) -> int | None:
+    """The pid in the rank's report: a restarted rank is killed again only once it is up (it has
+    written its metric files and reported), as a worker that crashes mid-run."""
+    import json
+
+    try:
+        return int(json.loads((state_dir / "ranks" / _report_name(sl)).read_text()).get("pid"))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _stop_all(procs: list[subprocess.Popen]) -> None:

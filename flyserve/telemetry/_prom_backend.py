@@ -507,3 +507,49 @@ def read_values_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, float,
         return iter(list(mmap_read_all_values(data, used)))
     except (RuntimeError, struct.error, UnicodeDecodeError) as exc:
         raise ValueError(f"{os.path.basename(path)}: corrupt entry ({type(exc).__name__})") from None
+
+
+def encode_values_file(entries: Iterable[tuple[str, float, float]]) -> bytes:
+    """The bytes of a metrics file holding ``entries`` (key, value, timestamp), in the layout
+    prometheus_client's ``MmapedDict`` writes (a used-size header, then per entry: key length,
+    UTF-8 key padded with spaces to 8-byte alignment, value, timestamp), so its readers and
+    :func:`read_values_file` read it. Used to write compacted archives (flyserve.telemetry.compaction)
+    in one piece to a temporary file, never through a live mapping."""
+    parts = [b"\0" * 8]
+    used = 8
+    for key, value, timestamp in entries:
+        encoded = key.encode("utf-8")
+        padding = b" " * (8 - (len(encoded) + 4) % 8)
+        entry = struct.pack(
+            f"i{len(encoded)}s{len(padding)}sdd", len(encoded), encoded, padding, value, timestamp
+        )
+        parts.append(entry)
+        used += len(entry)
+    data = bytearray(b"".join(parts))
+    struct.pack_into("i", data, 0, used)
+    return bytes(data)
+
+
+def float_text(value: float) -> str:
+    """A sample value as prometheus_client's text format writes it (``+Inf``, ``1.0``, ``1e+06``)."""
+    return floatToGoString(value)
+
+
+def entry_offsets(data: bytes, start: int, used: int) -> list[tuple[str, int]]:
+    """(key, index of the value as a float64 of ``data``) of every entry from byte ``start`` (8 for
+    the first) up to ``used``, in a metrics file's layout (:func:`encode_values_file`). The
+    timestamp is the next float64. Raises ValueError for an entry that cannot be true."""
+    out = []
+    pos = start
+    unpack = struct.unpack_from
+    while pos < used:
+        n = unpack("i", data, pos)[0]
+        if n <= 0 or pos + 4 + n > used:
+            raise ValueError(f"entry at byte {pos} claims a key of {n} bytes")
+        key = data[pos + 4 : pos + 4 + n].decode("utf-8")  # UnicodeDecodeError is a ValueError
+        pos += 4 + n + (8 - (n + 4) % 8)
+        if pos + 16 > used:
+            raise ValueError(f"entry at byte {pos} runs past the used size")
+        out.append((key, pos // 8))
+        pos += 16
+    return out

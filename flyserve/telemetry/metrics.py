@@ -288,6 +288,23 @@ SIDECAR_IGNORED_FILES: Final = FlyGauge(
     scope=SIDECAR,
 )
 
+SIDECAR_COMPACTED_FILES: Final = FlyCounter(
+    "flyserve_sidecar_compacted_files",
+    "Dead processes' metric files the sidecar's compaction handled: action=merged (counters, "
+    "histograms, min/max/sum/mostrecent gauges, summed into the <kind>_dead.db archives) or "
+    "action=dropped (live-mode gauges of a dead process).",
+    ["action"],
+    registry=None,
+    scope=SIDECAR,
+)
+SIDECAR_METRICS_FILES: Final = FlyGauge(
+    "flyserve_sidecar_metrics_files",
+    "Metric files (*.db) in <state>/metrics after the last compaction: about 4 per live process "
+    "plus one archive per kind; growing means compaction is off or cannot run.",
+    registry=None,
+    scope=SIDECAR,
+)
+
 # live pricing (the sidecar started with --costs; flyserve.sidecar.live_costs) -----------------
 PRICED_SECONDS: Final = FlyCounter(
     "flyserve_priced_attention_seconds",
@@ -343,6 +360,8 @@ SIDECAR_METRICS: Final = (
     RANK_REPORT_AGE,
     RANKS_AGREE,
     SIDECAR_IGNORED_FILES,
+    SIDECAR_COMPACTED_FILES,
+    SIDECAR_METRICS_FILES,
     PRICED_SECONDS,
     PRICED_BY_BATCH,
     COST_DRIFT,
@@ -409,11 +428,15 @@ def record_config_reload(result: str, source: str) -> None:
         CONFIG_LAST_SUCCESS.set(time.time())
 
 
-def exposition_registry(metrics_dir: str | os.PathLike[str] | None = None) -> CollectorRegistry:
+def exposition_registry(
+    metrics_dir: str | os.PathLike[str] | None = None, *, files: bool = True
+) -> CollectorRegistry:
     """The registry a scrape endpoint serves (the sidecar's /metrics).
 
     With ``metrics_dir``: this process's sidecar metrics plus every process's shared metrics read
     from the files (this process is switched to that directory if it was still in-process).
     Without: every flyserve metric of this process, in-process (tests, single-process demos).
     """
-    return _exposition_registry(metrics_dir, every_metric=ALL_METRICS, in_process_metrics=SIDECAR_METRICS)
+    return _exposition_registry(
+        metrics_dir, every_metric=ALL_METRICS, in_process_metrics=SIDECAR_METRICS, files=files
+    )

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from flyserve.telemetry._prom_backend import BACKEND, close_files, reinit_values, values_file_used
+from flyserve.telemetry.compaction import reading
 
 log = logging.getLogger("flyserve.telemetry")
 
@@ -121,6 +122,7 @@ def exposition_registry(
     *,
     every_metric: Iterable[Any],
     in_process_metrics: Iterable[Any],
+    files: bool = True,
 ) -> CollectorRegistry:
     """The registry a scrape endpoint serves (flyserve.telemetry.metrics.exposition_registry
     passes the metric lists).
@@ -144,7 +146,8 @@ def exposition_registry(
         raise ValueError(f"this process writes its metrics to {current}, not {d}")
     for m in in_process_metrics:
         reg.register(m)
-    SoundFilesCollector(reg, path=str(d))
+    if files:  # False: the caller renders the files itself (flyserve.telemetry.files_exposition)
+        SoundFilesCollector(reg, path=str(d))
     return reg
 
 
@@ -173,8 +176,16 @@ class SoundFilesCollector(MultiProcessCollector):
     nothing more)."""
 
     def collect(self):  # type: ignore[no-untyped-def]  # prometheus_client's signature
+        # Under the read lock: a compaction never commits while the files are read, and sources
+        # an archive already holds (a crashed compaction's, until it is finished) are left out.
+        with reading(self._path) as excluded:
+            return self._collect(excluded)
+
+    def _collect(self, excluded: frozenset[str]):  # type: ignore[no-untyped-def]
         files = []
         for f in glob.glob(os.path.join(self._path, "*.db")):
+            if excluded and os.path.basename(f) in excluded:
+                continue
             try:
                 used = values_file_used(f)
             except OSError:  # gone since the glob, or unreadable: as if absent

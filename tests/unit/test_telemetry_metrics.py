@@ -50,6 +50,8 @@ def test_metric_names_are_the_agreed_ones() -> None:
         "flyserve_rank_report_age_seconds",
         "flyserve_ranks_agree",
         "flyserve_sidecar_ignored_files",
+        "flyserve_sidecar_compacted_files_total",
+        "flyserve_sidecar_metrics_files",
         "flyserve_priced_attention_seconds_total",
         "flyserve_priced_attention_by_batch_seconds_total",
         "flyserve_cost_drift_ratio",
