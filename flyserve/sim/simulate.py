@@ -430,10 +430,10 @@ def _report_name(sl: RankSlot) -> str:
 def _reported_pid(state_dir: Path, sl: RankSlot) -> int | None:
     """The pid in the rank's report: a restarted rank is killed again only once it is up (it has
     written its metric files and reported), as a worker that crashes mid-run."""
-    import json
+    from flyserve.control.store import read_json
 
     try:
-        return int(json.loads((state_dir / "ranks" / _report_name(sl)).read_text()).get("pid"))
+        return int((read_json(state_dir / "ranks" / _report_name(sl)) or {}).get("pid"))
     except (OSError, ValueError, TypeError):
         return None
 

@@ -297,6 +297,7 @@ def test_security_contexts_are_hardened(resources):
         assert sc["capabilities"] == {"drop": ["ALL"]}, c["name"]
         assert "privileged" not in sc and "runAsUser" not in sc, c["name"]  # the pod's user, for both
     assert containers["flyserve-sidecar"]["securityContext"]["readOnlyRootFilesystem"] is True
+
     assert "cpu" in containers["flyserve-sidecar"]["resources"]["limits"]
     # vLLM's root stays writable (checkov-waivers.yaml says why); what it must write is on emptyDirs
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -417,3 +418,9 @@ def test_checkov_finds_nothing_but_the_waived(checkov_report):
 def test_checkov_really_flags_what_the_hardening_removes(checkov_report):
     weakened = {check for check, res in _failed(checkov_report, "weakened.yaml") if res.endswith(".weakened")}
     assert {"CKV_K8S_20", "CKV_K8S_31", "CKV_K8S_37"} <= weakened
+
+
+def test_the_sidecar_shares_the_ranks_pid_namespace(resources):
+    """Without it the sidecar cannot confirm a rank by the process table: forged reports can pin a
+    change for a single-rank engine and compaction refuses to run (docs/operations.md)."""
+    assert _pod(resources)["shareProcessNamespace"] is True
