@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from flyserve.policy import safe_read
 from flyserve.telemetry._prom_backend import encode_values_file, read_values_file
 
 log = logging.getLogger("flyserve.telemetry")
@@ -138,10 +139,10 @@ def committed_sources(metrics_dir: Path) -> frozenset[str]:
     """Source files that an archive already contains (a compaction crashed after its rename and
     before it removed them): readers must leave them out. Empty almost always (no journal)."""
     try:
-        with open(metrics_dir / JOURNAL, encoding="utf-8") as f:
-            j = json.loads(f.read(1 << 20))
-    except FileNotFoundError:
-        return frozenset()
+        raw = safe_read.read_bytes(metrics_dir / JOURNAL, 1 << 20)
+        if raw is None:
+            return frozenset()
+        j = json.loads(raw)
     except (OSError, ValueError):
         return frozenset()  # a torn journal: written before the rename, so nothing is committed
     if not isinstance(j, dict) or (metrics_dir / str(j.get("temp", ""))).exists():
@@ -208,9 +209,8 @@ def recover(metrics_dir: Path) -> str | None:
     journal = metrics_dir / JOURNAL
     done = None
     try:
-        j = json.loads(journal.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        j = None
+        raw = safe_read.read_bytes(journal, 1 << 20)
+        j = None if raw is None else json.loads(raw)
     except (OSError, ValueError):
         # Torn while being written, so before its rename (the journal is fsynced first): the
         # archive is the old one and every source still counts. Drop it; the temp goes below.

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from flyserve.policy import safe_read
 from flyserve.telemetry._prom_backend import entry_offsets
 
 T = TypeVar("T")
@@ -36,9 +37,12 @@ class EntryCache(Generic[T]):
     def read(self, path: str) -> tuple[memoryview, list[tuple[T, int]]]:
         """(the file's used bytes as float64s, its wanted entries). ValueError for a file whose
         header or entries cannot be true, OSError (FileNotFoundError) as open() raises it."""
-        with open(path, "rb") as f:  # only the used part: a file is 64 KiB or more, mostly zeros
-            size = os.fstat(f.fileno()).st_size
-            ino = os.fstat(f.fileno()).st_ino
+        opened = safe_read.open_regular(path)  # a FIFO or /dev/zero link: refused, never waited on
+        if opened is None:
+            raise FileNotFoundError(path)
+        fd, st = opened
+        size, ino = st.st_size, st.st_ino
+        with os.fdopen(fd, "rb") as f:  # only the used part: a file is 64 KiB or more, mostly zeros
             head = f.read(8)
             if len(head) < 8:
                 return _EMPTY, []

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from flyserve.policy import safe_read
 from flyserve.telemetry._prom_backend import entry_offsets, float_text
 from flyserve.telemetry.compaction import parse_name, reading
 from flyserve.telemetry.multiprocess import note_skipped_file
@@ -98,8 +99,13 @@ class FilesExposition:
     def _entries(self, name: str) -> tuple[memoryview, list[tuple[str, int]]]:
         """The file's float64 view and its entries; reparses only what was appended."""
         full = os.path.join(self.path, name)
-        with open(full, "rb") as f:  # only the used part: a file is 64 KiB or more, mostly zeros
-            st = os.fstat(f.fileno())
+        opened = safe_read.open_regular(
+            full, source=name
+        )  # a FIFO or /dev/zero link: refused, never waited on
+        if opened is None:
+            raise FileNotFoundError(full)
+        fd, st = opened
+        with os.fdopen(fd, "rb") as f:  # only the used part: a file is 64 KiB or more, mostly zeros
             head = f.read(8)
             if len(head) < 8:
                 return memoryview(b"").cast("d"), []
