@@ -36,7 +36,7 @@ import _attack_rig as rig_mod  # the rig lives beside the live tests that assert
 
 
 def run_attack(r: rig_mod.Rig, name: str, seconds: float, patches: int, value: int) -> dict:
-    attack = rig_mod.ATTACKS[name](r.url, r.port)
+    attack = rig_mod.ATTACKS[name](r.url, r.port, r.state)
     attack.start()
     applies: list[rig_mod.Apply] = []
     try:

@@ -264,8 +264,8 @@ class Attack:
 
     name = "baseline"
 
-    def __init__(self, url: str, port: int) -> None:
-        self.url, self.port = url, port
+    def __init__(self, url: str, port: int, state: Path | None = None) -> None:
+        self.url, self.port, self.state = url, port, state
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
         self.sent = 0
@@ -346,8 +346,8 @@ class AdviceFlood(Attack):
 
     name = "advice flood"
 
-    def __init__(self, url: str, port: int, n: int = 45) -> None:
-        super().__init__(url, port)
+    def __init__(self, url: str, port: int, state: Path | None = None, n: int = 45) -> None:
+        super().__init__(url, port, state)
         self.n = n
 
     def start(self) -> None:
@@ -359,7 +359,8 @@ class AdviceFlood(Attack):
                 try:
                     r = c.get(self.url + "/thresholds/advice")
                     self.count(
-                        str(r.status_code) + ("-stale" if r.status_code == 200 and r.json().get("stale") else "")
+                        str(r.status_code)
+                        + ("-stale" if r.status_code == 200 and r.json().get("stale") else "")
                     )
                 except httpx.HTTPError as exc:
                     self.count(type(exc).__name__)
@@ -372,8 +373,8 @@ class BigBodyFlood(Attack):
     name = "big-number bodies"
     BODIES = (b'{"min_seq_len": ' + b"9" * 5000 + b"}", b"[" * 5000 + b"]" * 5000)
 
-    def __init__(self, url: str, port: int, n: int = 8) -> None:
-        super().__init__(url, port)
+    def __init__(self, url: str, port: int, state: Path | None = None, n: int = 8) -> None:
+        super().__init__(url, port, state)
         self.n = n
 
     def start(self) -> None:
@@ -396,11 +397,158 @@ class BigBodyFlood(Attack):
                 i += 1
 
 
+class _StateFiles(Attack):
+    """Writes into the state directory (as anyone who can write there could) until stopped."""
+
+    def _state(self) -> Path:
+        assert self.state is not None, "a state-directory attack needs the rig's state directory"
+        return self.state
+
+    def _forge_reports(self, ranks: tuple[int, ...], report: Callable[[int, float], dict]) -> None:
+        """Reports for ``ranks`` under their own names, rewritten every 0.5 s until stopped."""
+        ranks_dir = self._state() / "ranks"
+
+        def loop() -> None:
+            while not self.stop_event.is_set():
+                now = time.time()
+                for rank in ranks:
+                    tmp = ranks_dir / f".forge-{rank}.tmp"
+                    with contextlib.suppress(OSError):
+                        tmp.write_text(json.dumps(report(rank, now)))
+                        os.replace(tmp, ranks_dir / f"{rank}.json")
+                        self.sent += 1
+                self.stop_event.wait(0.5)
+
+        self._spawn(loop)
+
+    def _cleanup(self, paths: list[Path]) -> None:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _elsewhere(rank: int, now: float, *, step: int, started: float) -> dict:
+    return {"pid": 4242 + rank, "host": "elsewhere", "pidns": "", "rank": rank, "engine": 0,
+            "started": started, "step": step, "applied_version": 0, "time": now}  # fmt: skip
+
+
+class ShapeFilesAndAdvice(_StateFiles, AdviceFlood):
+    """Item 1: a FIFO and a /dev/zero symlink in shapes/ under two fresh forged ranks' names (so the
+    sampler opens them), while 45 unauthenticated clients loop GET /thresholds/advice."""
+
+    name = "FIFO + /dev/zero in shapes/, advice flood"
+
+    def start(self) -> None:
+        shapes = self._state() / "shapes"
+        shapes.mkdir(exist_ok=True)
+        self.paths = [shapes / "0-2.jsonl", shapes / "0-3.jsonl"]
+        os.mkfifo(self.paths[0])
+        self.paths[1].symlink_to("/dev/zero")
+        rank_files = [self._state() / "ranks" / f"{r}.json" for r in (2, 3)]
+        self.paths += rank_files
+        self._forge_reports((2, 3), lambda r, now: _elsewhere(r, now, step=0, started=now - 60))
+        super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        self._cleanup(self.paths)
+
+
+class ForgedReports(_StateFiles):
+    """Item 3: three plausible forged rank reports ("another host", started 2020-01-01, step 1e11),
+    refreshed every 0.5 s: more than the two real ranks."""
+
+    name = "3 forged rank reports (step 1e11)"
+
+    def start(self) -> None:
+        self.paths = [self._state() / "ranks" / f"{r}.json" for r in (2, 3, 4)]
+        self._forge_reports(
+            (2, 3, 4), lambda r, now: _elsewhere(r, now, step=10**11, started=1_577_836_800.0)
+        )
+
+    def stop(self) -> None:
+        super().stop()
+        self._cleanup(self.paths)
+
+
+class FutureRankFiles(_StateFiles):
+    """Item 4: 300 garbage files named like rank reports, dated an hour ahead."""
+
+    name = "300 garbage rank files dated +1 h"
+
+    def start(self) -> None:
+        ranks_dir = self._state() / "ranks"
+        self.paths = []
+        ahead = time.time() + 3600
+        for engine in range(1, 31):
+            for rank in range(10):
+                path = ranks_dir / f"{engine}-{rank}.json"
+                path.write_bytes(os.urandom(64))
+                os.utime(path, (ahead, ahead))
+                self.paths.append(path)
+                self.sent += 1
+
+    def stop(self) -> None:
+        super().stop()
+        self._cleanup(self.paths)
+
+
+class ForgedSamples(_StateFiles):
+    """Item 5: a fresh forged rank (4) whose shapes file holds 300 plausible prefill samples it
+    never routed, rewritten every 2 s, while 4 clients ask for advice (refused: 409, "samples")."""
+
+    name = "forged shape samples, advice asked"
+
+    def start(self) -> None:
+        shapes = self._state() / "shapes"
+        shapes.mkdir(exist_ok=True)
+        self.paths = [shapes / "0-4.jsonl", self._state() / "ranks" / "4.json"]
+        self._forge_reports((4,), lambda r, now: _elsewhere(r, now, step=0, started=now - 60))
+        row = {"query_lens": [1] * 31 + [1024], "max_seq_len": 9216, "num_heads": 32, "causal": True,
+               "seq_lens": [8192] * 31 + [9216], "path": "prefill", "head_size": 128, "block_size": 16}  # fmt: skip
+
+        def samples() -> None:
+            i = 0
+            while not self.stop_event.is_set():
+                now = time.time()
+                lines = "".join(
+                    json.dumps({"step": 10**6 + i + k, "time": round(now - 0.005 * k, 3)} | row) + "\n"
+                    for k in range(300)
+                )
+                with contextlib.suppress(OSError):
+                    self.paths[0].write_text(lines)
+                i += 300
+                self.stop_event.wait(2.0)
+
+        def ask() -> None:
+            with httpx.Client(timeout=30) as c:
+                while not self.stop_event.is_set():
+                    try:
+                        self.count(
+                            str(c.get(self.url + "/thresholds/advice", params={"window": "60s"}).status_code)
+                        )
+                    except httpx.HTTPError as exc:
+                        self.count(type(exc).__name__)
+                    self.sent += 1
+                    self.stop_event.wait(0.25)
+
+        self._spawn(samples)
+        self._spawn(ask, 4)
+
+    def stop(self) -> None:
+        super().stop()
+        self._cleanup(self.paths)
+
+
 ATTACKS: dict[str, type[Attack]] = {
     "baseline": Attack,
+    "shapes": ShapeFilesAndAdvice,
     "half-open": HalfOpenFlood,
+    "forged-reports": ForgedReports,
+    "future-files": FutureRankFiles,
+    "forged-samples": ForgedSamples,
     "advice": AdviceFlood,
     "big-bodies": BigBodyFlood,
 }
-"""Hooks: items 1 (FIFO / /dev/zero shapes), 3 and 4 (forged rank reports) are other helpers' work;
-an Attack subclass registered here runs in the benchmark the same way."""
+"""Issue 22's items 1-5 and 10 and the advice flood, each a row of the benchmark; the state-directory
+attacks (items 1, 3, 4, 5) write into the rig's state directory and remove what they wrote."""
