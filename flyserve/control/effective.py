@@ -23,7 +23,10 @@ fastest rank is now. The rules (issue 13):
     step of an engine that has a confirmed rank;
   - anchored at the lowest: no rank is believed more than CONSENSUS_S seconds at the slowest
     live rank's rate plus max(step_margin, CONSENSUS_STEPS) steps ahead of the lowest projected
-    step of any live rank of the engine (confirmed or not), and no rate above twice the slowest.
+    step of the ranks counted (the confirmed ones when the engine has any), and no rate above
+    twice the slowest. An unconfirmed report next to confirmed ranks moves nothing: one with a low
+    step or a slow rate once pulled the step into the past (each rank then applied at its own next
+    step: not one step) - measured by benchmarks/bench_sidecar_under_attack.py.
     A report can pull the step down (the ranks then apply at once, each at its own next step,
     counted as late applies) but cannot push it up past the honest ranks' by more than that.
 
@@ -155,7 +158,7 @@ def plan_steps(
         assumed = assumed or any(r.steps_per_s is None for r in counted)
         steps[engine] = _engine_step(
             counted,
-            sure + unsure,
+            counted,  # an engine with a confirmed rank: unconfirmed reports neither raise nor pull down
             now=now,
             step_margin=step_margin,
             lead_s=lead_s,

@@ -295,8 +295,8 @@ class HalfOpenFlood(Attack):
 
     name = "half-open flood"
 
-    def __init__(self, url: str, port: int, n: int = 600) -> None:
-        super().__init__(url, port)
+    def __init__(self, url: str, port: int, state: Path | None = None, n: int = 600) -> None:
+        super().__init__(url, port, state)
         self.n = n
         self.socks: list[socket.socket] = []
         self.opened = self.reopened = 0
