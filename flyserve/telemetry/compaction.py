@@ -30,7 +30,9 @@ A crash in 1 leaves a stray temporary (removed on the next run); in 2 before the
 journal and a complete temporary (the next run renames it and goes on); after the rename, the
 journal names sources the archive already holds: readers (:func:`reading`) leave them out, and the
 next run removes them. A scrape never sees a source counted twice or missing: readers hold the
-read lock (shared) while they list and read the files.
+read lock (shared) while they list and read the files. A journal is obeyed only if it names what
+this module writes (:func:`parse_journal`): anyone who can write the directory could otherwise
+forge one that renames over, or removes, any file the sidecar can write.
 
 The liveness test is the caller's (``is_alive``): the sidecar passes one that also refuses to
 compact when rank reports come from another pid namespace, where ``kill(pid, 0)`` says nothing.

@@ -421,7 +421,7 @@ def test_files_exposition_and_entry_cache_refuse_a_file_over_the_size_cap(metric
     from flyserve.telemetry.multiprocess import SKIPPED_FILES
 
     good = _lines(FilesExposition(metrics_dir).text())
-    cap = max(len(_prom_backend.read_used(p)[1]) for p in metrics_dir.glob("*.db"))
+    cap = max(_prom_backend.values_file_used(p) or 0 for p in metrics_dir.glob("*.db"))
     big = metrics_dir / "counter_999995.db"
     n = cap // 32 + 1  # each entry is at least 32 bytes
     big.write_bytes(
