@@ -132,6 +132,10 @@ def _parse_key(key: str) -> tuple[str, int, str, object] | None:
                 out = ("kcount", rank, path, None)
     except (ValueError, TypeError, AttributeError):
         out = None
+    except RecursionError:
+        # A key nested thousands deep ('[' * 50000): the file is skipped and counted like any
+        # corrupt one (EntryCache passes the ValueError up), never a 500 on every request.
+        raise ValueError("a metrics key nested too deeply") from None
     if len(_KEY_CACHE) < _KEY_CACHE_MAX:
         _KEY_CACHE[key] = out
     return out

@@ -485,6 +485,39 @@ def values_file_used(path: str | os.PathLike[str]) -> int | None:
         os.close(fd)
 
 
+def read_used(path: str | os.PathLike[str]) -> tuple[os.stat_result, bytes]:
+    """(fstat, the used bytes, header included) of one metrics file: the one header check both
+    cached readers (flyserve.telemetry.files_exposition, flyserve.telemetry.entry_cache) share.
+
+    Opened through safe_read.open_regular (a FIFO, symlink or directory: ValueError, never waited
+    on); FileNotFoundError if gone. ``b""`` for a file still being created (shorter than 8 bytes
+    or a zero header). ValueError for a header claiming less than 8 bytes, more than the file
+    holds, a size that is not a multiple of 8, or more than MAX_VALUES_FILE_BYTES: a sparse 2 GB
+    file with a matching header is refused, not read in full on every scrape."""
+    name = os.path.basename(path)
+    opened = safe_read.open_regular(path, source=name)
+    if opened is None:
+        raise FileNotFoundError(errno.ENOENT, "metrics file is gone", name)
+    fd, st = opened
+    try:
+        head = os.pread(fd, 8, 0)
+        if len(head) < 8:
+            return st, b""
+        used = int.from_bytes(head[:4], "little", signed=True)
+        if used == 0:
+            return st, b""
+        if used < 8 or used > st.st_size or used % 8:
+            raise ValueError(f"{name}: its header claims a size the file cannot hold")
+        if used > MAX_VALUES_FILE_BYTES:
+            raise ValueError(f"{name}: larger than {MAX_VALUES_FILE_BYTES} bytes")
+        data = os.pread(fd, used, 0)
+    finally:
+        os.close(fd)
+    if len(data) < used:
+        raise ValueError(f"{name}: shorter than its header claims")
+    return st, data
+
+
 def read_values_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, float, float, int]]:
     """(key, value, timestamp, position) of every entry of one metrics file (read-only).
 

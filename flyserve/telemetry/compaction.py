@@ -30,7 +30,9 @@ A crash in 1 leaves a stray temporary (removed on the next run); in 2 before the
 journal and a complete temporary (the next run renames it and goes on); after the rename, the
 journal names sources the archive already holds: readers (:func:`reading`) leave them out, and the
 next run removes them. A scrape never sees a source counted twice or missing: readers hold the
-read lock (shared) while they list and read the files.
+read lock (shared) while they list and read the files. A journal is obeyed only if it names what
+this module writes (:func:`parse_journal`): anyone who can write the directory could otherwise
+forge one that renames over, or removes, any file the sidecar can write.
 
 The liveness test is the caller's (``is_alive``): the sidecar passes one that also refuses to
 compact when rank reports come from another pid namespace, where ``kill(pid, 0)`` says nothing.
@@ -135,6 +137,46 @@ def _lock_fd(metrics_dir: Path, name: str) -> int | None:
             return None
 
 
+@dataclass(frozen=True)
+class Journal:
+    """A journal that names what a compaction of this module could have written: ``archive`` a
+    ``<group>_dead.db`` name, ``temp`` its temporary, ``sources`` dead processes' files of that
+    group. Anything else is refused, so a forged journal cannot rename over or remove other files."""
+
+    archive: str
+    temp: str
+    sources: tuple[str, ...]
+
+
+def _plain_name(name: object) -> bool:
+    return isinstance(name, str) and bool(name) and "/" not in name and ".." not in name and "\0" not in name
+
+
+def parse_journal(raw: bytes) -> Journal:
+    """The journal's content, or ValueError (safe_read.SafeReadError for bad or deeply nested JSON)
+    when it is not one this module writes: an archive that is not a ``dead`` archive name, a temp
+    not ``.compact-<archive>.tmp``, a source that is not a ``*.db`` file of a process that is gone
+    (:func:`pid_alive`) in the archive's group, or any name with ``/`` or ``..``."""
+    j = safe_read.parse_json(raw, source=JOURNAL)
+    if not isinstance(j, dict):
+        raise safe_read.SafeReadError(JOURNAL, "not a JSON object", "<document>")
+    archive, temp, sources = j.get("archive"), j.get("temp"), j.get("sources")
+    mf = parse_name(archive) if _plain_name(archive) else None
+    if mf is None or mf.pid != ARCHIVE_PID or mf.archive_name != archive:
+        raise safe_read.SafeReadError(JOURNAL, f"not a <kind>_{ARCHIVE_PID}.db name", "archive")
+    if temp != f"{TEMP_PREFIX}{archive}.tmp":
+        raise safe_read.SafeReadError(JOURNAL, "not the archive's temporary", "temp")
+    if not isinstance(sources, list):
+        raise safe_read.SafeReadError(JOURNAL, "not a list", "sources")
+    for s in sources:
+        src = parse_name(s) if _plain_name(s) else None
+        if src is None or src.archive_name != archive or not src.pid.isdigit() or pid_alive(int(src.pid)):
+            raise safe_read.SafeReadError(
+                JOURNAL, f"names a file that is not a dead process's {mf.group} file", "sources"
+            )
+    return Journal(str(archive), str(temp), tuple(sources))
+
+
 def committed_sources(metrics_dir: Path) -> frozenset[str]:
     """Source files that an archive already contains (a compaction crashed after its rename and
     before it removed them): readers must leave them out. Empty almost always (no journal)."""
@@ -142,13 +184,14 @@ def committed_sources(metrics_dir: Path) -> frozenset[str]:
         raw = safe_read.read_bytes(metrics_dir / JOURNAL, 1 << 20)
         if raw is None:
             return frozenset()
-        j = json.loads(raw)
+        j = parse_journal(raw)
     except (OSError, ValueError):
-        return frozenset()  # a torn journal: written before the rename, so nothing is committed
-    if not isinstance(j, dict) or (metrics_dir / str(j.get("temp", ""))).exists():
+        # A torn journal: written before the rename, so nothing is committed. A refused one (a
+        # forgery, deep nesting): leaving nothing out is what the next compaction will decide too.
+        return frozenset()
+    if (metrics_dir / j.temp).exists():
         return frozenset()  # the rename has not happened: the sources still count, the archive is old
-    sources = j.get("sources")
-    return frozenset(s for s in sources if isinstance(s, str)) if isinstance(sources, list) else frozenset()
+    return frozenset(j.sources)
 
 
 @contextlib.contextmanager
@@ -176,7 +219,11 @@ def _fsync_dir(d: Path) -> None:
 
 
 def _write_durable(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    """Write ``data`` to a new file at ``path`` and fsync it. Whatever is at ``path`` is unlinked
+    first and the file is created O_EXCL | O_NOFOLLOW: a symlink planted there (by anyone who can
+    write the metrics directory) is removed, never followed, so its target is never overwritten."""
+    _remove(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
         while view:
@@ -208,26 +255,28 @@ def recover(metrics_dir: Path) -> str | None:
     temporary. Call with the compaction lock held. Returns what was done, None if nothing."""
     journal = metrics_dir / JOURNAL
     done = None
+    j: Journal | None = None
     try:
         raw = safe_read.read_bytes(journal, 1 << 20)
-        j = None if raw is None else json.loads(raw)
-    except (OSError, ValueError):
+        j = None if raw is None else parse_journal(raw)
+    except (OSError, ValueError) as exc:
         # Torn while being written, so before its rename (the journal is fsynced first): the
-        # archive is the old one and every source still counts. Drop it; the temp goes below.
+        # archive is the old one and every source still counts. Or not a journal this module
+        # writes (forged, nested too deep): acting on it could rename over or remove any file.
+        # Drop it either way; the temp goes below.
+        log.warning("metrics compaction: dropped the journal: %s", str(exc)[:200])
         _remove(journal)
-        j = None
-        done = "dropped a torn journal"
-    if isinstance(j, dict):
-        archive, temp = metrics_dir / str(j.get("archive", "")), metrics_dir / str(j.get("temp", ""))
-        sources = [s for s in j.get("sources", []) if isinstance(s, str) and "/" not in s]
-        if temp.name.startswith(TEMP_PREFIX) and temp.exists():
+        done = "dropped a torn or invalid journal"
+    if j is not None:
+        archive, temp = metrics_dir / j.archive, metrics_dir / j.temp
+        if temp.exists():
             os.replace(temp, archive)  # complete: fsynced before the journal was written
             _fsync_dir(metrics_dir)
-        for s in sources:
+        for s in j.sources:
             _remove(metrics_dir / s)
         _fsync_dir(metrics_dir)
         _remove(journal)
-        done = f"finished an interrupted compaction into {archive.name} ({len(sources)} source file(s))"
+        done = f"finished an interrupted compaction into {j.archive} ({len(j.sources)} source file(s))"
     for name in os.listdir(metrics_dir):
         if name.startswith(TEMP_PREFIX) and name.endswith(".tmp"):
             _remove(metrics_dir / name)

@@ -13,13 +13,11 @@ shrank is parsed again from the start.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from flyserve.policy import safe_read
-from flyserve.telemetry._prom_backend import entry_offsets
+from flyserve.telemetry._prom_backend import entry_offsets, read_used
 
 T = TypeVar("T")
 _EMPTY = memoryview(b"").cast("d")
@@ -37,23 +35,10 @@ class EntryCache(Generic[T]):
     def read(self, path: str) -> tuple[memoryview, list[tuple[T, int]]]:
         """(the file's used bytes as float64s, its wanted entries). ValueError for a file whose
         header or entries cannot be true, OSError (FileNotFoundError) as open() raises it."""
-        opened = safe_read.open_regular(path)  # a FIFO or /dev/zero link: refused, never waited on
-        if opened is None:
-            raise FileNotFoundError(path)
-        fd, st = opened
-        size, ino = st.st_size, st.st_ino
-        with os.fdopen(fd, "rb") as f:  # only the used part: a file is 64 KiB or more, mostly zeros
-            head = f.read(8)
-            if len(head) < 8:
-                return _EMPTY, []
-            used = int.from_bytes(head[:4], "little", signed=True)
-            if used == 0:  # still being created
-                return _EMPTY, []
-            if used < 8 or used > size or used % 8:
-                raise ValueError(f"{os.path.basename(path)}: its header claims a size the file cannot hold")
-            data = head + f.read(used - 8)
-        if len(data) < used:
-            raise ValueError(f"{os.path.basename(path)}: shorter than its header claims")
+        st, data = read_used(path)  # via safe_read.open_regular; size-capped
+        if not data:
+            return _EMPTY, []
+        used, ino = len(data), st.st_ino
         with self._lock:
             hit = self._files.get(path)
         if hit is not None and hit[0] == ino and hit[1] <= used:

@@ -27,8 +27,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from flyserve.policy import safe_read
-from flyserve.telemetry._prom_backend import entry_offsets, float_text
+from flyserve.telemetry._prom_backend import entry_offsets, float_text, read_used
 from flyserve.telemetry.compaction import parse_name, reading
 from flyserve.telemetry.multiprocess import note_skipped_file
 
@@ -90,7 +89,9 @@ class FilesExposition:
             parsed: _Key | None = _Key(
                 str(metric), str(help_text), f"{sample}{_labels_text(pairs)} ", le, group
             )
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            # RecursionError: a key nested thousands deep ('[' * 50000); the file is skipped and
+            # counted like any corrupt one, never a 500 on every scrape.
             raise ValueError("a key that is not prometheus_client's JSON") from None
         if len(self._keys) < _KEY_CACHE_MAX:
             self._keys[key] = parsed
@@ -98,25 +99,10 @@ class FilesExposition:
 
     def _entries(self, name: str) -> tuple[memoryview, list[tuple[str, int]]]:
         """The file's float64 view and its entries; reparses only what was appended."""
-        full = os.path.join(self.path, name)
-        opened = safe_read.open_regular(
-            full, source=name
-        )  # a FIFO or /dev/zero link: refused, never waited on
-        if opened is None:
-            raise FileNotFoundError(full)
-        fd, st = opened
-        with os.fdopen(fd, "rb") as f:  # only the used part: a file is 64 KiB or more, mostly zeros
-            head = f.read(8)
-            if len(head) < 8:
-                return memoryview(b"").cast("d"), []
-            used = int.from_bytes(head[:4], "little", signed=True)
-            if used == 0:
-                return memoryview(b"").cast("d"), []
-            if used < 8 or used > st.st_size or used % 8:
-                raise ValueError("its header claims a size the file cannot hold")
-            data = head + f.read(used - 8)
-        if len(data) < used:
-            raise ValueError("shorter than its header claims")
+        st, data = read_used(os.path.join(self.path, name))  # via safe_read.open_regular; size-capped
+        if not data:
+            return memoryview(b"").cast("d"), []
+        used = len(data)
         hit = self._files.get(name)
         if hit is not None and hit[0] == st.st_ino and hit[1] <= used:
             new = entry_offsets(data, hit[1], used) if hit[1] < used else []
@@ -218,15 +204,21 @@ class FilesExposition:
                 self._texts[v] = t
         return t
 
+    def _parsed(self, key: str) -> _Key:
+        """A key's _Key: from the cache, or parsed again when the cache was full when the key was
+        first read (it parsed then, so it parses now)."""
+        k = self._keys.get(key)
+        return k if k is not None else self._key(key)  # type: ignore[return-value]
+
     def _render(self, types, sums, buckets, gauges) -> bytes:  # type: ignore[no-untyped-def]
-        keys = self._keys
+        keys = self._parsed  # never self._keys[...]: keys read after the cache filled are not in it
         text = self._value_text
         by_metric: dict[str, list[str]] = {m: [] for m in types}
         for key, v in sums.items():
-            k = keys[key]
+            k = keys(key)
             by_metric[k.metric].append(k.prefix + text(v) + "\n")  # type: ignore[union-attr]
         for sid, (v, _ts, key) in gauges.items():
-            k = keys[key]
+            k = keys(key)
             prefix = k.prefix  # type: ignore[union-attr]
             if "\0" in sid:  # all/liveall: the pid label, after the others as prometheus_client puts it
                 pid = sid.rsplit("\0", 1)[1]
@@ -239,14 +231,14 @@ class FilesExposition:
         for group, b in buckets.items():
             order = self._order.get(group)
             if order is None or len(order) != len(b) or any(key not in b for key in order):
-                order = sorted(b, key=lambda key: keys[key].le)  # type: ignore[union-attr]
+                order = sorted(b, key=lambda key: keys(key).le)  # type: ignore[union-attr]
                 if len(self._order) < _KEY_CACHE_MAX:
                     self._order[group] = order
-            out = by_metric[keys[order[0]].metric]  # type: ignore[union-attr]
+            out = by_metric[keys(order[0]).metric]  # type: ignore[union-attr]
             acc = 0.0
             for key in order:
                 acc += b[key]
-                out.append(keys[key].prefix + text(acc) + "\n")  # type: ignore[union-attr]
+                out.append(keys(key).prefix + text(acc) + "\n")  # type: ignore[union-attr]
             out.append(group + text(acc) + "\n")
         parts = []
         for metric, (typ, help_text) in types.items():

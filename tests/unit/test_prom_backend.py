@@ -25,8 +25,19 @@ BACKEND_FILE = PACKAGE / "telemetry" / "_prom_backend.py"
 # metric, value and file objects that flyserve's backend uses.
 PRIVATE_MODULES = {"prometheus_client.mmap_dict", "prometheus_client.values", "prometheus_client.utils"}
 PRIVATE_ATTRIBUTES = {
-    "_value", "_upper_bounds", "_buckets", "_sum", "_metric_init", "_positions", "_labelnames",
-    "_labelvalues", "_metrics", "_kwargs", "_documentation", "_multiprocess_mode", "_created",
+    "_value",
+    "_upper_bounds",
+    "_buckets",
+    "_sum",
+    "_metric_init",
+    "_positions",
+    "_labelnames",
+    "_labelvalues",
+    "_metrics",
+    "_kwargs",
+    "_documentation",
+    "_multiprocess_mode",
+    "_created",
 }
 
 
@@ -56,7 +67,9 @@ def test_importing_flyserve_metrics_under_an_unknown_version_fails_loudly():
         "md.version = lambda name: '0.99.0' if name == 'prometheus-client' else real(name)\n"
         "import flyserve.telemetry.metrics\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
+    )
     assert r.returncode != 0
     assert "UnsupportedPrometheusClient" in r.stderr and "'0.99.0'" in r.stderr
 
@@ -74,8 +87,10 @@ def test_no_other_module_imports_a_private_prometheus_client_module():
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
-            if any(n in PRIVATE_MODULES or n.split(".")[-1].startswith("_") and n.startswith("prometheus_client")
-                   for n in names):
+            if any(
+                n in PRIVATE_MODULES or n.split(".")[-1].startswith("_") and n.startswith("prometheus_client")
+                for n in names
+            ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
 
@@ -123,3 +138,26 @@ def test_histogram_cells_add_up_to_what_prometheus_client_reports():
     assert 't_backend_cells_bucket{le="10.0",rank="0"} 3.0' in text
     assert 't_backend_cells_bucket{le="+Inf",rank="0"} 4.0' in text
     assert 't_backend_cells_sum{rank="0"} 62.5' in text
+
+
+def test_read_used_refuses_a_sparse_file_over_the_cap_without_reading_it(tmp_path: Path):
+    """A 2 GB sparse file whose header claims (nearly) all of it: refused from the header."""
+    p = tmp_path / "counter_1.db"
+    used = (1 << 31) - 8
+    with open(p, "wb") as f:
+        f.write(used.to_bytes(4, "little") + b"\0" * 4)
+        f.truncate(1 << 31)
+    with pytest.raises(ValueError, match="larger than"):
+        backend.read_used(p)
+
+
+def test_read_used_reads_the_used_bytes(tmp_path: Path):
+    p = tmp_path / "counter_1.db"
+    data = backend.encode_values_file([('["m", "m_total", {}, "h"]', 2.0, 0.0)])
+    p.write_bytes(data + b"\0" * 4096)
+    st, got = backend.read_used(p)
+    assert got == data and st.st_size == len(data) + 4096
+    (tmp_path / "counter_2.db").write_bytes(b"\0" * 64)
+    assert backend.read_used(tmp_path / "counter_2.db")[1] == b""  # still being created
+    with pytest.raises(FileNotFoundError):
+        backend.read_used(tmp_path / "counter_3.db")

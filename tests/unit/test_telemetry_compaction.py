@@ -8,6 +8,7 @@ at every point of a crash), live processes' files are never touched, and the dir
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -231,15 +232,81 @@ def test_one_compaction_at_a_time(metrics_dir: Path):
     assert not compact(metrics_dir).busy
 
 
+def _dead_pid() -> int:
+    """The pid of a process that has exited (reaped), so pid_alive says False for it."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(timeout=60)
+    assert not compaction.pid_alive(p.pid)
+    return p.pid
+
+
 def test_readers_exclude_sources_an_archive_already_holds(metrics_dir: Path):
+    source = f"counter_{_dead_pid()}.db"
     (metrics_dir / JOURNAL).write_text(
-        '{"archive": "counter_dead.db", "temp": ".compact-x.tmp", "sources": ["a.db"]}'
+        json.dumps(
+            {"archive": "counter_dead.db", "temp": ".compact-counter_dead.db.tmp", "sources": [source]}
+        )
     )
     with reading(metrics_dir) as excluded:
-        assert excluded == {"a.db"}  # no temporary: the rename happened
-    (metrics_dir / ".compact-x.tmp").write_bytes(b"")
+        assert excluded == {source}  # no temporary: the rename happened
+    (metrics_dir / ".compact-counter_dead.db.tmp").write_bytes(b"")
     with reading(metrics_dir) as excluded:
         assert excluded == set()  # the temporary is still there: the sources still count
+
+
+def test_a_forged_journal_cannot_rename_over_a_file_outside_metrics(metrics_dir: Path, tmp_path: Path):
+    """Review finding: recover() renamed the journal's temp over ``metrics/<archive>`` unchecked."""
+    target = tmp_path / "control" / "current.json"
+    target.parent.mkdir()
+    target.write_text('{"thresholds": "real"}')
+    (metrics_dir / JOURNAL).write_text(
+        '{"archive": "../control/current.json", "temp": ".compact-x.tmp", "sources": []}'
+    )
+    (metrics_dir / ".compact-x.tmp").write_text("forged")
+    with reading(metrics_dir) as excluded:
+        assert excluded == set()
+    report = compact(metrics_dir, is_alive=lambda pid: True)
+    assert target.read_text() == '{"thresholds": "real"}'
+    assert report.recovered is not None and "dropped" in report.recovered
+    assert not (metrics_dir / JOURNAL).exists() and not (metrics_dir / ".compact-x.tmp").exists()
+
+
+def test_a_journal_naming_a_live_process_file_is_refused(metrics_dir: Path):
+    """A forged journal's sources would be left out of every scrape and then deleted."""
+    live = metrics_dir / f"counter_{os.getpid()}.db"
+    live.write_bytes(encode_values_file([]))
+    for sources in ([live.name], ["../counter_1.db"], ["gauge_max_dead.db"]):
+        (metrics_dir / JOURNAL).write_text(
+            json.dumps(
+                {"archive": "counter_dead.db", "temp": ".compact-counter_dead.db.tmp", "sources": sources}
+            )
+        )
+        with reading(metrics_dir) as excluded:
+            assert excluded == set()
+        assert compaction.recover(metrics_dir) is not None
+        assert live.exists() and not (metrics_dir / JOURNAL).exists()
+
+
+def test_a_deeply_nested_journal_is_dropped_not_a_recursion_error(metrics_dir: Path):
+    before = _without_live_gauges(exposition(metrics_dir))
+    (metrics_dir / JOURNAL).write_text("[" * 100_000)
+    with reading(metrics_dir) as excluded:
+        assert excluded == set()
+    _assert_same(before, _without_live_gauges(exposition(metrics_dir)))
+    report = compact(metrics_dir, is_alive=lambda pid: True)
+    assert report.recovered is not None and "dropped" in report.recovered
+    assert not (metrics_dir / JOURNAL).exists()
+
+
+def test_write_durable_replaces_a_planted_symlink_never_its_target(tmp_path: Path):
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    for name in (".compact-counter_dead.db.tmp", JOURNAL):
+        link = tmp_path / name
+        link.symlink_to(target)
+        compaction._write_durable(link, b"new")
+        assert target.read_text() == "keep"
+        assert not link.is_symlink() and link.read_bytes() == b"new"
 
 
 def test_parse_name():
@@ -312,3 +379,58 @@ def test_files_exposition_forgets_files_a_compaction_removed(metrics_dir: Path):
     compact(metrics_dir)
     fx.text()
     assert sorted(fx._files) == sorted(p.name for p in metrics_dir.glob("*.db"))
+
+
+def _counter_key(metric: str, rank: str) -> str:
+    return json.dumps([metric, metric + "_total", {"rank": rank}, "help"])
+
+
+def test_files_exposition_skips_a_file_with_a_deeply_nested_key(metrics_dir: Path):
+    """Review finding: json.loads of '[' * 50000 raised RecursionError: /metrics 500 for ever."""
+    from flyserve.telemetry.files_exposition import FilesExposition
+    from flyserve.telemetry.multiprocess import SKIPPED_FILES
+
+    fx = FilesExposition(metrics_dir)
+    good = _lines(fx.text())
+    (metrics_dir / "counter_999996.db").write_bytes(encode_values_file([("[" * 50_000, 1.0, 0.0)]))
+    assert _lines(fx.text()) == good
+    assert _lines(fx.text()) == good  # and again: not cached half-way
+    assert "counter_999996.db" in SKIPPED_FILES
+
+
+def test_files_exposition_with_a_full_key_cache_still_renders(metrics_dir: Path, monkeypatch):
+    """Review finding: keys read after the cache filled were not cached, then _render's
+    keys[key] raised KeyError: /metrics 500 for ever."""
+    from flyserve.telemetry import files_exposition
+    from flyserve.telemetry.files_exposition import FilesExposition
+
+    good = _lines(FilesExposition(metrics_dir).text())
+    monkeypatch.setattr(files_exposition, "_KEY_CACHE_MAX", 3)
+    fx = FilesExposition(metrics_dir)
+    assert _lines(fx.text()) == good
+    assert len(fx._keys) <= 3
+    assert _lines(fx.text()) == good
+
+
+def test_files_exposition_and_entry_cache_refuse_a_file_over_the_size_cap(metrics_dir: Path, monkeypatch):
+    """Review finding: a sparse file with a matching header was read in full on every request;
+    both readers now share _prom_backend.read_used and its MAX_VALUES_FILE_BYTES cap."""
+    from flyserve.telemetry import _prom_backend
+    from flyserve.telemetry.entry_cache import EntryCache
+    from flyserve.telemetry.files_exposition import FilesExposition
+    from flyserve.telemetry.multiprocess import SKIPPED_FILES
+
+    good = _lines(FilesExposition(metrics_dir).text())
+    cap = max(_prom_backend.values_file_used(p) or 0 for p in metrics_dir.glob("*.db"))
+    big = metrics_dir / "counter_999995.db"
+    n = cap // 32 + 1  # each entry is at least 32 bytes
+    big.write_bytes(
+        encode_values_file([(_counter_key("flyserve_oversized", str(i)), 1.0, 0.0) for i in range(n)])
+    )
+    assert big.stat().st_size > cap
+    assert any("flyserve_oversized" in line for line in _lines(FilesExposition(metrics_dir).text()))
+    monkeypatch.setattr(_prom_backend, "MAX_VALUES_FILE_BYTES", cap)
+    assert _lines(FilesExposition(metrics_dir).text()) == good
+    assert big.name in SKIPPED_FILES
+    with pytest.raises(ValueError, match=f"larger than {cap} bytes"):
+        EntryCache(lambda key: key).read(str(big))
