@@ -122,7 +122,9 @@ def read_regular_file_owned(path: Path, max_bytes: int) -> tuple[bytes, int] | N
         with os.fdopen(os.dup(fd), "rb") as f:
             raw = f.read(max_bytes + 1)
     except OSError as exc:
-        raise safe_read.SafeReadError(path.name, f"cannot read: {exc.strerror or type(exc).__name__}") from None
+        raise safe_read.SafeReadError(
+            path.name, f"cannot read: {exc.strerror or type(exc).__name__}"
+        ) from None
     finally:
         os.close(fd)
     if len(raw) > max_bytes:
@@ -495,10 +497,13 @@ class Store:
         except OSError as exc:
             log.error("audit log not rotated (%s): %s", self.dir.audit_log, exc.strerror or exc)
 
-    def _read_audit_text(self, max_bytes: int) -> str | None:
+    def _read_audit_text(self, max_bytes: int, *, strict: bool = False) -> str | None:
         """The newest ``max_bytes`` of the audit log across its rotated files, oldest first (see
-        audit_files.read_log_tail), each file read with read_file_tail."""
-        return read_log_tail(self.dir.audit_log, max_bytes, self.audit_rotation.keep, read_file_tail)
+        audit_files.read_log_tail: an unreadable rotated file is skipped unless ``strict``), each file
+        read with read_file_tail."""
+        return read_log_tail(
+            self.dir.audit_log, max_bytes, self.audit_rotation.keep, read_file_tail, strict=strict
+        )
 
     def read_audit(self, limit: int | None = None, *, raw: bool = False) -> list[dict[str, Any]]:
         """Audit entries, oldest first; a torn last line (crash mid-append) is skipped. A write-ahead
@@ -510,7 +515,7 @@ class Store:
         naming it (it is never followed or waited on)."""
         want = AUDIT_READ_MAX if not limit else min(AUDIT_READ_MAX, 4 * MAX_AUDIT_LINE * max(1, limit))
         try:
-            text = self._read_audit_text(want)
+            text = self._read_audit_text(want, strict=True)
         except (OSError, ValueError) as exc:
             raise ControlIOError(f"cannot read the audit log: {exc}", path=str(self.dir.audit_log)) from None
         if text is None:
