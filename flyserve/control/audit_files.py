@@ -148,14 +148,36 @@ def _identities(paths: list[Path]) -> list[tuple[int, int, int] | None]:
     return out
 
 
+_warned: set[str] = set()
+"""Rotated files already warned about as skipped (at most a few names: keep is bounded)."""
+
+
+def _warn_skipped(path: Path, exc: OSError | ValueError) -> None:
+    """One warning per rotated file name and process (a reader runs often: no log flood). Names the
+    file and the kind of failure only, never anything read from it."""
+    if str(path) in _warned or len(_warned) >= 64:
+        return
+    _warned.add(str(path))
+    reason = type(exc).__name__ if isinstance(exc, OSError) else str(exc)[:200]
+    log.warning("audit log: rotated file %s skipped (not readable: %s)", path.name, reason)
+
+
 def read_log_tail(
     log_path: Path,
     max_bytes: int,
     keep: int,
     read_tail: Callable[[Path, int], str | None],
+    *,
+    strict: bool = False,
 ) -> str | None:
     """The newest ``max_bytes`` (about) of the audit log across audit.jsonl.<keep> .. audit.jsonl, as
     text, oldest entry first, or None if none of the files exists.
+
+    A rotated file (audit.jsonl.N) that cannot be read (a planted FIFO or symlink, an I/O error) is
+    skipped with one warning naming it, and the others are still read: one bad old file must not
+    cost the version floor every other file witnesses. ``strict`` (`thresholds audit`) raises
+    instead, naming the file. audit.jsonl itself always raises (the live log is unusable: the
+    caller refuses changes or reports it).
 
     Each file is read with ``read_tail`` (store.read_file_tail: a symlink, FIFO or other non-regular
     file raises ValueError naming it; a file cut by the budget loses its cut first line). Each file's
@@ -170,7 +192,7 @@ def read_log_tail(
     text: str | None = None
     for _attempt in range(READ_ATTEMPTS):
         before = _identities(paths)
-        text = _read_set(paths, before, max_bytes, read_tail)
+        text = _read_set(paths, before, max_bytes, read_tail, strict=strict)
         after = _identities(paths)
         ids = [i[:2] for i in before if i is not None]
         if [i and i[:2] for i in before] == [i and i[:2] for i in after] and len(ids) == len(set(ids)):
@@ -186,8 +208,11 @@ def _read_set(
     ids: list[tuple[int, int, int] | None],
     max_bytes: int,
     read_tail: Callable[[Path, int], str | None],
+    *,
+    strict: bool,
 ) -> str | None:
-    """Newest file first, until ``max_bytes`` are used; returned oldest first."""
+    """Newest file first, until ``max_bytes`` are used; returned oldest first. A rotated file that
+    raises is skipped unless ``strict`` (see read_log_tail); the live log (the newest) always raises."""
     parts: list[str] = []
     seen: set[tuple[int, int]] = set()
     budget = max_bytes
@@ -199,7 +224,13 @@ def _read_set(
             if ident[:2] in seen:
                 continue
             seen.add(ident[:2])
-        text = read_tail(path, budget)
+        try:
+            text = read_tail(path, budget)
+        except (OSError, ValueError) as exc:
+            if strict or path == paths[-1]:
+                raise
+            _warn_skipped(path, exc)
+            continue
         if text is None:
             continue
         found = True

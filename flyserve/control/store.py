@@ -122,7 +122,9 @@ def read_regular_file_owned(path: Path, max_bytes: int) -> tuple[bytes, int] | N
         with os.fdopen(os.dup(fd), "rb") as f:
             raw = f.read(max_bytes + 1)
     except OSError as exc:
-        raise safe_read.SafeReadError(path.name, f"cannot read: {exc.strerror or type(exc).__name__}") from None
+        raise safe_read.SafeReadError(
+            path.name, f"cannot read: {exc.strerror or type(exc).__name__}"
+        ) from None
     finally:
         os.close(fd)
     if len(raw) > max_bytes:
@@ -219,6 +221,7 @@ class Store:
         # Names whose report the process table confirmed at the last look: read first next time.
         self._confirmed_names: frozenset[str] = frozenset()
         self._witness = StepWitness()
+        self._witness_lock = threading.Lock()  # one look at a time (_read_reports)
         self._ranks_dir_sticky = False  # ranks/ checked for its sticky bit (write_rank_report)
         self.confirmed_seen = False
         """Some look of this reader confirmed a rank (flyserve.control.reports.liveness): ranks run
@@ -495,10 +498,13 @@ class Store:
         except OSError as exc:
             log.error("audit log not rotated (%s): %s", self.dir.audit_log, exc.strerror or exc)
 
-    def _read_audit_text(self, max_bytes: int) -> str | None:
+    def _read_audit_text(self, max_bytes: int, *, strict: bool = False) -> str | None:
         """The newest ``max_bytes`` of the audit log across its rotated files, oldest first (see
-        audit_files.read_log_tail), each file read with read_file_tail."""
-        return read_log_tail(self.dir.audit_log, max_bytes, self.audit_rotation.keep, read_file_tail)
+        audit_files.read_log_tail: an unreadable rotated file is skipped unless ``strict``), each file
+        read with read_file_tail."""
+        return read_log_tail(
+            self.dir.audit_log, max_bytes, self.audit_rotation.keep, read_file_tail, strict=strict
+        )
 
     def read_audit(self, limit: int | None = None, *, raw: bool = False) -> list[dict[str, Any]]:
         """Audit entries, oldest first; a torn last line (crash mid-append) is skipped. A write-ahead
@@ -510,7 +516,7 @@ class Store:
         naming it (it is never followed or waited on)."""
         want = AUDIT_READ_MAX if not limit else min(AUDIT_READ_MAX, 4 * MAX_AUDIT_LINE * max(1, limit))
         try:
-            text = self._read_audit_text(want)
+            text = self._read_audit_text(want, strict=True)
         except (OSError, ValueError) as exc:
             raise ControlIOError(f"cannot read the audit log: {exc}", path=str(self.dir.audit_log)) from None
         if text is None:
@@ -606,12 +612,25 @@ class Store:
                 out.append((d, r))
         # A report must agree with what this reader saw of the same key (control.witness): a
         # contradicting one is replaced by the key's last credible report.
-        judged = self._witness.look([(d, r) for d, r in out if r is not None], now, process_confirmed)
-        skipped += sum(r is None for _, r in out) + self._witness.refused
+        # The witness is shared by every thread of this reader (probes, sampler, compactor,
+        # requests): its look and the refused count it leaves are read as one step under
+        # _witness_lock, or two looks lose each other's observations and one reads the other's
+        # count. The process table is asked before taking it (the look itself is in memory).
+        found = [(d, r) for d, r in out if r is not None]
+        confirmed = {id(r): process_confirmed(r) for _, r in found}
+
+        def is_confirmed(r: RankReport) -> bool:
+            got = confirmed.get(id(r))
+            return process_confirmed(r) if got is None else got
+
+        with self._witness_lock:
+            judged = self._witness.look(found, now, is_confirmed)
+            refused = self._witness.refused
+        skipped += sum(r is None for _, r in out) + refused
         out = [(d, r) for d, r in out if r is None] + list(judged)
         self.skipped_rank_files = skipped
         self._confirmed_names = frozenset(
-            self.dir.rank_file(r.rank, r.engine).name for _, r in judged if process_confirmed(r)
+            self.dir.rank_file(r.rank, r.engine).name for _, r in judged if is_confirmed(r)
         )
         self.confirmed_seen = self.confirmed_seen or bool(self._confirmed_names)
         return out

@@ -87,7 +87,18 @@ class FitWorker(Generic[K, T]):
         def body() -> None:
             try:
                 self._run(key, generation)
+            except BaseException as exc:
+                # Not an Exception (SystemExit, a KeyboardInterrupt delivered here, a
+                # GeneratorExit subclass): _run remembered nothing. Named, then re-raised.
+                log.error("advice fit aborted: %s", type(exc).__name__)
+                raise
             finally:
+                # Always free the slot: _run frees it only when compute returns or raises an
+                # Exception, and a slot left taken made every later get() wait out its deadline
+                # and no fit ever ran again.
+                with self._lock:
+                    if self._running is not None and self._running[1] is fut:
+                        self._running = None
                 fut.set_result(None)
 
         threading.Thread(target=body, name=f"{self._name}-{self.fits}", daemon=True).start()

@@ -38,6 +38,11 @@ class TtlCache(Generic[T]):
         self._clock = clock
         self._lock = threading.Lock()
         self._value: tuple[float, T] | None = None
+        # Bumped by invalidate(): a compute started under an older generation began before the
+        # change and may hold the old payload, so its result is returned to its caller but never
+        # stored as fresh (else /dispatch-stats showed the old thresholds for TTL + max_stale).
+        self._generation = 0
+        self._state_lock = threading.Lock()  # generation check + store vs invalidate(); never held long
         self.last_get = float("-inf")  # clock time of the last get(): refresh only while in use
         self.last_refresher = float("-inf")  # clock time of the last refresh_if_used() call
 
@@ -61,8 +66,9 @@ class TtlCache(Generic[T]):
             now = self._clock()
             if c is not None and now - c[0] < self.ttl_s:
                 return c[1]  # refreshed by another thread while we waited
+            gen = self._generation
             v = self._compute()
-            self._value = (now, v)
+            self._store(gen, now, v)
             return v
         finally:
             self._lock.release()
@@ -81,11 +87,25 @@ class TtlCache(Generic[T]):
             return False  # a request is computing it already
         try:
             now = self._clock()
-            self._value = (now, self._compute())
-            return True
+            gen = self._generation
+            v = self._compute()
+            return self._store(gen, now, v)
         finally:
             self._lock.release()
 
+    def _store(self, gen: int, at: float, v: T) -> bool:
+        """Keep ``v`` (computed from clock time ``at``) unless invalidate() ran since its compute
+        began. The check and the store are one step under _state_lock (not the compute lock:
+        invalidate() must never wait behind a slow compute)."""
+        with self._state_lock:
+            if gen != self._generation:
+                return False
+            self._value = (at, v)
+            return True
+
     def invalidate(self) -> None:
-        """Forget the value: the next get() computes a fresh one (and waits for it)."""
-        self._value = None
+        """Forget the value: the next get() computes a fresh one (and waits for it). A compute
+        already running began before the change: its result is not stored (generation counter)."""
+        with self._state_lock:
+            self._generation += 1
+            self._value = None

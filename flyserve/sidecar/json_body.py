@@ -10,6 +10,7 @@ field, too-deep nesting naming the body, and the value itself is never echoed.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +19,11 @@ MAX_NUMBER_CHARS = 64
 than 20 digits, and int() of 4301+ digits raises (Python's digit limit)."""
 MAX_DEPTH = 32
 """Nesting deeper than this is refused ("nesting too deep"): bodies here are flat objects."""
-FIELD_MAX_CHARS = 64
-"""A field name in an error is cut to this many characters."""
+FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+"""A key that matches this (every field the API knows does) is named as is in an error."""
+KEY_PLACEHOLDER = "<key>"
+"""Stands for any other key in an error: the body is unauthenticated, so a key that is not a short
+identifier is the sender's text (64 characters a level were echoed before), never repeated back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,8 @@ def _float(text: str) -> float | _TooLong:
 
 
 def _name(key: str) -> str:
-    return key if len(key) <= FIELD_MAX_CHARS else key[:FIELD_MAX_CHARS] + "..."
+    """``key`` if it is a short identifier, else KEY_PLACEHOLDER."""
+    return key if FIELD_NAME.fullmatch(key) else KEY_PLACEHOLDER
 
 
 def _join(path: str, part: str | int) -> str:
@@ -99,7 +104,8 @@ def check_json_body(body: bytes) -> BodyRefusal | None:
 
     Not UTF-8 or not JSON: 400 naming the body (FastAPI answered 422 "field '0': JSON decode
     error", attack review item 14). A key twice in one object: 422 naming it (the last one silently
-    won, item 15). A number literal over MAX_NUMBER_CHARS: 422 naming its field. Nesting over
+    won, item 15). A number literal over MAX_NUMBER_CHARS: 422 naming its field. A key in either
+    name that is not a short identifier (FIELD_NAME) is named KEY_PLACEHOLDER. Nesting over
     MAX_DEPTH (or deep enough to exhaust the parser's recursion): 400 naming the body."""
     if not body.strip():
         return None

@@ -168,6 +168,42 @@ def test_a_planted_symlink_among_the_rotated_files_is_refused_by_name(tmp_path: 
         store.read_audit()
 
 
+@pytest.mark.parametrize("plant", ["fifo", "symlink"])
+def test_a_planted_file_at_the_oldest_rotated_name_costs_the_version_floor_nothing(
+    tmp_path: Path, plant: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO or symlink at audit.jsonl.2 made the whole read raise, and max_audited_version fell to
+    0 (the floor lost). Now that one file is skipped, named once in a warning, and the others count."""
+    store = _store(tmp_path)
+    store.audit({"id": "v", "result": "success", "version": 41, "pad": PAD})
+    _write(store, 0, 100)  # version 41 now sits in audit.jsonl.1 only
+    oldest = store.dir.audit_log.with_name("audit.jsonl.2")
+    assert not oldest.exists()
+    (tmp_path / "decoy").write_text('{"id": "forged", "version": 999}\n')
+    if plant == "fifo":
+        os.mkfifo(oldest)
+    else:
+        os.symlink(tmp_path / "decoy", oldest)
+    with caplog.at_level("WARNING", logger="flyserve.control"):
+        assert store.max_audited_version() == 41  # the decoy's 999 is not read either
+        assert store.max_audited_version() == 41
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skipped) == 1  # once per file, not per read
+    assert all("audit.jsonl.2" in m and "forged" not in m for m in skipped)
+
+
+def test_a_planted_fifo_at_the_live_log_still_raises(tmp_path: Path) -> None:
+    """audit.jsonl itself is the live log: unreadable, it is reported (changes are refused), not skipped."""
+    store = _store(tmp_path)
+    _write(store, 0, 100)
+    store.dir.audit_log.unlink()
+    os.mkfifo(store.dir.audit_log)
+    with pytest.raises(ControlIOError, match=r"audit\.jsonl"):
+        store.read_audit()
+    with pytest.raises(ValueError, match=r"audit\.jsonl"):
+        read_log_tail(store.dir.audit_log, 1 << 20, SMALL.keep, read_file_tail)
+
+
 def test_the_audit_log_can_live_outside_the_state_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -146,5 +146,35 @@ def test_a_fit_stuck_for_ever_does_not_hold_up_the_process_exit() -> None:
         "print(asyncio.run(w.get('900s')))\n"
         "w.close()\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr[-1000:]
+
+
+class _Abort(BaseException):
+    """Not an Exception: what a fit killed by SystemExit or an async KeyboardInterrupt raises."""
+
+
+def test_a_fit_aborted_by_a_base_exception_frees_the_slot_for_the_next_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, `_running` stayed set: every later get() waited out its deadline and no fit ran again."""
+    calls: list[str] = []
+
+    def compute(key: str) -> str:
+        calls.append(key)
+        if len(calls) == 1:
+            raise _Abort()
+        return f"fit:{key}"
+
+    # The aborted worker thread's exception goes to threading.excepthook: keep it out of the output.
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)
+    worker: FitWorker[str, str] = FitWorker(compute, deadline_s=2.0, fresh_s=60)
+    try:
+        first = asyncio.run(worker.get("60s"))
+        # The aborted fit left no result: the same request, still within its deadline, starts another.
+        assert first is not None and first.value == "fit:60s" and not first.stale
+        assert calls == ["60s", "60s"] and not worker.busy()
+    finally:
+        worker.close()

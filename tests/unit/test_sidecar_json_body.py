@@ -3,6 +3,7 @@ the field (or the body) and the reason, never the value, never a 500 or a Recurs
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from flyserve.sidecar.app import create_app
-from flyserve.sidecar.json_body import MAX_DEPTH, check_json_body
+from flyserve.sidecar.json_body import KEY_PLACEHOLDER, MAX_DEPTH, check_json_body
 from flyserve.sidecar.settings import SidecarSettings
 
 TOKEN = "t0ken-for-tests-0123456789"
@@ -80,3 +81,34 @@ def test_every_json_endpoint_refuses_5000_deep_nesting(client: TestClient, metho
     r = client.request(method, path, content=b"[" * 5000 + b"]" * 5000, headers=JSON_AUTH)
     assert r.status_code == 400, (r.status_code, r.text[:300])
     assert r.json()["field"] == "<body>" and "nesting too deep" in r.json()["detail"]
+
+
+def test_a_known_field_given_twice_is_named() -> None:
+    r = check_json_body(b'{"min_seq_len": 1, "min_seq_len": 2}')
+    assert r is not None and r.status == 422 and r.field == "min_seq_len"
+    assert "more than once" in r.detail
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "x" * 40,  # an identifier, but longer than 32 characters
+        "<script>alert(1)</script>",
+        "secret token=abc",
+        "9starts_with_a_digit",
+        "caf\u00e9",
+        "",
+    ],
+)
+def test_a_key_that_is_not_a_short_identifier_is_never_echoed(key: str) -> None:
+    """The body is unauthenticated: a duplicate key or a key on the path to a too-long number was
+    quoted back (up to 64 characters a level). Now it is `<key>`; known field names still appear."""
+    k = json.dumps(key).encode()
+    dup = check_json_body(b"{" + k + b": 1, " + k + b": 2}")
+    assert dup is not None and dup.status == 422 and dup.field == "<key>"
+    assert f"'{KEY_PLACEHOLDER}'" in dup.detail
+    long = check_json_body(b'{"a": {' + k + b": [" + DIGITS + b"]}}")
+    assert long is not None and long.status == 422 and long.field == "a.<key>[0]", long
+    for r in (dup, long):
+        if key:
+            assert key not in r.detail and key not in r.field
