@@ -546,9 +546,9 @@ ATTACKS: dict[str, type[Attack]] = {
     "half-open": HalfOpenFlood,
     "forged-reports": ForgedReports,
     "future-files": FutureRankFiles,
-    "forged-samples": ForgedSamples,
     "advice": AdviceFlood,
     "big-bodies": BigBodyFlood,
+    "forged-samples": ForgedSamples,  # last: its samples stay in the 900 s window (advice then refuses)
 }
 """Issue 22's items 1-5 and 10 and the advice flood, each a row of the benchmark; the state-directory
 attacks (items 1, 3, 4, 5) write into the rig's state directory and remove what they wrote."""
