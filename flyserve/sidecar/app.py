@@ -123,8 +123,23 @@ def _error(status: int, detail: str, field: str | None = None, errors: list[dict
     return JSONResponse({"detail": detail, "field": field, "errors": errors or []}, status_code=status)
 
 
+DROP_REASONS = ("head_timeout", "request_timeout", "evicted", "refused")
+COMPACTION_ACTIONS = ("merged", "dropped")
+
+
+def _expose_labelled_counters_at_zero() -> None:
+    """Every known label of the sidecar's labelled counters, at 0 from the start: a series that
+    appears only with its first event has no rate() before it (an empty dashboard panel, an alert
+    that cannot fire on the first increase)."""
+    for reason in DROP_REASONS:
+        tm.SIDECAR_DROPPED_CONNECTIONS.labels(reason)
+    for action in COMPACTION_ACTIONS:
+        tm.SIDECAR_COMPACTED_FILES.labels(action)
+
+
 def create_app(settings: SidecarSettings) -> FastAPI:
     """Build the app. Starts nothing until the ASGI lifespan starts (the counter sampler thread)."""
+    _expose_labelled_counters_at_zero()
     extra = {} if settings.step_margin is None else {"step_margin": settings.step_margin}
     control = ControlPlane(
         settings.state_dir, profile=settings.profile, config_file=settings.config_file, **extra
