@@ -186,8 +186,17 @@ def test_stats_match_decisions_and_patch_switches_all_ranks_at_one_step(sidecar:
         assert "simulate: done" in out
 
         with sidecar.client() as c:
-            time.sleep(0.6)  # past the stats cache TTL
-            s = c.get("/dispatch-stats").json()
+            # A page computed after the ranks' last reports: the cache may serve one up to its TTL
+            # plus the refresher's grace (2 s) old on a busy machine (sidecar/cache.py).
+            s = wait_for(
+                lambda: (p := c.get("/dispatch-stats").json())["ranks"]
+                and len(p["ranks"]) == ranks
+                and all(rv["step"] == steps - 1 for rv in p["ranks"])
+                and p,
+                timeout=15,
+                what="a page with every rank's last step",
+            )
+            time.sleep(3.5)  # past the /metrics TTL and its grace: a body computed after the last reports
             metrics_text = c.get("/metrics").text
     finally:
         _resume(paused)
@@ -289,11 +298,17 @@ def test_auth_conflict_validation_and_size_errors(sidecar: Sidecar):
         r = c.put("/thresholds", content=b'{"lpt": "' + b"x" * 100_000 + b'"}', headers=AUTH)
         assert r.status_code == 413
         assert c.get("/thresholds").json()["values"]["lpt"] == "never"
-        time.sleep(1.1)  # past the /metrics TTL
-        text = c.get("/metrics").text
-        # Reload results, counted by the control plane inside the sidecar, reach /metrics.
-        assert 'flyserve_config_reloads_total{result="success",source="api"} 1.0' in text
-        assert 'flyserve_config_reloads_total{result="invalid",source="api"} 1.0' in text
+        # Reload results, counted by the control plane inside the sidecar, reach /metrics (within
+        # its TTL plus the refresher's grace on a busy machine).
+        text = wait_for(
+            lambda: (t := c.get("/metrics").text)
+            and 'flyserve_config_reloads_total{result="success",source="api"} 1.0' in t
+            and 'flyserve_config_reloads_total{result="invalid",source="api"} 1.0' in t
+            and t,
+            timeout=15,
+            what="the reload counters in /metrics",
+        )
+        assert text
     # The token is never on a command line.
     assert TOKEN.encode() not in Path(f"/proc/{sidecar.proc.pid}/cmdline").read_bytes()
 
