@@ -205,6 +205,7 @@ def test_live_regret_and_advice_on_the_real_cpu_engine(engine):
     matches: 4 heads, head size 32, block 128): cpu-tiny sends prefill batches to the SDPA stand-in,
     which the table measured slower, so there is regret; advice routes those batches to vLLM's CPU
     kernel and, on the same shapes, leaves none."""
+    from _live_ranks import vouched_ranks
     from fastapi.testclient import TestClient
 
     from flyserve.sidecar.app import create_app
@@ -213,7 +214,10 @@ def test_live_regret_and_advice_on_the_real_cpu_engine(engine):
     s = SidecarSettings(
         state_dir=engine["state"], profile="cpu-tiny", share_control_metrics=False, costs="cpu"
     )
-    with TestClient(create_app(s)) as c:
+    # The engine has finished; samples count only from live ranks (issue 22 item 5): this test
+    # process stands in for its one rank, as tests/_live_ranks.py explains.
+    last = max(x["step"] for x in engine["shapes"])
+    with vouched_ranks(engine["state"], (0,), step=last), TestClient(create_app(s)) as c:
         reg = c.get("/dispatch-stats").json()["regret"]
         assert reg["unpriceable"] is None, reg
         w = reg["windows"]["900s"]
