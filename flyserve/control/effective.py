@@ -27,7 +27,7 @@ fastest rank is now. The rules (issue 13):
     twice the slowest. An unconfirmed report next to confirmed ranks moves nothing: one with a low
     step or a slow rate once pulled the step into the past (each rank then applied at its own next
     step: not one step) - measured by benchmarks/bench_sidecar_under_attack.py.
-    A report can pull the step down (the ranks then apply at once, each at its own next step,
+    A counted report can pull the step down (the ranks then apply at once, each at its own next step,
     counted as late applies) but cannot push it up past the honest ranks' by more than that.
 
   **The bound.** For any honest live rank R of an engine (projected step p, rate r = its
@@ -51,7 +51,7 @@ fastest rank is now. The rules (issue 13):
   lives (witness), or ranks/ carries the sticky bit (Store makes it so) and the forger is another
   uid (it cannot rename over R's file). A forger who can replace the files of EVERY rank of an
   engine that the reader cannot confirm - ranks in another pid namespace (containers without a
-  shared pid namespace: deploy/'s pod as shipped), the typical case a single-rank (TP 1) engine -
+  shared pid namespace; deploy/'s pod shares it), the typical case a single-rank (TP 1) engine -
   with a report claiming a far step, at the moment a change is planned, pins that change: its
   step for that engine is what the forgery claims (parse_report caps it only at 10,000 steps/s
   since the claimed start). The ranks then hold it as ``pending_version`` and never reach it;
