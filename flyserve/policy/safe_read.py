@@ -219,13 +219,20 @@ def _long_int(token: str) -> Any:
     return int(token)
 
 
-def _float(token: str) -> Any:
+def _float_or_refusal(token: str) -> float | str:
+    """The float, or why it is refused: one rule for parse_json (which names the field) and
+    loads_record (which skips the line)."""
     if len(token) > MAX_FLOAT_CHARS:
-        return _Bad(f"a number of {len(token)} characters (at most {MAX_FLOAT_CHARS})")
+        return f"a number of {len(token)} characters (at most {MAX_FLOAT_CHARS})"
     v = float(token)
     if v in (float("inf"), float("-inf")):
-        return _Bad("a number out of range (not finite)")
+        return "a number out of range (not finite)"
     return v
+
+
+def _float(token: str) -> Any:
+    v = _float_or_refusal(token)
+    return _Bad(v) if isinstance(v, str) else v
 
 
 def _constant(token: str) -> Any:
@@ -317,11 +324,9 @@ def _refuse_constant(token: str) -> Any:
 
 
 def _finite_float(token: str) -> float:
-    if len(token) > MAX_FLOAT_CHARS:
-        raise ValueError(f"a number of {len(token)} characters (at most {MAX_FLOAT_CHARS})")
-    v = float(token)
-    if v in (float("inf"), float("-inf")):
-        raise ValueError("a number out of range (not finite)")
+    v = _float_or_refusal(token)
+    if isinstance(v, str):
+        raise ValueError(v)  # noqa: TRY004 - a refused number, not a wrong type
     return v
 
 
