@@ -49,10 +49,13 @@ from bench_sidecar import TOKEN, drive, free_port, stop
 STEP_INTERVAL = 0.5  # 64 processes on a small machine: 2 steps per second per rank
 
 
-def start_sidecar(state: Path, port: int, log: Path, compact_interval: float) -> subprocess.Popen:
+def start_sidecar(
+    state: Path, port: int, log: Path, compact_interval: float, switch_interval_ms: float
+) -> subprocess.Popen:
     env = dict(os.environ, FLYSERVE_SIDECAR_TOKEN=TOKEN)
     cmd = [sys.executable, "-m", "flyserve.cli", "sidecar", "--state-dir", str(state), "--port", str(port),
-           "--log-level", "warning", "--compact-interval", str(compact_interval), "--stale-after", "10"]  # fmt: skip
+           "--log-level", "warning", "--compact-interval", str(compact_interval), "--stale-after", "10",
+           "--switch-interval-ms", str(switch_interval_ms)]  # fmt: skip
     p = subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 90
     while True:
@@ -167,6 +170,8 @@ def main() -> int:
     ap.add_argument("--restart-every", type=float, default=1.2)
     ap.add_argument("--restarts", type=int, default=100)
     ap.add_argument("--compact-interval", type=float, default=5.0)
+    ap.add_argument("--switch-interval-ms", type=float, default=1.0,
+                    help="the sidecar's --switch-interval-ms (0: Python's default 5 ms)")  # fmt: skip
     ap.add_argument("--ranks-nice", type=int, default=10, help="nice value of the simulated ranks (0: none)")
     args = ap.parse_args()
     nice = ["nice", "-n", str(args.ranks_nice)] if args.ranks_nice else []
@@ -185,7 +190,7 @@ def main() -> int:
     sidecar = None
     try:
         port = free_port()
-        sidecar = start_sidecar(state, port, log, args.compact_interval)
+        sidecar = start_sidecar(state, port, log, args.compact_interval, args.switch_interval_ms)
         base = f"http://127.0.0.1:{port}"
         wait_ranks(base, 2, sim, log)
         files = sum(1 for n in os.listdir(state / "metrics") if n.endswith(".db"))
@@ -210,7 +215,7 @@ def main() -> int:
     watcher = None
     try:
         port = free_port()
-        sidecar = start_sidecar(state, port, log, args.compact_interval)
+        sidecar = start_sidecar(state, port, log, args.compact_interval, args.switch_interval_ms)
         base = f"http://127.0.0.1:{port}"
         wait_ranks(base, 60, sim, log)  # a restarting rank is missing for a second or two
         watcher = Watcher(state / "metrics", base, tmp / "watch.json")
@@ -252,7 +257,8 @@ def main() -> int:
     print(
         f"\nflyserve sidecar at scale: open loop {args.rate:g} req/s x {args.duration:g} s per endpoint and "
         f"row; restarts every {args.restart_every:g} s (SIGKILL + a new process), --compact-interval "
-        f"{args.compact_interval:g}; steps every {STEP_INTERVAL} s; ranks at nice {args.ranks_nice}"
+        f"{args.compact_interval:g}; steps every {STEP_INTERVAL} s; ranks at nice {args.ranks_nice}; "
+        f"sidecar --switch-interval-ms {args.switch_interval_ms:g}"
     )
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load "

@@ -18,9 +18,9 @@ def _flags_take_no_value() -> None:
     help never did)."""
     from typer.core import TyperOption
 
-    show_type = TyperOption.display_type_rich
-    if getattr(show_type, "_flyserve_flags", False):
-        return
+    show_type = getattr(TyperOption, "display_type_rich", None)
+    if show_type is None or getattr(show_type, "_flyserve_flags", False):
+        return  # a typer without it (before 0.29: seen on a machine with an older one) shows no <bool>
 
     def display_type_rich(self: TyperOption, ctx: object) -> str | None:
         return None if self.is_flag else show_type(self, ctx)

@@ -143,6 +143,18 @@ def sidecar(
             "(merged into one archive per kind, totals unchanged; 0: never).",
         ),
     ] = 60.0,
+    switch_interval_ms: Annotated[
+        float,
+        typer.Option(
+            "--switch-interval-ms",
+            min=0.0,
+            max=100.0,
+            help="Python's thread switch interval for this process, in ms (0: Python's own, 5 ms). The "
+            "sidecar's background refresher and compactor are CPU-bound Python; each time a request's "
+            "thread waits for the interpreter lock behind them it waits up to this long, several "
+            "times per request (docs/performance.md section 12 measures it).",
+        ),
+    ] = 1.0,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn/flyserve log level.")] = "info",
 ) -> None:
     """Serve /dispatch-stats, /thresholds and /metrics next to vLLM (uvicorn, one worker)."""
@@ -241,7 +253,13 @@ def sidecar(
             app.state.shutting_down.set()
             super().handle_exit(sig, frame)
 
-    typer.echo(f"flyserve sidecar on http://{host}:{port} (state {sd})", err=True)
+    import sys
+
+    if switch_interval_ms > 0:
+        sys.setswitchinterval(switch_interval_ms / 1000.0)  # the whole process: it is the sidecar's own
+    switch_ms = sys.getswitchinterval() * 1000.0
+    typer.echo(f"flyserve sidecar on http://{host}:{port} (state {sd}; thread switch interval {switch_ms:g} ms)",
+               err=True)  # fmt: skip
     _Server(config).run(sockets=[sock])
 
 

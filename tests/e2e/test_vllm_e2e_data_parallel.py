@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_vllm_e2e_engine_channel import Load, read_rows, wait_for
+from test_vllm_e2e_engine_channel import Load, StepTail, read_rows, wait_for
 
 from flyserve.control import ControlPlane
 from flyserve.policy import BatchShape, Thresholds, decide
@@ -39,27 +39,31 @@ def serve_args() -> list[str]:
     return args
 
 
-def steps_so_far(logs: list[Path]) -> int:
-    return sum(len(read_rows(p)) for p in logs)
-
-
-def make_changes(plane: ControlPlane, logs: list[Path]) -> list[tuple[int, Thresholds]]:
+def make_changes(plane: ControlPlane, tail: StepTail) -> list[tuple[int, Thresholds]]:
     """CHANGES versions, each 0.05-0.4 s after some engine ran a step since the previous one (so
-    the changes spread over the serving steps instead of all landing before the first)."""
+    the changes spread over the serving steps instead of all landing before the first). Prints how
+    long the waits and the changes took, so a slow CI run can be told from a hang."""
     rng = random.Random(SEED)
     out: list[tuple[int, Thresholds]] = []
     cur = plane.snapshot().thresholds
-    seen = steps_so_far(logs)
+    seen = tail.poll()
+    waited = applying = 0.0
     for _ in range(CHANGES):
-        wait_for(lambda seen=seen: steps_so_far(logs) > seen, "an engine to run another step", 90)
-        seen = steps_so_far(logs)
+        t = time.monotonic()
+        wait_for(lambda seen=seen: tail.poll() > seen, "an engine to run another step", 90)
+        seen = tail.count
         time.sleep(rng.uniform(0.05, 0.4))
+        t1 = time.monotonic()
         msl = rng.choice([v for v in (64, 96, 128, 200, 300, 500) if v != cur.min_seq_len])
         snap = plane.apply_overrides(
             {"min_seq_len": msl, "prefill_enabled": rng.random() < 0.75}, actor="e2e-23"
         ).snapshot
+        waited, applying = waited + t1 - t, applying + time.monotonic() - t1
         cur = snap.thresholds
         out.append((snap.version, snap.thresholds))
+    print(
+        f"\n{CHANGES} changes: {waited:.1f} s waiting for steps (sleeps included), {applying:.1f} s applying"
+    )
     return out
 
 
@@ -79,13 +83,14 @@ def run(tiny_model: Path, tmp: Path) -> dict[str, Any]:
     logs = [tmp / f"shapes-{r}.jsonl" for r in range(DP)]
     try:
         plane = ControlPlane(state, profile="cpu-tiny")
+        tail = StepTail(logs)
         with Load(server.url, n=4) as load:
-            changes = make_changes(plane, logs)
+            changes = make_changes(plane, tail)
             last = changes[-1][0]
             # Each engine steps only while it has requests: the load keeps both busy until both
             # logged a step under the last version.
             wait_for(
-                lambda: all(any(x["version"] == last for x in read_rows(p)) for p in logs),
+                lambda: tail.all_at(last),
                 f"both engines to log a step of version {last}",
                 180,
             )
@@ -113,6 +118,7 @@ def run(tiny_model: Path, tmp: Path) -> dict[str, Any]:
         "state": state,
         "changes": changes,
         "codes": load.codes,
+        "failures": load.failures,
         "rows": {r: read_rows(logs[r]) for r in range(DP)},
         "history": {first.version: first.thresholds, **dict(changes)},
         "stats": stats,
@@ -145,7 +151,10 @@ def test_data_parallel_2_every_engine_confirms_all_50_changes_at_one_step_each(t
     changes, rows = got["changes"], got["rows"]
     versions = [v for v, _ in changes]
     assert versions == list(range(2, 2 + CHANGES))
-    assert got["codes"] and all(code == 200 for code in got["codes"]), set(got["codes"])
+    assert got["codes"] and all(code == 200 for code in got["codes"]), (
+        set(got["codes"]),
+        got["failures"][:5],
+    )
 
     pushes = {}
     for line in (got["state"] / "channel" / "pushes.jsonl").read_text().splitlines():

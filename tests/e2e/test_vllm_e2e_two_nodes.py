@@ -33,7 +33,7 @@ import pytest
 import yaml
 from _support import require_binary
 from test_vllm_e2e_data_parallel import HEADS
-from test_vllm_e2e_engine_channel import Load, read_rows, wait_for
+from test_vllm_e2e_engine_channel import Load, StepTail, read_rows, wait_for
 
 from flyserve.control import ControlPlane
 from flyserve.policy import BatchShape, decide
@@ -161,9 +161,10 @@ def test_two_nodes_without_a_shared_disk_every_engine_every_rank(tiny_model, tmp
         changes = []
         with Load(head.url, n=3) as load:
             t_load = time.monotonic()
+            tail = StepTail(logs)
             for _ in range(CHANGES):
-                seen = sum(len(read_rows(p)) for p in logs)
-                wait_for(lambda seen=seen: sum(len(read_rows(p)) for p in logs) > seen, "a step", 180)
+                seen = tail.poll()
+                wait_for(lambda seen=seen: tail.poll() > seen, "a step", 180)
                 time.sleep(rng.uniform(0.1, 0.5))
                 snap = plane.apply_overrides(
                     {"min_seq_len": rng.choice((64, 96, 128, 200, 300, 500)),
@@ -172,7 +173,7 @@ def test_two_nodes_without_a_shared_disk_every_engine_every_rank(tiny_model, tmp
                 changes.append((snap.version, snap.thresholds))
             last = changes[-1][0]
             wait_for(
-                lambda: all(any(x["version"] == last for x in read_rows(p)) for p in logs),
+                lambda: tail.all_at(last),
                 f"both engines to log a step of version {last}",
                 240,
             )
@@ -198,7 +199,7 @@ def test_two_nodes_without_a_shared_disk_every_engine_every_rank(tiny_model, tmp
             stop(p)
     head_log = (tmp / "head.log").read_text(errors="replace")
     node_log = (tmp / "node1.log").read_text(errors="replace")
-    assert load.codes and all(c == 200 for c in load.codes), set(load.codes)
+    assert load.codes and all(c == 200 for c in load.codes), (set(load.codes), load.failures[:5])
     versions = [v for v, _ in changes]
 
     # Every version confirmed by both engines (engine 1 on node 1), each at one step of its own.

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs benchmarks/bench_scale.py (issue 23 item 4: 8 engines x 8 ranks, 100 rank restarts, side by
+# side with 2 ranks) on a lent machine whose 16 CPU cores nothing else shares, so its p99s say what
+# the sidecar does rather than what an oversubscribed 2-core VM's scheduler does. No GPU is used.
+#
+# Usage, from the repository root on that machine:
+#   [BENCH_ARGS="--restart-every 1.2"] WHEELS=<folder of cp312 wheels> OUT=<results folder> bash scripts/gpu/bench_scale_h200.sh
+# WHEELS holds the packages the machine lacks (fastapi, starlette, uvicorn, pydantic and its set,
+# opentelemetry api/sdk/semconv/otlp-http, watchfiles, grafana-foundation-sdk, prometheus_client
+# 0.26); they are installed with --no-index --no-deps into a private folder, never into the system.
+set -euo pipefail
+WHEELS=${WHEELS:?set WHEELS to a folder of wheels}
+OUT=${OUT:?set OUT to the results folder}
+SITE=${SITE:-/tmp/site}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
+export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
+python3 -c 'import fastapi, uvicorn, pydantic, prometheus_client, flyserve.cli, flyserve.sidecar.app; print("imports ok")'
+{
+  echo "# $(date -u +%FT%TZ) $(uname -m), $(nproc) cores, $(python3 --version)"
+  python3 -c 'import fastapi, uvicorn, pydantic, prometheus_client as p; print("fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__, "pydantic", pydantic.__version__, "prometheus_client", getattr(p, "__version__", "?"))'
+  python3 benchmarks/bench_scale.py ${BENCH_ARGS:-}
+  echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+} 2>&1 | tee "$OUT/bench-scale.txt"
