@@ -149,7 +149,7 @@ def sidecar(
             "--switch-interval-ms",
             min=0.0,
             max=100.0,
-            help="Python's thread switch interval for this process, in ms (0: Python's own, 5 ms). The "
+            help="Python's thread switch interval for this process, 0.1-100 ms (0: Python's own, 5 ms). The "
             "sidecar's background refresher and compactor are CPU-bound Python; each time a request's "
             "thread waits for the interpreter lock behind them it waits up to this long, several "
             "times per request (docs/performance.md section 12 measures it).",
@@ -175,6 +175,9 @@ def sidecar(
         check_profile(profile, setting="--profile")
     except StartupError:
         raise typer.Exit(2) from None
+    if 0 < switch_interval_ms < 0.1:  # Python takes 1e-9 and then switches threads without end
+        err("error: --switch-interval-ms: 0 (Python's own) or 0.1-100 ms", err=True)
+        raise typer.Exit(2)
     try:
         token = read_token(token_file)
     except TokenError as exc:

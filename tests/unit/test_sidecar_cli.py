@@ -140,9 +140,10 @@ def test_simulate_quiet_prints_no_progress(tmp_path: Path):
 
 
 def test_sidecar_switch_interval_out_of_range_names_the_flag(tmp_path: Path):
-    r = runner.invoke(app, ["sidecar", "--state-dir", str(tmp_path), "--switch-interval-ms", "500"])
-    assert r.exit_code == 2 and "--switch-interval-ms" in r.output
-    assert list(tmp_path.iterdir()) == []  # refused before anything was created
+    for bad in ("500", "-1", "nan", "inf", "1e-9"):
+        r = runner.invoke(app, ["sidecar", "--state-dir", str(tmp_path / "s"), "--switch-interval-ms", bad])
+        assert r.exit_code == 2 and "--switch-interval-ms" in r.output, (bad, r.output)
+        assert list(tmp_path.iterdir()) == [], bad  # refused before anything was created
 
 
 def test_sidecar_sets_and_says_its_thread_switch_interval(tmp_path: Path):
