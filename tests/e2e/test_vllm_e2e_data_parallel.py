@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_vllm_e2e_engine_channel import Load, StepTail, read_rows, wait_for
+from test_vllm_e2e_engine_channel import KEEP_ALIVE_ENV, Load, StepTail, read_rows, wait_for
 
 from flyserve.control import ControlPlane
 from flyserve.policy import BatchShape, Thresholds, decide
@@ -77,6 +77,7 @@ def run(tiny_model: Path, tmp: Path) -> dict[str, Any]:
         FLYSERVE_LOG_LEVEL="INFO",
         VLLM_CPU_OMP_THREADS_BIND="0|1",
         VLLM_PLUGINS="flyserve,flyserve-endpoint",
+        **KEEP_ALIVE_ENV,
     )
     server = VllmServer(tiny_model, serve_args(), env=env, log_path=tmp / "vllm.log")
     server.start(timeout=480)

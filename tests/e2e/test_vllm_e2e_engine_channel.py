@@ -59,6 +59,7 @@ class Load:
         import httpx
 
         rng = random.Random(seed)
+        answered = time.monotonic()
         with httpx.Client(timeout=120) as c:
             while not self.stop.is_set():
                 prompt = [rng.randrange(10, 2000) for _ in range(rng.choice((8, 60, 150, 300)))]
@@ -76,8 +77,10 @@ class Load:
                     code = 0
                     self.failures.append(
                         f"client {seed}: {type(e).__name__}: {str(e)[:160]} (sent at +{sent - self.t0:.1f} s, "
-                        f"failed after {time.monotonic() - sent:.1f} s, stop set: {self.stop.is_set()})"
+                        f"{sent - answered:.1f} s after its previous answer, failed after "
+                        f"{time.monotonic() - sent:.1f} s, stop set: {self.stop.is_set()})"
                     )
+                answered = time.monotonic()
                 self.codes.append(code)
 
     def __enter__(self) -> Self:
@@ -92,6 +95,15 @@ class Load:
         deadline = time.monotonic() + (180 if exc[0] is None else 15)
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
+
+
+# vLLM's API server closes a keep-alive connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s): a
+# client thread of these tests, starved on the 2-core VM by the workers' OpenMP threads, that sends
+# on such a connection as it closes gets "Server disconnected without sending a response" (seen
+# once in the TP 2 test: a request failed 1.1 s after it was sent, nothing in vLLM's log). That race
+# is httpx's and uvicorn's, not flyserve's: the tests' servers keep idle connections for 10 minutes,
+# and any other disconnection still fails them, with the failure's details.
+KEEP_ALIVE_ENV = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "600"}
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -224,6 +236,7 @@ def run(tiny_model: Path, tmp: Path, *, channel: bool) -> dict[str, Any]:
         VLLM_PLUGINS="flyserve,flyserve-endpoint" if channel else "flyserve",
         FLYSERVE_ROUTES="1",  # only the endpoint plugin reads it: no routes in the fallback run
         FLYSERVE_SIDECAR_TOKEN=TOKEN,
+        **KEEP_ALIVE_ENV,
     )
     server = VllmServer(tiny_model, serve_args(), env=env, log_path=tmp / "vllm.log")
     server.start(timeout=480)

@@ -33,7 +33,7 @@ import pytest
 import yaml
 from _support import require_binary
 from test_vllm_e2e_data_parallel import HEADS
-from test_vllm_e2e_engine_channel import Load, StepTail, read_rows, wait_for
+from test_vllm_e2e_engine_channel import KEEP_ALIVE_ENV, Load, StepTail, read_rows, wait_for
 
 from flyserve.control import ControlPlane
 from flyserve.policy import BatchShape, decide
@@ -133,7 +133,8 @@ def test_two_nodes_without_a_shared_disk_every_engine_every_rank(tiny_model, tmp
     node_env = flyserve_env(node_state, "cpu-tiny", FLYSERVE_SHAPE_LOG=str(tmp / "node1-shapes-{rank}.jsonl"),
                             FLYSERVE_LOG_LEVEL="INFO", VLLM_CPU_OMP_THREADS_BIND="1", VLLM_PLUGINS=plugins)  # fmt: skip
     head_env = flyserve_env(head_state, "cpu-tiny", FLYSERVE_SHAPE_LOG=str(tmp / "head-shapes-{rank}.jsonl"),
-                            FLYSERVE_LOG_LEVEL="INFO", VLLM_CPU_OMP_THREADS_BIND="0", VLLM_PLUGINS=plugins)  # fmt: skip
+                            FLYSERVE_LOG_LEVEL="INFO", VLLM_CPU_OMP_THREADS_BIND="0", VLLM_PLUGINS=plugins,
+                            **KEEP_ALIVE_ENV)  # fmt: skip
     procs: list[subprocess.Popen] = []
     node1 = spawn(
         "node1",
