@@ -175,7 +175,9 @@ def sidecar(
         check_profile(profile, setting="--profile")
     except StartupError:
         raise typer.Exit(2) from None
-    if 0 < switch_interval_ms < 0.1:  # Python takes 1e-9 and then switches threads without end
+    if not (switch_interval_ms == 0 or 0.1 <= switch_interval_ms <= 100):
+        # Python takes 1e-9 and then switches threads without end; an older click lets nan through
+        # its range check (nan compares False both ways), so the range is checked here too.
         err("error: --switch-interval-ms: 0 (Python's own) or 0.1-100 ms", err=True)
         raise typer.Exit(2)
     try:

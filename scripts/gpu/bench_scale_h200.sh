@@ -18,7 +18,7 @@ export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
 python3 -c 'import fastapi, uvicorn, pydantic, prometheus_client, flyserve.cli, flyserve.sidecar.app; print("imports ok")'
 {
   echo "# $(date -u +%FT%TZ) $(uname -m), $(nproc) cores, $(python3 --version)"
-  python3 -c 'import fastapi, uvicorn, pydantic, prometheus_client as p; print("fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__, "pydantic", pydantic.__version__, "prometheus_client", getattr(p, "__version__", "?"))'
+  python3 -c 'import fastapi, uvicorn, pydantic, prometheus_client as p; from importlib.metadata import version as v; print(*(f"{n} {v(n)}" for n in ("fastapi", "uvicorn", "pydantic", "prometheus_client", "typer")))'
   python3 benchmarks/bench_scale.py ${BENCH_ARGS:-}
   echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 } 2>&1 | tee "$OUT/bench-scale.txt"

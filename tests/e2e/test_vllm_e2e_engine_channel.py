@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import threading
 import time
@@ -135,6 +136,8 @@ class StepTail:
         for i, path in enumerate(self.paths):
             try:
                 with path.open("rb") as f:
+                    if os.fstat(f.fileno()).st_size < self.offsets[i]:
+                        raise AssertionError(f"{path.name} shrank: the shape logs are append-only")
                     f.seek(self.offsets[i])
                     chunk = f.read()
             except FileNotFoundError:
@@ -142,8 +145,12 @@ class StepTail:
             end = chunk.rfind(b"\n") + 1  # a torn last line waits for the next poll
             for line in chunk[:end].splitlines():
                 if line.startswith(b'{"step"'):
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        continue  # a garbled line is skipped, as read_rows does
                     self.count += 1
-                    self.last[path] = json.loads(line)
+                    self.last[path] = row
             self.offsets[i] += end
         return self.count
 

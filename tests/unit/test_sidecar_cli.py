@@ -152,6 +152,7 @@ def test_sidecar_sets_and_says_its_thread_switch_interval(tmp_path: Path):
     import os
     import subprocess
     import sys
+    import threading
     import time
 
     from flyserve.vllm.launch import free_port
@@ -164,13 +165,17 @@ def test_sidecar_sets_and_says_its_thread_switch_interval(tmp_path: Path):
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
             env={**os.environ, "FLYSERVE_SIDECAR_TOKEN": "t" * 24},
         )  # fmt: skip
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(p.stderr or ()), daemon=True)
+        reader.start()
         try:
             deadline = time.monotonic() + 120
-            assert p.stderr is not None
-            for line in p.stderr:
-                if "sidecar on http" in line or time.monotonic() > deadline:
-                    return line
-            return ""
+            while time.monotonic() < deadline and p.poll() is None:
+                started = [line for line in list(lines) if "sidecar on http" in line]
+                if started:
+                    return started[0]
+                time.sleep(0.1)
+            return "".join(lines)  # exited or silent for 120 s: what it said, for the assertion
         finally:
             p.terminate()
             p.wait(timeout=30)
