@@ -70,7 +70,7 @@ class RankControl:
         self._pending_step = _NEVER
         self._seen_stat: tuple[int, int, int] | None = None
         self.started = time.time()
-        # Until the rank has measured a rate (over MIN_RATE_WINDOW_S, after MIN_RATE_STEPS steps), its
+        # Until the rank has measured a rate (MIN_RATE_STEPS steps over MIN_RATE_WINDOW_S), its
         # report says steps_per_s null and the publisher assumes a high rate: a change published in
         # a rank's first second used to get the 8-step floor and be applied late (issue 13).
         self._last_rate_sample: tuple[float, int] = (self.started, 0)
@@ -280,13 +280,7 @@ class RankControl:
         if now - t0 < MIN_RATE_WINDOW_S:
             return max(self._recent_rates) if self._recent_rates else None
         self._last_rate_sample = (now, self._step)
-        # The first window in which the rank reached MIN_RATE_STEPS also holds the time before its
-        # first step (model load, no requests yet, a starved start): its rate understates the rank's
-        # and sized a margin too small to notice the change in time (a CI run: rate 6/s reported,
-        # 50/s stepped, both ranks applied 13 steps late). A rate counts only from a window that
-        # began with the rank already MIN_RATE_STEPS steps in; until then the report says null and
-        # the publisher assumes a high rate.
-        if self._recent_rates or s0 >= MIN_RATE_STEPS:
+        if self._recent_rates or self._step >= MIN_RATE_STEPS:
             self._recent_rates.append(max(0.0, (self._step - s0) / (now - t0)))
         return max(self._recent_rates) if self._recent_rates else None
 

@@ -190,40 +190,14 @@ def test_a_rank_without_a_measured_rate_gets_the_assumed_high_rate_margin(plane:
     assert res.snapshot.effective_step >= 200 + ASSUMED_STEPS_PER_S * 3.0
 
 
-def test_a_rank_measures_its_rate_from_a_window_that_began_after_its_first_steps(plane: ControlPlane) -> None:
+def test_a_rank_measures_its_rate_after_a_second_of_steps(plane: ControlPlane) -> None:
     rc = RankControl(plane.state_dir, 0, report=False)
     rc.started -= 2.0  # as if constructed two seconds ago ...
     rc._last_rate_sample = (rc.started, 0)
     for step in range(1, 401):  # ... and 400 steps since
         rc.current(step)
-    # That window began at step 0: it may hold the time before the first step. Not counted.
-    assert rc.report_dict()["steps_per_s"] is None
-    rc._last_rate_sample = (time.time() - 2.0, 400)  # the next window: two seconds, 400 steps more
-    for step in range(401, 801):
-        rc.current(step)
     rate = rc.report_dict()["steps_per_s"]
     assert rate is not None and 150 < rate < 250
-
-
-def test_a_slow_start_does_not_become_the_rank_s_rate(plane: ControlPlane) -> None:
-    """A CI run of the liveness attack rig: the simulated ranks crept through their first steps
-    (a starved start), reported about 6 steps/s, then stepped at 50/s; a PATCH published at once got
-    a margin of 18 steps and both ranks applied it 13 steps late. The window that holds the start is
-    not counted, so the report says null (the publisher assumes a high rate) until a window that
-    began with the rank MIN_RATE_STEPS steps in."""
-    from flyserve.control.rank import MIN_RATE_STEPS
-
-    rc = RankControl(plane.state_dir, 0, report=False)
-    t = time.time()
-    rc._last_rate_sample = (t - 3.0, 0)  # three seconds of a slow start: 18 steps
-    for step in range(1, 19):
-        rc.current(step)
-    assert 18 >= MIN_RATE_STEPS and rc.report_dict()["steps_per_s"] is None  # was 6.0
-    rc._last_rate_sample = (time.time() - 1.0, 18)  # then a second at speed: 50 steps
-    for step in range(19, 69):
-        rc.current(step)
-    rate = rc.report_dict()["steps_per_s"]
-    assert rate is not None and 40 < rate < 60
 
 
 def test_each_engine_switches_at_its_own_step(plane: ControlPlane) -> None:
