@@ -9,13 +9,7 @@
 # opentelemetry api/sdk/semconv/otlp-http, watchfiles, grafana-foundation-sdk, prometheus_client
 # 0.26); they are installed with --no-index --no-deps into a private folder, never into the system.
 set -euo pipefail
-WHEELS=${WHEELS:?set WHEELS to a folder of wheels}
-OUT=${OUT:?set OUT to the results folder}
-SITE=${SITE:-/tmp/site}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
-export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
-python3 -c 'import fastapi, uvicorn, pydantic, prometheus_client, flyserve.cli, flyserve.sidecar.app; print("imports ok")'
+source "$(dirname "$0")/carried_wheels.sh"
 {
   echo "# $(date -u +%FT%TZ) $(uname -m), $(nproc) cores, $(python3 --version)"
   python3 -c 'import fastapi, uvicorn, pydantic, prometheus_client as p; from importlib.metadata import version as v; print(*(f"{n} {v(n)}" for n in ("fastapi", "uvicorn", "pydantic", "prometheus_client", "typer")))'

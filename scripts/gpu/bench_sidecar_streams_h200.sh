@@ -9,13 +9,7 @@
 # they are installed with --no-index --no-deps into a private folder, never into the system.
 set -euo pipefail
 RUNS=${1:-3}
-WHEELS=${WHEELS:?set WHEELS to a folder of wheels}
-OUT=${OUT:?set OUT to the results folder}
-SITE=${SITE:-/tmp/site}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
-export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
-python3 -c 'import fastapi, uvicorn, pydantic, opentelemetry.sdk.trace, typer, flyserve.cli, flyserve.sidecar.app; print("imports ok")'
+source "$(dirname "$0")/carried_wheels.sh"
 {
   echo "# $(date -u +%FT%TZ) $(uname -m), $(nproc) cores, $(python3 --version)"
   python3 -c 'import fastapi, uvicorn, pydantic; print("fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__, "pydantic", pydantic.__version__)'
