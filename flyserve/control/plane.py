@@ -24,6 +24,7 @@ from flyserve.control.reports import Liveness, RankReport, liveness
 from flyserve.control.signals import signals_deferred
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
+from flyserve.control.version_trust import MAX_VERSION_STEP, ceiling_for
 from flyserve.policy import safe_read
 from flyserve.policy.errors import describe_value
 from flyserve.policy.profiles import load_profile
@@ -33,10 +34,11 @@ from flyserve.policy.thresholds import FIELDS, ThresholdsError, unknown_key_erro
 
 log = logging.getLogger("flyserve.control")
 
-UNCONFIRMED_VERSION_SLACK = 1_000_000
+UNCONFIRMED_VERSION_SLACK = MAX_VERSION_STEP
 """How far above every recorded version an unconfirmed rank's applied_version is believed (the
 ranks' applied versions matter when current.json, history and audit are all lost; a real rank's
-version is a count of changes, far below this; a forged 10**18 - 1 would exhaust version numbers)."""
+version is a count of changes, far below this; a forged 10**18 - 1 would exhaust version numbers).
+The same step every reader allows (control.version_trust)."""
 
 DEFAULT_STEP_MARGIN = 8
 """The fewest steps between the ranks' current step and a new version's effective_step."""
@@ -173,7 +175,7 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ reads
 
-    def snapshot(self) -> ConfigSnapshot:
+    def snapshot(self, reports: Iterable[RankReport] | None = None) -> ConfigSnapshot:
         """The current snapshot; before the first publish, version 0 from the profile (not written).
 
         A current.json that is missing while history exists (deleted by hand), or damaged (torn by a
@@ -182,9 +184,14 @@ class ControlPlane:
         the profile's values stand in, numbered at the highest version on record (history file names,
         the audit log, the versions live ranks report as applied), so the next change publishes
         above every version ranks have seen.
+
+        A current.json whose version does not continue the sequence on record (control.version_trust)
+        counts as damaged: with ``reports``, the highest version the confirmed live ranks applied
+        is the record (what they themselves believe), else the chain of history names.
         """
+        anchor = self._confirmed_applied(reports)
         try:
-            cur = self.store.read_current()
+            cur = self.store.read_current(anchor=anchor)
         except ControlIOError as exc:
             problem: str | None = str(exc)
         else:
@@ -193,17 +200,13 @@ class ControlPlane:
             problem = None if self.store.version_floor() == 0 else "current.json is missing"
             if problem is None:
                 return self._initial()
-        for v in reversed(self.store.history_versions()):
-            try:
-                fallback = self.store.read_version(v)
-            except ControlIOError:
-                continue
-            if fallback is not None:
-                log.error("%s; using history version %d instead", problem, fallback.version)
-                return fallback
+        fallback = self.store.newest_credible_history(at_most=self._ceiling(anchor))
+        if fallback is not None:
+            log.error("%s; using history version %d instead", problem, fallback.version)
+            return fallback
         now = self._clock()
         floor = max(
-            self.store.version_floor(),
+            self._floor(anchor),
             self.store.max_audited_version(),
             self._live_applied_version(self.store.reports(now=now), now),
         )
@@ -213,6 +216,32 @@ class ControlPlane:
             floor,
         )
         return self._initial().replace(version=floor)
+
+    @staticmethod
+    def _ceiling(anchor: int | None) -> int | None:
+        """The highest version the plane may stand on when confirmed ranks run (None: none run, no
+        bound): one below the highest they believe, so the next version is one they believe too."""
+        return None if anchor is None else ceiling_for(anchor) - 1
+
+    def _floor(self, anchor: int | None) -> int:
+        """The version floor of history names (Store.version_floor), up to what the confirmed ranks
+        believe when there are any: a version numbered above it would be refused by every rank."""
+        return self.store.version_floor(at_most=self._ceiling(anchor))
+
+    def _confirmed_applied(self, reports: Iterable[RankReport] | None) -> int | None:
+        """The highest version a live rank the process table confirms has applied, or None (no
+        reports given, or none confirmed with a version): the anchor a change is numbered from
+        when ranks run, so the plane never believes a version its ranks refuse."""
+        if reports is None:
+            return None
+        now = self._clock()
+        applied = [
+            r.applied_version
+            for r in reports
+            if r.applied_version
+            and liveness(r, now=now, stale_after_s=self.rank_stale_after_s) is Liveness.CONFIRMED
+        ]
+        return max(applied, default=None)
 
     def history(self, limit: int | None = None) -> list[ConfigSnapshot]:
         """Kept versions, oldest first."""
@@ -228,10 +257,9 @@ class ControlPlane:
         matter when current.json, history and the audit log are all lost: versions once restarted
         at 1 there and every rank ignored the new ones (issue 13). Raises ControlIOError past
         MAX_VERSION."""
-        v = (
-            max(cur.version, self.store.version_floor(), self._live_applied_version(reports, self._clock()))
-            + 1
-        )
+        reports = list(reports)
+        floor = self._floor(self._confirmed_applied(reports))
+        v = max(cur.version, floor, self._live_applied_version(reports, self._clock())) + 1
         if v > MAX_VERSION:
             raise ControlIOError(
                 f"version numbers exhausted (next would be {v}); inspect control/history",
@@ -501,7 +529,8 @@ class ControlPlane:
         cur: ConfigSnapshot | None = None
         try:
             with self.store.lock(timeout_s=self.lock_timeout_s):
-                cur = self.snapshot()
+                reports = self.store.reports(now=now)
+                cur = self.snapshot(reports)
                 entry["version_before"] = cur.version
                 if if_match is not None and int(if_match) != cur.version:
                     raise VersionConflict(int(if_match), cur.version)
@@ -514,7 +543,7 @@ class ControlPlane:
                     return ChangeResult(cur, False, {}, dry_run)
                 if dry_run:
                     return ChangeResult(candidate, True, diff, True)
-                snap = self._planned(cur, candidate, now, entry)
+                snap = self._planned(cur, candidate, now, entry, reports)
                 self._commit(entry, cur, snap, diff)
                 return ChangeResult(snap, True, diff, False)
         except (VersionConflict, ThresholdsError, ControlIOError) as exc:
@@ -562,13 +591,18 @@ class ControlPlane:
         return candidate, _diff(cur, candidate)
 
     def _planned(
-        self, cur: ConfigSnapshot, candidate: ConfigSnapshot, now: float, entry: dict[str, Any]
+        self,
+        cur: ConfigSnapshot,
+        candidate: ConfigSnapshot,
+        now: float,
+        entry: dict[str, Any],
+        reports: list[RankReport],
     ) -> ConfigSnapshot:
         """The candidate numbered above every version on record, with its effective step per engine
         (flyserve.control.effective: live, plausible ranks only, per engine, confirmed ones first).
         The audit entry gets what the step was based on: ``ranks`` {confirmed, unconfirmed,
-        unconfirmed_ignored}; unconfirmed reports are also logged (issue 22 item 3)."""
-        reports = self.store.reports(now=now)
+        unconfirmed_ignored}; unconfirmed reports are also logged. ``reports``: the look _change
+        took under the writers' lock."""
         plan = plan_steps(
             reports,
             now=now,

@@ -23,6 +23,7 @@ from flyserve.control.paths import StateDir, default_state_dir
 from flyserve.control.reports import HOST, PIDNS, own_proc_start
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
+from flyserve.control.version_trust import believed
 from flyserve.policy.profiles import load_profile
 
 log = logging.getLogger("flyserve.control")
@@ -69,6 +70,7 @@ class RankControl:
         self._pending: list[ConfigSnapshot] = []  # ascending version; touched under _lock only
         self._pending_step = _NEVER
         self._seen_stat: tuple[int, int, int] | None = None
+        self._refused_stat: tuple[int, int, int] | None = None  # the last current.json refused (logged once)
         self.started = time.time()
         # Until the rank has measured a rate (MIN_RATE_STEPS steps over MIN_RATE_WINDOW_S), its
         # report says steps_per_s null and the publisher assumes a high rate: a change published in
@@ -82,7 +84,12 @@ class RankControl:
         # The prefill kernel as found at start (kernel, revision, off_reason), set by the vLLM
         # composite once; reported so /dispatch-stats shows which FlyDSL runs, or why none does.
         self.prefill_kernel: dict[str, Any] | None = None
+        self._known_version = 0  # nothing applied yet: the first read is judged by the history chain
         snap = self._read_current_quiet()
+        if snap is None and self.state_dir.current_json.exists():
+            # Damaged or forged: start where the control plane stands (ControlPlane.snapshot), not
+            # on the profile beside ranks that run the newest believed version.
+            snap = self._newest_history_quiet()
         if snap is None:
             snap = ConfigSnapshot.build(
                 version=0,
@@ -155,7 +162,9 @@ class RankControl:
         engine channel for good: versions the file poll had queued are dropped and it stops queueing
         (two sources of one version would apply it at two steps). ``snap=None`` only switches.
         Returns (applied, why): why is "applied", "switched", "already applied", "lower version",
-        "same version, other content" or "unordered executor" (this rank keeps file polling).
+        "implausible version" (more than MAX_VERSION_STEP above the applied one:
+        control.version_trust), "same version, other content" or "unordered executor" (this rank
+        keeps file polling).
         """
         with self._lock:
             if self.mode == FILE_POLLING_UNORDERED:
@@ -168,6 +177,8 @@ class RankControl:
             cur = self._snapshot.version
             if snap.version < cur:
                 return False, "lower version"
+            if cur > 0 and not believed(snap.version, cur):
+                return False, "implausible version"
             if snap.version == cur:
                 same = snap.sha256 == self._snapshot.sha256
                 return False, "already applied" if same else "same version, other content"
@@ -220,11 +231,27 @@ class RankControl:
         if self.report:
             self.write_report()
 
-    def _read_current_quiet(self) -> ConfigSnapshot | None:
+    def _read_current_quiet(self, stat_key: tuple[int, int, int] | None = None) -> ConfigSnapshot | None:
+        """current.json if this rank believes it, else None (logged once per file content seen).
+
+        A version is believed only where it continues what this rank applied (at most
+        MAX_VERSION_STEP above it; before it applied anything, the chain of history names decides:
+        control.version_trust): a forged current.json numbered near the numeric limit, taken as
+        fact, once pinned every later change out of reach."""
+        anchor = self._known_version if self._known_version > 0 else None
         try:
-            return self.store.read_current()
+            return self.store.read_current(anchor=anchor)
         except ControlIOError as exc:
-            log.error("rank %d: %s; keeping the running thresholds", self.rank, exc)
+            if stat_key is None or stat_key != self._refused_stat:
+                log.error("rank %d: %s; keeping the running thresholds", self.rank, exc)
+            self._refused_stat = stat_key
+            return None
+
+    def _newest_history_quiet(self) -> ConfigSnapshot | None:
+        try:
+            return self.store.newest_credible_history()
+        except ControlIOError as exc:
+            log.error("rank %d: %s; starting on the profile", self.rank, exc)
             return None
 
     def _refresh(self) -> None:
@@ -238,9 +265,9 @@ class RankControl:
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key == self._seen_stat:
             return
-        snap = self._read_current_quiet()
+        snap = self._read_current_quiet(key)
         if snap is None:
-            return  # unreadable or failed its sha check: try again next round (stat key not recorded)
+            return  # unreadable or refused: try again next round (stat key not recorded)
         self._seen_stat = key
         if snap.version <= self._known_version:
             return

@@ -9,8 +9,12 @@ Run by the sidecar at start and by `flyserve thresholds repair`. Under the write
 3. rebuilds a missing or damaged current.json from the newest intact history entry, or, with none,
    publishes the profile's values above every version on record (the overrides are then lost, and
    the report says so);
+3a. a current.json whose version does not continue the versions on record (control.version_trust:
+   a forged 10**18 - 2 once pinned every change) counts as damaged, and is rebuilt from the newest
+   history entry that does;
 4. removes history files above the current version (written by a writer killed before it made
-   them current: no rank ever saw them);
+   them current: no rank ever saw them), and sets aside as ``*.stray`` those that do not continue
+   the versions on record;
 5. completes write-ahead audit lines ('publishing') that have no completion: 'success' with
    ``recovered: true`` when the version was in force, 'abandoned' when it never was - judged by
    current.json, the confirmed ranks' applied versions and the later audit entries, not by whether
@@ -104,15 +108,21 @@ def _current(
     plane: Any, good: list[ConfigSnapshot], actions: list[str], dropped: list[str]
 ) -> ConfigSnapshot:
     store = plane.store
+    now = plane._clock()
+    reports = store.reports(now=now)
+    anchor = plane._confirmed_applied(reports)
     try:
-        cur = store.read_current()
+        cur = store.read_current(anchor=anchor)
         problem = None if cur is not None else "current.json is missing"
     except ControlIOError as exc:
-        cur, problem = None, f"current.json is damaged ({str(exc)[:120]})"
+        cur, problem = None, f"current.json is damaged or forged ({str(exc)[:200]})"
     if cur is not None:
         return cur
-    now = plane._clock()
-    ranks = plane._live_applied_version(store.reports(now=now), now)
+    # Only versions the readers believe (control.version_trust): a forged history entry beside a
+    # forged current.json is not what current.json is rebuilt from.
+    floor = plane._floor(anchor)
+    good = [g for g in good if g.version <= floor]
+    ranks = plane._live_applied_version(reports, now)
     if not good and store.version_floor() == 0 and store.max_audited_version() == 0 and ranks == 0:
         return plane.snapshot()  # a fresh state directory: nothing to repair
     if good:
@@ -120,7 +130,7 @@ def _current(
         store.restore_current(newest)
         actions.append(f"{problem}: rebuilt it from history version {newest.version}")
         return newest
-    floor = max(store.version_floor(), store.max_audited_version(), ranks)
+    floor = max(floor, store.max_audited_version(), ranks)
     snap = plane._initial().replace(version=floor + 1, time=time.time(), actor="repair")
     store.publish(snap)
     actions.append(
@@ -132,10 +142,23 @@ def _current(
 
 
 def _remove_orphans(plane: Any, cur: ConfigSnapshot, dropped: list[str]) -> None:
+    """History files above the current version: a writer's that stopped before making them current
+    (removed), or names that do not continue the versions on record (control.version_trust: kept
+    as ``*.stray``, which never count as a version, for whoever investigates the forgery)."""
+    floor = plane._floor(plane._confirmed_applied(plane.store.reports(now=plane._clock())))
     for v in plane.store.history_versions():
-        if v > cur.version:
-            with contextlib.suppress(OSError):
-                os.unlink(plane.state_dir.history_file(v))
+        if v <= cur.version:
+            continue
+        path = plane.state_dir.history_file(v)
+        with contextlib.suppress(OSError):
+            if v > floor:
+                os.replace(path, path.with_name(path.name + ".stray"))
+                dropped.append(
+                    f"history version {v} (does not continue the versions on record, above "
+                    f"{floor}), kept as {path.name}.stray"
+                )
+            else:
+                os.unlink(path)
                 dropped.append(
                     f"history version {v} (written by a writer that stopped before making it current)"
                 )

@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
-from flyserve.policy.thresholds import FIELDS, Thresholds, ThresholdsError
+from flyserve.control.paths import MAX_VERSION
+from flyserve.policy.thresholds import FIELDS, Thresholds, ThresholdsError, unknown_key_error
 
 SOURCES: tuple[str, ...] = ("default", "file", "api", "cli", "rollback")
 """Who made a version: the profile alone at start, the operator file, the HTTP API, the CLI, a rollback."""
@@ -229,6 +230,8 @@ class ConfigSnapshot:
             raise ThresholdsError(
                 [("<snapshot>", f"not a snapshot document: {type(exc).__name__}")], source=source
             ) from None
+        if not 0 <= snap.version <= MAX_VERSION:
+            raise ThresholdsError([("version", f"must be 0..{MAX_VERSION}")], source=source)
         if snap.sha256 != d.get("sha256"):
             raise ThresholdsError(
                 [
@@ -239,7 +242,40 @@ class ConfigSnapshot:
                 ],
                 source=source,
             )
+        check_layers(snap, source=source)
         return snap
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=1, default=str)
+
+
+def check_layers(snap: ConfigSnapshot, *, source: str | None = None) -> None:
+    """Refuse a snapshot the control plane could not have published, as strictly as a PATCH: its
+    profile must load (the next change starts from it), every key of the file and override layers
+    must be a threshold, each layer's values must validate laid over the one below (what
+    ControlPlane._candidate computes), and the effective thresholds must hold every value the two
+    layers set. The sha256 alone proves nothing: whoever forges current.json computes it too, and a
+    forged profile name or override key once made every later change fail while `repair` said
+    "consistent". Values the profile alone sets are not compared: a profile file edited since (a
+    new release) must not turn every kept version into a forgery. Raises ThresholdsError naming
+    the layer and field (an unknown key is shown only as unknown_key_error shows it)."""
+    from flyserve.policy.profiles import load_profile
+
+    bad = []
+    for layer, values in (("file", snap.file_values), ("overrides", snap.overrides)):
+        for key in values:
+            if key not in FIELDS:
+                field, reason = unknown_key_error(str(key))
+                bad.append((f"{layer}.{field}", reason))
+    if bad:
+        raise ThresholdsError(bad, source=source)
+    try:
+        layered = load_profile(snap.profile).merged(snap.file_values, source="file")
+        layered = layered.merged(snap.overrides, source="overrides")
+    except ThresholdsError as exc:
+        raise ThresholdsError(exc.errors, source=source) from None
+    stored, want = snap.thresholds.model_dump(), layered.model_dump()
+    wrong = dict.fromkeys(k for k in (*snap.file_values, *snap.overrides) if stored[k] != want[k])
+    if wrong:
+        reason = "the effective value differs from the one its file or override layer sets"
+        raise ThresholdsError([(k, reason) for k in wrong], source=source)

@@ -27,6 +27,7 @@ from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import MAX_VERSION, StateDir, history_version, make_private_dir
 from flyserve.control.reports import CLOCK_SKEW_S, RankReport, parse_report, process_confirmed
 from flyserve.control.snapshot import ConfigSnapshot
+from flyserve.control.version_trust import believed, ceiling_for, credible_max
 from flyserve.control.witness import StepWitness
 from flyserve.policy import safe_read
 from flyserve.policy.errors import describe_value
@@ -290,11 +291,14 @@ class Store:
 
     # ------------------------------------------------------------------ snapshots
 
-    def read_current(self) -> ConfigSnapshot | None:
+    def read_current(self, *, anchor: int | None = None) -> ConfigSnapshot | None:
         """The published snapshot, or None if nothing has been published yet.
 
-        A current.json that exists but is unreadable or fails its sha check raises ControlIOError:
-        callers keep what they have rather than guess.
+        A current.json that exists but is unreadable, fails its sha check or its layers' check
+        (ConfigSnapshot.from_dict), or carries a version the reader cannot believe raises
+        ControlIOError: callers keep what they have rather than guess. ``anchor`` is the highest
+        version the reader itself knows to be credible (a running rank: the one it applied); None:
+        the credible chain of history names decides (control.version_trust).
         """
         path = self.dir.current_json
         try:
@@ -304,9 +308,17 @@ class Store:
         if data is None:
             return None
         try:
-            return ConfigSnapshot.from_dict(data, source=str(path))
+            snap = ConfigSnapshot.from_dict(data, source=str(path))
         except ThresholdsError as exc:
             raise ControlIOError(f"current snapshot rejected: {exc}", path=str(path)) from exc
+        base = self.version_floor() if anchor is None else anchor
+        if not believed(snap.version, base):
+            raise ControlIOError(
+                f"current snapshot rejected: version {snap.version} does not continue the versions on "
+                f"record (at most {ceiling_for(base)} is believed after version {base})",
+                path=str(path),
+            )
+        return snap
 
     def read_version(self, version: int) -> ConfigSnapshot | None:
         """A snapshot from history, or None if it was never published or has been pruned."""
@@ -349,18 +361,38 @@ class Store:
                 snaps.append(s)
         return snaps
 
+    def newest_credible_history(self, *, at_most: int | None = None) -> ConfigSnapshot | None:
+        """The newest history entry that reads, passes its checks and continues the versions on
+        record (version_floor), or None: what stands in for a current.json that is missing, damaged
+        or forged."""
+        floor = self.version_floor(at_most=at_most)
+        for v in reversed([v for v in self.history_versions() if v <= floor]):
+            try:
+                snap = self.read_version(v)
+            except ControlIOError:
+                continue
+            if snap is not None:
+                return snap
+        return None
+
     def history_file_exists(self, version: int) -> bool:
         return self.dir.history_file(version).exists()
 
-    def version_floor(self) -> int:
-        """The highest version number any history file name carries, readable or not (``.bad``
-        included): a new version must be above it, so no history file is ever overwritten. Only
-        names history_version() accepts count: a stray name is never a floor."""
+    def version_floor(self, *, at_most: int | None = None) -> int:
+        """The highest version number of the credible chain of history file names, readable or not
+        (``.bad`` included; control.version_trust.credible_max): a new version must be above it,
+        so no history file of the plane's is ever overwritten. Only names history_version() accepts
+        count (a stray name is never a floor), and a name past a gap in the chain is not one either:
+        a forged history file named 10**18 - 2 once exhausted version numbers. ``at_most``: names
+        above it are left out (the highest version live ranks believe, control.version_trust)."""
         try:
             names = os.listdir(self.dir.history_dir)
         except OSError:
             return 0
-        return max((v for n in names if (v := history_version(n, set_aside=True)) is not None), default=0)
+        limit = MAX_VERSION if at_most is None else at_most
+        return credible_max(
+            v for n in names if (v := history_version(n, set_aside=True)) is not None and v <= limit
+        )
 
     def stray_history_names(self) -> list[str]:
         """Names in history/ that look like entries (end in .json) but carry no valid version."""
@@ -373,8 +405,9 @@ class Store:
         )
 
     def max_audited_version(self, tail_bytes: int = 1 << 20) -> int:
-        """The highest version the audit log's last ``tail_bytes`` mention (only read when current.json
-        and history are both unusable: the audit log is then the last witness of how far versions went).
+        """The highest version of the credible chain the audit log's last ``tail_bytes`` mention (only
+        read when current.json and history are both unusable: the audit log is then the last witness
+        of how far versions went).
         An audit log that cannot be read, or is not a regular file, witnesses nothing (0)."""
         try:
             text = self._read_audit_text(tail_bytes)
@@ -382,13 +415,14 @@ class Store:
             log.warning("audit log not read for the version floor: %s", exc)
             return 0
         lines = text.splitlines() if text else []
-        best = 0
+        seen: list[int] = []
         for ln in lines:
             with contextlib.suppress(ValueError, AttributeError, TypeError, RecursionError):
                 v = safe_read.loads_record(ln).get("version")
                 if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_VERSION:
-                    best = max(best, v)
-        return best
+                    seen.append(v)
+        # The credible chain, as for history names: one forged line must not set the floor.
+        return credible_max(seen)
 
     def publish(self, snap: ConfigSnapshot) -> None:
         """Make ``snap`` current. Call under lock(). Order matters: history first, then the YAML view,
