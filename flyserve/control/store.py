@@ -490,14 +490,8 @@ class Store:
         try:
             make_private_dir(self.dir.audit_log.parent)
             self._rotate_audit_if_due(len(line.encode()))
-            # O_NOFOLLOW + regular-file check: a symlinked audit.jsonl was followed and a decoy got
-            # the lines (attack review item 10); O_NONBLOCK: a FIFO without reader fails at once.
-            flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK  # RDWR: pread
-            fd = os.open(self.dir.audit_log, flags | getattr(os, "O_CLOEXEC", 0), 0o640)
+            fd, st = self._open_audit_log()
             try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise OSError(errno.EINVAL, "audit log is not a regular file")
                 data = line.encode()
                 if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
                     data = b"\n" + data  # a torn last line (a writer killed mid-append) keeps to itself
@@ -516,6 +510,46 @@ class Store:
                 line.strip()[:1000],
             )
             return False
+
+    def _open_audit_log(self) -> tuple[int, os.stat_result]:
+        """(fd, fstat) of audit.jsonl opened for appending. O_NOFOLLOW + regular-file check: a
+        symlinked audit.jsonl was followed and a decoy got the lines; O_NONBLOCK: a FIFO never
+        blocks. A planted symlink, FIFO, device or directory in its place is set aside (renamed
+        ``audit.jsonl.not-regular``, which no reader takes for a rotated file) by a writer holding
+        the writers' lock, and a fresh log begun: the write-ahead line must be written before a
+        change is published, so a FIFO there once refused every change, ``circuit open`` included."""
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK  # RDWR: pread
+        path = self.dir.audit_log
+        for attempt in (1, 2):
+            try:
+                fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o640)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO) or not self._set_aside_audit_log(
+                    attempt
+                ):
+                    raise
+                continue
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                return fd, st
+            os.close(fd)
+            if not self._set_aside_audit_log(attempt):
+                raise OSError(errno.EINVAL, "audit log is not a regular file")
+        raise OSError(errno.EINVAL, "audit log is not a regular file")
+
+    def _set_aside_audit_log(self, attempt: int) -> bool:
+        """Rename a non-regular audit.jsonl aside (first attempt, under the writers' lock only)."""
+        if attempt != 1 or self._lock_owner != threading.get_ident():
+            return False
+        path = self.dir.audit_log
+        aside = path.with_name(path.name + ".not-regular")
+        try:
+            os.replace(path, aside)
+        except OSError as exc:
+            log.error("audit log %s is not a regular file and cannot be set aside: %s", path, exc.strerror)
+            return False
+        log.error("audit log %s was not a regular file: set aside as %s, a new log begun", path, aside.name)
+        return True
 
     def _rotate_audit_if_due(self, incoming: int) -> None:
         """Rotate audit.jsonl before an append that would take it past the limit (audit_files), under

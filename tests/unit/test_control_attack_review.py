@@ -179,10 +179,30 @@ def test_10_a_symlinked_audit_log_is_not_followed(tmp_path: Path) -> None:
     decoy.write_text("precious\n")
     plane.state_dir.audit_log.unlink()
     plane.state_dir.audit_log.symlink_to(decoy)
-    with pytest.raises(ControlIOError, match="audit"):
-        plane.apply_overrides({"min_seq_len": 3001}, actor="t")
+    # The writer holding the lock sets the link aside (never following it) and begins a new log:
+    # a planted link must not refuse every change, circuit open included.
+    assert plane.set_circuit(True, actor="t", reason="drill").snapshot.circuit_open
     assert decoy.read_text() == "precious\n"
-    assert plane.snapshot().thresholds.min_seq_len == 3000  # refused before anything was published
+    aside = plane.state_dir.audit_log.with_name("audit.jsonl.not-regular")
+    assert aside.is_symlink() and not plane.state_dir.audit_log.is_symlink()
+    assert [e["result"] for e in plane.audit_log()] == ["success"]
+
+
+def test_10_a_symlinked_audit_log_is_not_followed_outside_the_lock(tmp_path: Path) -> None:
+    """A line written without the writers' lock (a refused change's) never renames anything: the
+    link stays, is not followed, and the entry goes to the process log."""
+    from flyserve.control import ControlIOError
+
+    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
+    plane.apply_overrides({"min_seq_len": 3000}, actor="t")
+    decoy = tmp_path / "decoy"
+    decoy.write_text("precious\n")
+    plane.state_dir.audit_log.unlink()
+    plane.state_dir.audit_log.symlink_to(decoy)
+    assert plane.store.audit({"action": "set", "result": "invalid"}) is False
+    assert plane.state_dir.audit_log.is_symlink() and decoy.read_text() == "precious\n"
+    with pytest.raises(ControlIOError):
+        plane.audit_log()
 
 
 # ------------------------------------------------ 10, the read side (left open at stop 19, fixed at 20)

@@ -216,3 +216,27 @@ def test_the_plane_publishes_only_what_passes_its_own_read_check(plane: ControlP
     for snap in plane.history():
         ConfigSnapshot.from_dict(snap.to_dict())
     assert plane.store.read_current() is not None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink-to-dev-zero", "directory"])
+def test_a_planted_audit_log_does_not_refuse_circuit_open(plane: ControlPlane, kind: str) -> None:
+    """The write-ahead audit line comes before every publish: a FIFO, link or directory planted as
+    audit.jsonl once refused every change. The writer holding the lock sets it aside instead."""
+    import os
+
+    log = plane.state_dir.audit_log
+    log.unlink()
+    if kind == "fifo":
+        os.mkfifo(log)
+    elif kind == "directory":
+        log.mkdir()
+    else:
+        log.symlink_to("/dev/zero")
+    res = plane.set_circuit(True, actor="op", reason="drill")
+    assert res.snapshot.version == 4 and res.snapshot.circuit_open
+    assert log.is_file() and not log.is_symlink()
+    assert (
+        log.with_name("audit.jsonl.not-regular").exists()
+        or log.with_name("audit.jsonl.not-regular").is_symlink()
+    )
+    assert [(e["action"], e["result"]) for e in plane.audit_log()] == [("circuit", "success")]
