@@ -30,7 +30,7 @@ from flyserve.policy.errors import describe_value
 from flyserve.policy.profiles import load_profile
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES
 from flyserve.policy.safe_yaml import parse_mapping as parse_yaml_mapping
-from flyserve.policy.thresholds import FIELDS, ThresholdsError, unknown_key_error
+from flyserve.policy.thresholds import FIELDS, START_ONLY_FIELDS, ThresholdsError, unknown_key_error
 
 log = logging.getLogger("flyserve.control")
 
@@ -401,7 +401,8 @@ class ControlPlane:
 
         The file layer stays what the file says; the values that differ from it become overrides,
         so `unset` later falls back to the file, and a conflict with the file is reported. The
-        circuit breaker's state is not rolled back (it is a safety switch, not a threshold).
+        circuit breaker's state is not rolled back (it is a safety switch, not a threshold), nor are
+        the fields fixed at start (START_ONLY_FIELDS: decode_path keeps its running value).
         """
 
         def build(cur: ConfigSnapshot) -> dict[str, Any]:
@@ -421,7 +422,13 @@ class ControlPlane:
                 )
             base = load_profile(cur.profile).merged(cur.file_values, source=cur.config_file or "file")
             target, below = old.thresholds.model_dump(), base.model_dump()
-            return {"overrides": {k: v for k, v in target.items() if below[k] != v or k in old.overrides}}
+            # The fields fixed at start keep the running value: the ranks' graphs were captured with
+            # it, and a rollback to a version from before a restart must not be refused for it.
+            target.update({k: getattr(cur.thresholds, k) for k in START_ONLY_FIELDS})
+            keep = {k for k in old.overrides if k not in START_ONLY_FIELDS} | {
+                k for k in START_ONLY_FIELDS if k in cur.overrides
+            }
+            return {"overrides": {k: v for k, v in target.items() if below[k] != v or k in keep}}
 
         return self._change(
             "rollback",

@@ -240,3 +240,17 @@ def test_a_planted_audit_log_does_not_refuse_circuit_open(plane: ControlPlane, k
         or log.with_name("audit.jsonl.not-regular").is_symlink()
     )
     assert [(e["action"], e["result"]) for e in plane.audit_log()] == [("circuit", "success")]
+
+
+def test_a_rollback_is_accepted_whatever_decode_path_the_current_version_carries(plane: ControlPlane) -> None:
+    """decode_path is fixed at start; a rollback keeps the running value instead of being refused
+    (a forged current.json that changed it once made every rollback a DecodePathChangeRefused)."""
+    profile_path = load_profile("gfx950").decode_path
+    other = next(p for p in ("unified", "prefill") if p != profile_path)
+    thresholds = load_profile("gfx950").merged({"decode_path": other})
+    plant(plane, forged(4, thresholds=thresholds, overrides={"decode_path": other}))
+    assert plane.snapshot().version == 4  # valid content, a believed version: it stands
+    res = plane.rollback(1, actor="op")
+    assert res.snapshot.version == 5
+    assert res.snapshot.thresholds.min_seq_len == 3000
+    assert res.snapshot.thresholds.decode_path == other  # the running value, not refused
