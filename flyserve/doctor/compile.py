@@ -7,6 +7,11 @@ size the revision takes, LPT on and off, and the light kernel where it is reacha
 ok or the compiler's message, and from the code object the kernel symbol, size, VGPRs, SGPRs, LDS
 and spills. ``--wrong-calls`` adds deliberately wrong calls that FlyDSL must reject.
 
+With ``--cache-dir`` the folder is checked (``flyserve.vllm.flydsl_cache``) before any child is
+pointed at it - FlyDSL unpickles what it finds there - and refused with the path and the reason;
+after the run the entries the children's cache keys name are listed in flyserve's manifest with
+their variant, and the report counts the folder's entries for this deployment apart from the rest.
+
 This module is the plan, the runs and the report; nothing here imports torch or FlyDSL (the child
 does), so the plan and the parsing are unit-tested without them.
 """
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from flyserve.doctor.compile_child import RESULT_MARK
+from flyserve.vllm import flydsl_cache
 
 FORMAT = "flyserve-flydsl-compile"
 HF_DTYPES = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "fp32", "float": "fp32"}
@@ -401,6 +407,64 @@ def run_variants(
     return results
 
 
+# ----------------------------------------------------------------------------- the cache folder
+
+
+def check_cache_arg(cache_dir: str | None) -> None:
+    """Refuse a ``--cache-dir`` FlyDSL must not load (CompileCheckError naming the path and the reason)."""
+    if not cache_dir:
+        return
+    try:
+        flydsl_cache.check_cache_dir(cache_dir)
+    except flydsl_cache.CacheRefused as exc:
+        raise CompileCheckError(
+            f"--cache-dir {exc.path} refused: {exc.reason}. FlyDSL unpickles what it finds there, so only "
+            'this user or root may be able to write it (docs/vllm.md, "The cache is code")'
+        ) from None
+
+
+def deployment_of(geometry: Geometry, page_sizes: Iterable[int]) -> flydsl_cache.Deployment:
+    """The variants this run's deployment serves, as the cache check counts them."""
+    g = geometry
+    return flydsl_cache.Deployment(
+        g.num_heads, g.num_kv_heads, g.head_size, g.dtype, tuple(sorted(set(page_sizes)))
+    )
+
+
+def observed_entries(results: list[VariantResult]) -> list[tuple[str, str | None, dict[str, Any]]]:
+    """(entry, arch of its cache key, variant) of every cache entry a variant that ran as planned used."""
+    rows = []
+    for r in results:
+        if r.status != "ok" or r.variant.batch == "wrong":
+            continue
+        for e in r.child.get("cache_entries") or []:
+            if isinstance(e, dict) and isinstance(e.get("path"), str):
+                rows.append((e["path"], e.get("arch"), r.variant.as_dict()))
+    return rows
+
+
+def cache_after_run(
+    cache_dir: str | None, results: list[VariantResult], deployment: flydsl_cache.Deployment
+) -> dict[str, Any] | None:
+    """List this run's entries in the folder's manifest, then check the folder again as the server
+    will: the counts (entries for this deployment, for other variants, not listed), or the refusal."""
+    if not cache_dir:
+        return None
+    try:
+        flydsl_cache.record_entries(cache_dir, observed_entries(results))
+        check = flydsl_cache.check_cache_dir(cache_dir)
+    except flydsl_cache.CacheRefused as exc:
+        return {"refused": exc.reason}
+    except OSError as exc:
+        return {"refused": f"the manifest could not be written ({exc.strerror or type(exc).__name__})"}
+    return {"arch": check.arch, **check.counts(deployment), "describe": check.describe(deployment)}
+
+
+def failed(rep: dict[str, Any]) -> bool:
+    """Whether the run failed: a variant did, or the cache it built would be refused by the server."""
+    return bool(rep["summary"]["fail"] or (rep.get("cache") or {}).get("refused"))
+
+
 def report(
     *,
     geometry: Geometry,
@@ -409,6 +473,7 @@ def report(
     results: list[VariantResult],
     cache_dir: str | None,
     run_only: bool,
+    cache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     counts = {s: sum(1 for r in results if r.status == s) for s in ("ok", "fail")}
     return {
@@ -425,6 +490,7 @@ def report(
         "run_only": run_only,
         "variants": [r.as_dict() for r in results],
         "summary": counts,
+        **({"cache": cache} if cache is not None else {}),
     }
 
 
@@ -476,6 +542,15 @@ def render(rep: dict[str, Any]) -> str:
     )
     for p in problems:
         lines.append(f"  served 'no': flyserve keeps the prefill path off under vLLM's AITER cache: {p}")
+    if rep.get("cache"):
+        lines.append(f"  {cache_line(rep['cache'])}")
     s = rep["summary"]
     lines.append(f"\n{s['ok']} ok, {s['fail']} fail")
     return "\n".join(lines)
+
+
+def cache_line(cache: dict[str, Any]) -> str:
+    """The report's line on the cache folder: refused (the server would not load it), or its entries."""
+    if cache.get("refused"):
+        return f"FlyDSL cache: refused, the server would not load it: {cache['refused']}"
+    return f"FlyDSL cache: {cache.get('describe', '')}"

@@ -11,12 +11,15 @@ result was printed, whatever it says.
 The call is flyserve's own ``flydsl_kernel.call_paged`` with the batch each serving situation hands
 it (``flydsl_kernel.warm_up_batch`` for the warm-up, vLLM's AITER cache views for serving).
 What it observes of FlyDSL, without changing it: each ``MlirCompiler.compile`` (time and the
-code objects in the lowered module's ``gpu.binary``) and each JIT cache key (``_build_full_cache_key``).
+code objects in the lowered module's ``gpu.binary``) and each JIT cache key (``_build_full_cache_key``),
+with the cache file it names (``cache_entries``: the folder-relative ``.pkl`` path and the key's
+target arch, which `flyserve flydsl compile --cache-dir` lists in flyserve's cache manifest).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import sys
@@ -54,6 +57,7 @@ class Observer:
     def __init__(self) -> None:
         self.compiles: list[dict[str, Any]] = []
         self.cache_keys: list[str] = []
+        self.cache_entries: list[dict[str, Any]] = []
 
     def install(self) -> None:
         from flydsl.compiler import jit_function as jf
@@ -81,9 +85,22 @@ class Observer:
             text = f"{folder}: {jf.JitFunction._cache_key_to_str(key)}"
             if text not in observer.cache_keys:
                 observer.cache_keys.append(text)
+            if self.cache_manager:
+                entry = cache_entry(folder, jf.JitFunction._cache_key_to_str(key), key)
+                if entry not in observer.cache_entries:
+                    observer.cache_entries.append(entry)
             return key
 
         jf.JitFunction._build_full_cache_key = key_observed
+
+
+def cache_entry(folder: str, key_text: str, key: Any) -> dict[str, Any]:
+    """The cache file a key names and the arch it was built for: FlyDSL files a specialization as
+    ``{folder}/{sha256(str(key))[:16]}.pkl`` (jit_function.py JitCacheManager._safe_key) and the key
+    holds ``("_target_", GPUTarget(...))``."""
+    target = next((p[1] for p in key if isinstance(p, tuple) and len(p) == 2 and p[0] == "_target_"), None)
+    name = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    return {"path": f"{folder}/{name}.pkl", "arch": getattr(target, "arch", None)}
 
 
 def gpu_objects(module: Any) -> list[bytes]:
@@ -209,6 +226,7 @@ def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
     result["kernels"] = kernels
     result["compiles"] = len(observer.compiles)
     result["cache_keys"] = [_scrub(k) for k in observer.cache_keys]
+    result["cache_entries"] = observer.cache_entries
     result["peak_rss_mb"] = _peak_rss_mb()
     if spec.get("save_objects"):
         os.makedirs(spec["save_objects"], exist_ok=True)

@@ -67,7 +67,8 @@ def compile_command(
     cache_dir: str | None = typer.Option(
         None,
         "--cache-dir",
-        help="Write the compiled kernels to this FlyDSL cache (FLYDSL_RUNTIME_CACHE_DIR).",
+        help="Write the compiled kernels to this FlyDSL cache (FLYDSL_RUNTIME_CACHE_DIR); refused unless only "
+        "this user or root can write it (FlyDSL unpickles what it finds there).",
     ),
     run_only: bool = typer.Option(
         False,
@@ -90,8 +91,10 @@ def compile_command(
 
     Every variant the deployment runs (warm-up and serving batches, each page size, LPT on and off,
     the light kernel) compiles in its own process through flyserve's call_paged; per variant ok or
-    FlyDSL's message and the code object's facts. Exit 1 if a variant fails, 2 if the machine or the
-    arguments cannot run the check. Progress goes to stderr.
+    FlyDSL's message and the code object's facts. Exit 1 if a variant fails or the server would
+    refuse the cache the run built, 2 if the machine or the arguments cannot run the check or the
+    --cache-dir is refused (owner, mode, symlink, an entry not FlyDSL's for gfx950: the reason is
+    printed). Progress goes to stderr.
     """
     kernels_path = kernels_path or os.environ.get("VLLM_FLYDSL_KERNELS_PATH")
     rocm_path = rocm_path or os.environ.get("ROCM_PATH")
@@ -103,6 +106,7 @@ def compile_command(
         if unknown:
             raise cc.CompileCheckError(f"--batch {unknown}: the batches are {', '.join(cc.BATCHES)}")
         geometry = _geometry(model_config, tp, dtype, num_heads, num_kv_heads, head_size)
+        cc.check_cache_arg(cache_dir)  # before any child points FlyDSL at it
         problems = cc.check_machine(kernels_path, rocm_path)
         if problems:
             raise cc.CompileCheckError(
@@ -134,13 +138,14 @@ def compile_command(
     results = cc.run_variants(
         variants, env, cached=bool(cache_dir), save_objects=save_objects, progress=_progress
     )
+    cache = cc.cache_after_run(cache_dir, results, cc.deployment_of(geometry, pages))
     rep = cc.report(geometry=geometry, info=info, kernels_path=kernels_path, results=results, cache_dir=cache_dir,
-                    run_only=run_only)  # fmt: skip
+                    run_only=run_only, cache=cache)  # fmt: skip
     if json_file:
         with open(json_file, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(rep, indent=1) + "\n")
     typer.echo(json.dumps(rep, indent=1) if json_out else cc.render(rep))
-    raise typer.Exit(1 if rep["summary"]["fail"] else 0)
+    raise typer.Exit(1 if cc.failed(rep) else 0)
 
 
 def register(app: typer.Typer) -> None:

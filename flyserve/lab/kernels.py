@@ -262,12 +262,13 @@ class FlyDSLDualwave:
 
     def load(self) -> FlyDSLDualwave:
         if self._kernel is None:
-            from flyserve.vllm.flydsl_kernel import FlyDSLUnavailable, load_flydsl_kernel
+            from flyserve.vllm.flydsl_kernel import FlyDSLUnavailable, checked_cache, load_flydsl_kernel
 
             try:
                 self._kernel = load_flydsl_kernel()
             except FlyDSLUnavailable as exc:
                 raise KernelUnavailable(f"FlyDSL dualwave: {exc}") from exc
+            checked_cache()  # before FlyDSL's first call opens its cache folder: a bad one is not loaded
         return self
 
     def __call__(self, q, k_cache, v_cache, out, cu_seqlens_q, seqused_k, block_table,

@@ -39,12 +39,14 @@ import inspect
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from flyserve.vllm.eligibility import PrefillKernelSpec
+from flyserve.vllm.flydsl_cache import CacheCheck, CacheRefused, Deployment, check_cache_dir
 
 log = logging.getLogger("flyserve.vllm")
 
@@ -263,6 +265,9 @@ def warm_up(
     `flyserve flydsl compile --cache-dir`), nothing compiles: the log line says which happened.
     Both LPT variants where the revision has the flag, else the one kernel. Returns the LPT
     values compiled. Raises whatever the kernel raises (the caller opens the circuit).
+
+    Before the first call FlyDSL's cache folder is checked (``checked_cache``): a folder that fails
+    is not loaded - FlyDSL is pointed at a fresh private one - and the warm-up goes on.
     """
     if is_capturing():
         raise RuntimeError("FlyDSL warm-up must run before CUDA-graph capture, not during it")
@@ -271,12 +276,16 @@ def warm_up(
         head_size=head_size, page_size=page_size,
     )  # fmt: skip
     variants = [False, True] if kernel.revision.has_causal_lpt else [False]
+    deployment = Deployment(num_heads, num_kv_heads, head_size, dtype_label(dtype), (page_size,))
+    check = checked_cache()
     cache = flydsl_cache_entries()
     t0 = time.perf_counter()
     for lpt in variants:
         call_paged(kernel, q, k, v, out, num_kv_heads=num_kv_heads, lpt=lpt, **batch)
+    seconds = time.perf_counter() - t0
     log.info(
-        "flyserve: FlyDSL warm-up %s", warm_up_source(cache, flydsl_cache_entries(), time.perf_counter() - t0)
+        "flyserve: FlyDSL warm-up %s",
+        warm_up_source(cache, flydsl_cache_entries(), seconds, check=check, deployment=deployment),
     )
     return variants
 
@@ -319,15 +328,25 @@ def kernel_block_sizes(revision: FlyDSLRevision | None) -> tuple[int, ...]:
 
 # FlyDSL's disk cache (flydsl 0.4.2 utils/env.py RuntimeEnvManager): on by default, one folder per
 # JIT function under the cache dir, one ``<key hash>.pkl`` per compiled specialization
-# (compiler/jit_function.py JitCacheManager). A warm-up that adds no file compiled nothing.
+# (compiler/jit_function.py JitCacheManager; the layout and what loading it runs: flydsl_cache.py).
+# A warm-up that adds no file compiled nothing. FlyDSL reads these variables on every access and
+# opens a JIT function's cache folder at its first call: setting them before the warm-up's first
+# call decides where that build's kernels are read from.
 CACHE_DIR_ENV = "FLYDSL_RUNTIME_CACHE_DIR"
 CACHE_ENABLE_ENV = "FLYDSL_RUNTIME_ENABLE_CACHE"
+RUN_ONLY_ENV = "FLYDSL_RUNTIME_RUN_ONLY"  # reads the disk cache even with the cache switched off
+PRIVATE_CACHE_PREFIX = "flyserve-flydsl-cache-"
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    """A FlyDSL OptBool: only 1/true/yes/on are true; unset is the default."""
+    raw = os.environ.get(name)
+    return default if raw is None else raw.lower() in ("1", "true", "yes", "on")
 
 
 def flydsl_cache_dir() -> str | None:
     """Where FlyDSL reads and writes compiled kernels in this process (None: its cache is off)."""
-    raw = os.environ.get(CACHE_ENABLE_ENV)
-    if raw is not None and raw.lower() not in ("1", "true", "yes", "on"):  # FlyDSL's OptBool
+    if not _env_flag(CACHE_ENABLE_ENV, True) and not _env_flag(RUN_ONLY_ENV, False):
         return None
     root = os.environ.get(CACHE_DIR_ENV)
     if root is None:
@@ -352,14 +371,70 @@ def flydsl_cache_entries() -> frozenset[str] | None:
         return frozenset()
 
 
-def warm_up_source(before: frozenset[str] | None, after: frozenset[str] | None, seconds: float) -> str:
-    """What the warm-up did, for the log: compiled, or loaded from FlyDSL's cache."""
+DTYPE_LABELS = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "fp32", "float": "fp32"}
+
+
+def dtype_label(dtype: Any) -> str:
+    """bf16 / f16 / fp32 for a torch dtype (the names `flyserve flydsl compile` lists variants by)."""
+    name = str(dtype).removeprefix("torch.")
+    return DTYPE_LABELS.get(name, name)
+
+
+def checked_cache() -> CacheCheck | None:
+    """FlyDSL's cache folder for this process, checked (flydsl_cache.check_cache_dir) before FlyDSL
+    opens it. A folder that fails is never handed to FlyDSL: it is pointed at a fresh private folder
+    instead (``use_private_cache``) and one warning names the folder and the reason. Never raises:
+    a bad cache costs a compile, not the server. None: no disk cache, or the one refused."""
+    root = flydsl_cache_dir()
+    if root is None:
+        return None
+    try:
+        return check_cache_dir(root)
+    except CacheRefused as exc:
+        reason = exc.reason
+    except Exception as exc:  # noqa: BLE001 - a check that breaks refuses; serving goes on
+        reason = f"it could not be checked ({type(exc).__name__})"
+    log.warning(
+        "flyserve: FlyDSL cache %s not loaded: %s; FlyDSL compiles into %s instead (docs/vllm.md, "
+        "\"The cache is code\")",
+        root, reason, use_private_cache(),
+    )  # fmt: skip
+    return None
+
+
+def use_private_cache() -> str:
+    """Point FlyDSL at a new folder only this user can write (mkdtemp: 0700); where that cannot be
+    made, at no disk cache (an empty cache dir). Returns what it was pointed at, for the log."""
+    try:
+        private = tempfile.mkdtemp(prefix=PRIVATE_CACHE_PREFIX)
+    except OSError:
+        os.environ[CACHE_DIR_ENV] = ""
+        return "no disk cache (no private folder could be made)"
+    os.environ[CACHE_DIR_ENV] = private
+    return private
+
+
+def warm_up_source(
+    before: frozenset[str] | None,
+    after: frozenset[str] | None,
+    seconds: float,
+    *,
+    check: CacheCheck | None = None,
+    deployment: Deployment | None = None,
+) -> str:
+    """What the warm-up did, for the log: compiled, or loaded from FlyDSL's cache; with the cache's
+    check, which of the entries were there for this deployment's variants (the others are not
+    counted as its warm kernels)."""
     if before is None or after is None:
         return f"compiled in {seconds:.1f} s (FlyDSL's disk cache is off: {CACHE_ENABLE_ENV})"
+    checked = f"; checked: {check.describe(deployment)}" if check is not None and check.entries else ""
     new = len(after - before)
     if new:
-        return f"compiled {new} kernel(s) in {seconds:.1f} s, written to FlyDSL's cache {flydsl_cache_dir()}"
+        return (
+            f"compiled {new} kernel(s) in {seconds:.1f} s, written to FlyDSL's cache {flydsl_cache_dir()}"
+            + (f" (it held {len(before)} before{checked})" if checked else "")
+        )
     return (
         f"loaded from FlyDSL's cache {flydsl_cache_dir()} in {seconds:.1f} s: nothing compiled "
-        f"({len(after)} cached kernel(s) there)"
+        f"({len(after)} cached kernel(s) there{checked})"
     )

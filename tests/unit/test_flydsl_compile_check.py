@@ -325,6 +325,8 @@ def test_warm_up_says_whether_it_compiled_or_loaded(tmp_path, monkeypatch, caplo
     from _support import require_module
 
     torch = require_module("torch")
+    from flydsl_cache_fakes import artifact_bytes
+
     from flyserve.vllm import flydsl_kernel as fk
 
     cache = tmp_path / "cache"
@@ -334,7 +336,7 @@ def test_warm_up_says_whether_it_compiled_or_loaded(tmp_path, monkeypatch, caplo
     def fake_fn(q, k, v, **kw):  # stands in for FlyDSL: a compile writes one cache file per LPT value
         d = cache / "launch_flash_attn_dualwave_swp_abc"
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"{int(kw.get('causal_lpt', False))}.pkl").write_bytes(b"x")
+        (d / f"{int(kw.get('causal_lpt', False))}.pkl").write_bytes(artifact_bytes())  # what FlyDSL writes
 
     kernel = fk.FlyDSLKernel(fake_fn, fk.FlyDSLRevision(True, (64, 128), True, "interface.py"))
     args = {"dtype": torch.bfloat16, "device": "cpu", "num_heads": 2, "num_kv_heads": 1, "head_size": 64,
