@@ -37,6 +37,7 @@ import typer
 from flyserve.demo_advice import DEMO_COSTS, advice_phase, priced_seconds
 from flyserve.demo_procs import Stack, get_json, stop_popen, wait_http
 from flyserve.demo_report import CPU_KERNEL_NOTE, closing_lines, live_line, phase_done_line, phase_figures
+from flyserve.printable import printable_block
 from flyserve.vllm.launch import TINY_SERVE_ARGS
 
 PROFILE = "cpu-tiny"
@@ -210,7 +211,10 @@ def demo(
     ] = 0.0,
 ) -> None:
     """Run vLLM on the CPU with flyserve's dual-kernel backend, drive traffic, change a threshold live."""
-    echo = typer.echo
+    def echo(message: str, err: bool = False) -> None:
+        """Every line of the demo: the sidecar's and vLLM's answers are in some, so through printable."""
+        typer.echo(printable_block(message), err=err)
+
     try:
         import vllm  # noqa: F401
     except ImportError:

@@ -15,6 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
+from flyserve.printable import printable, printable_block
+
 MAX_SAMPLE_BYTES = 4 << 20
 """A shape log is a few hundred lines of a few kB; an advice answer at most 10,000 shapes."""
 MAX_ROWS = 1 << 16
@@ -175,7 +177,7 @@ def render(batch: dict[str, Any], source: str, e, prices: dict[str, Any] | None)
             f"{'causal' if batch['causal'] else 'not causal'}; {batch['decode_rows']} decode rows, "
             f"{batch['short_rows']} short rows"
         ),
-        f"thresholds: {source}",
+        f"thresholds: {printable(source, 1024)}",
         "",
     ]
     for r in rows:
@@ -187,7 +189,7 @@ def render(batch: dict[str, Any], source: str, e, prices: dict[str, Any] | None)
         lines.append(f"  {e.lpt_detail}")
     if prices is not None:
         lines.append(
-            f"costs {prices['costs']} (block size {prices['block_size']}): unified {_fmt_ms(prices['unified_s'])}, "
+            f"costs {printable(prices['costs'])} (block size {prices['block_size']}): unified {_fmt_ms(prices['unified_s'])}, "
             f"prefill {_fmt_ms(prices['prefill_s'])}"
         )
         verdict = (
@@ -349,7 +351,7 @@ def explain_command(
         heads = 16 if heads is None else heads
         t, source = load_thresholds(profile, thresholds_file, version, state_dir)
     except ExplainInputError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(printable_block(f"error: {exc}"), err=True)
         raise typer.Exit(2) from None
 
     qa = np.asarray(q, dtype=np.int64)
@@ -383,7 +385,7 @@ def explain_command(
             json.dumps({"batch": batch, "thresholds": source, **e.to_json(), "costs": prices}, indent=1)
         )
     else:
-        typer.echo(render(batch, source, e, prices))
+        typer.echo(printable_block(render(batch, source, e, prices)))  # names from files: the boundary
 
 
 def register(app: typer.Typer) -> None:

@@ -8,9 +8,14 @@ report, exit codes) are here, the comparison itself in flyserve.arms.compare. Ev
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from flyserve.printable import printable_text
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 arms_app = typer.Typer(
     name="arms",
@@ -167,7 +172,7 @@ def run_compare_cli(
         items = load_prompts(prompts)
         check_answers(items, ext)
     except (ExtractorError, ArmsInputError, PromptFileError) as exc:
-        err.print(f"[red]error[/red]: {exc}", markup=True, highlight=False)
+        err.print(_error(exc))
         return 1
     results_path = results or default_results_path(prompts)
     if settings.a == settings.b:
@@ -199,21 +204,22 @@ def run_compare_cli(
                     settings,
                     ext,
                     progress_factory=factory,
-                    on_note=lambda m: err.print(m, markup=False, highlight=False),
+                    on_note=lambda m: err.print(printable_text(m, 4096)),
                 )
             )
     except ResultsFileError as exc:
-        err.print(f"[red]error[/red]: {exc}", highlight=False)
+        err.print(_error(exc))
         return 1
     except OSError as exc:  # the results file's directory is missing or read-only, the disk is full
-        err.print(f"[red]error[/red]: --results {results_path}: {exc}", highlight=False)
+        err.print(_error(f"--results {results_path}: {exc}"))
         return 1
     except ArmServerError as exc:
-        err.print(f"[red]error[/red]: {exc}", highlight=False)
-        err.print(_saved_note(results_path, recorded_responses(results_path)), highlight=False)
+        err.print(_error(exc))  # the arm's own words (an error body) are in it
+        err.print(printable_text(_saved_note(results_path, recorded_responses(results_path)), None))
         return 3
     except KeyboardInterrupt:
-        err.print("interrupted: " + _saved_note(results_path, recorded_responses(results_path)), highlight=False)
+        note = _saved_note(results_path, recorded_responses(results_path))
+        err.print(printable_text("interrupted: " + note, None))
         return 130
     out = Console()
     render_table(report, out)
@@ -221,17 +227,25 @@ def run_compare_cli(
         try:
             write_json(report, json_path)
         except OSError as exc:
-            err.print(f"[red]error[/red]: --json {json_path}: {exc}", highlight=False)
+            err.print(_error(f"--json {json_path}: {exc}"))
             return 1
-        err.print(f"report: {json_path}")
+        err.print(printable_text(f"report: {json_path}", None))
     if plot:
         try:
             write_plot(report, plot)
         except (RuntimeError, OSError, ValueError) as exc:  # ValueError: matplotlib's unknown format
-            err.print(f"[red]error[/red]: {exc}")
+            err.print(_error(exc))
             return 1
-        err.print(f"plot: {plot}")
+        err.print(printable_text(f"plot: {plot}", None))
     return 0
+
+
+def _error(exc: object) -> Text:
+    """An error line: the message may hold a server's or a file's words, so it is Text (never
+    markup) through flyserve.printable."""
+    from rich.text import Text
+
+    return Text.assemble(("error", "red"), ": ", printable_text(exc, 4096))
 
 
 def _saved_note(path: Path, recorded: int | None) -> str:

@@ -8,6 +8,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from flyserve.printable import printable
 
 
 def _pct(x: float | None) -> str:
@@ -64,12 +67,14 @@ def render_table(report: dict[str, Any], console: Console) -> None:
     console.print(t)
     for arm in ("a", "b"):
         info = arms.get(arm)
-        if info:
-            console.print(f"arm {arm.upper()}: {info.get('url')}  model {info.get('model')}")
+        if info:  # the model name is the server's: Text, never markup
+            url, model = printable(info.get("url")), printable(info.get("model"))
+            console.print(Text(f"arm {arm.upper()}: {url}  model {model}"))
     for key in ("accuracy_difference", "divergence_vs_noise"):
         test = report["tests"].get(key)
         if test:
-            console.print(f"[bold]{key.replace('_', ' ')}[/bold]: {test['statement']}")
+            statement = printable(test["statement"], 1024)
+            console.print(Text.assemble((key.replace("_", " "), "bold"), f": {statement}"))
 
 
 def write_json(report: dict[str, Any], path: Path) -> None:

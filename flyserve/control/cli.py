@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import os
 import re
 import shutil
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
+
+from flyserve.printable import printable, printable_block, printable_text
 
 thresholds_app = typer.Typer(
     name="thresholds",
@@ -84,19 +87,25 @@ def _writer(state_dir: Path | None, **kw: Any) -> Any:
         if free is not None and free < _METRICS_MIN_FREE_BYTES:
             # prometheus_client mmaps its files: a write to a page a full tmpfs cannot back kills
             # the process with SIGBUS ("Bus error", rc 135) instead of raising ENOSPC.
-            typer.echo(f"warning: reload metrics not shared (only {free} bytes free)", err=True)
+            _echo(f"warning: reload metrics not shared (only {free} bytes free)", err=True)
             return plane
         setup_multiprocess(plane.state_dir.metrics_dir)
     except OSError as exc:  # an unwritable state dir: the change itself will say so
-        typer.echo(f"warning: reload metrics not shared ({exc.strerror or exc})", err=True)
+        _echo(f"warning: reload metrics not shared ({exc.strerror or exc})", err=True)
     return plane
 
 
 _METRICS_MIN_FREE_BYTES = 4 << 20
 
 
+def _echo(message: str, *, err: bool = False) -> None:
+    """A line (or lines) of text for a person: the values in it come from the state directory and
+    the operator's files, so no escape sequence in them reaches the terminal (flyserve.printable)."""
+    typer.echo(printable_block(message), err=err)
+
+
 def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(message, err=True)
+    _echo(message, err=True)
     return typer.Exit(code)
 
 
@@ -113,7 +122,7 @@ def _state(state_dir: Path | None, *, write: bool, create: bool = False) -> Path
 
     path, implicit = resolve(state_dir)
     if implicit:
-        typer.echo(implicit_note(path), err=True)
+        _echo(implicit_note(path), err=True)
     try:
         return require_for_write(path, create=create) if write else require_for_read(path)
     except StateDirError as exc:
@@ -138,18 +147,20 @@ def _run_change(fn: Any, as_json: bool) -> None:
         return
     s = res.snapshot
     if not res.changed:
-        typer.echo(f"unchanged: version {s.version} already has this content")
+        _echo(f"unchanged: version {s.version} already has this content")
         return
     head = "dry run, would publish" if res.dry_run else "published"
-    typer.echo(
-        f"{head} version {s.version} (source {s.source}, effective from engine step {s.effective_step})"
+    _echo(
+        f"{head} version {s.version} (source {printable(s.source)}, effective from engine step "
+        f"{s.effective_step})"
     )
     for k, (a, b) in res.diff.items():
-        typer.echo(f"  {k}: {a} -> {b}")
+        _echo(f"  {printable(k)}: {printable(a)} -> {printable(b)}")
     for k, c in s.conflicts.items():
-        typer.echo(
-            f"  note: {k}: the file says {c['file']}, the override {c['override']} wins "
-            f"(`flyserve thresholds unset {k}` to take the file's value)"
+        _echo(
+            f"  note: {printable(k)}: the file says {printable(c['file'])}, the override "
+            f"{printable(c['override'])} wins "
+            f"(`flyserve thresholds unset {printable(k)}` to take the file's value)"
         )
 
 
@@ -181,17 +192,7 @@ def _parse_assignments(pairs: list[str]) -> dict[str, Any]:
 _DECIMAL = re.compile(r"[-+]?[0-9]+", re.ASCII)
 
 
-def printable(text: object) -> str:
-    """``text`` with control characters (escape codes, newlines) as \\xNN and rich markup escaped:
-    an --actor with escape codes was printed raw by show and history (attack review item 15)."""
-    from rich.markup import escape
-
-    def one(c: str) -> str:
-        if c.isprintable():
-            return c
-        return f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
-
-    return escape("".join(one(c) for c in str(text)))
+_RANK_FIELDS = ("rank", "engine", "pid", "step", "applied_version", "applied_step")
 
 
 @thresholds_app.command("show")
@@ -199,6 +200,7 @@ def show(state_dir: Path | None = StateDirOpt, as_json: bool = JsonOpt) -> None:
     """The current version: every threshold, the layer that set it, and any file/override conflict."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from flyserve.control.errors import ControlIOError
 
@@ -212,31 +214,44 @@ def show(state_dir: Path | None = StateDirOpt, as_json: bool = JsonOpt) -> None:
     if as_json:
         typer.echo(json.dumps({**s.to_dict(), "ranks": ranks}, indent=2, default=str))
         return
-    title = f"thresholds version {s.version} ({s.source}" + (f" by {printable(s.actor)}" if s.actor else "") + ")"
+    # Every value below is the state directory's (anyone who can write it): Text, never markup.
+    by = f" by {printable(s.actor)}" if s.actor else ""
+    title = f"thresholds version {s.version} ({printable(s.source)}{by})"
     if s.version == 0:
-        title += f" - nothing published yet in {plane.state_dir.path}; profile {s.profile} defaults"
-    t = Table(title=title)
+        title += (
+            f" - nothing published yet in {printable(plane.state_dir.path, None)}; "
+            f"profile {printable(s.profile)} defaults"
+        )
+    t = Table(title=Text(title))
     for col in ("key", "value", "set by", "note"):
         t.add_column(col)
     for k, v in s.thresholds.model_dump().items():
         note = ""
         if k in s.conflicts:
-            note = f"file says {s.conflicts[k]['file']}"
-        t.add_row(k, str(v), s.provenance[k], note)
+            note = f"file says {printable(s.conflicts[k]['file'])}"
+        t.add_row(printable_text(k), printable_text(v), printable_text(s.provenance[k]), Text(note))
     c = Console()
     c.print(t)
     c.print(
-        f"effective from engine step {s.effective_step}; sha256 {s.sha256[:16]}; profile {s.profile}; "
-        f"file {s.config_file or '-'}"
+        Text(
+            f"effective from engine step {printable(s.effective_step)}; sha256 {printable(s.sha256[:16])}; "
+            f"profile {printable(s.profile)}; file {printable(s.config_file or '-', None)}"
+        )
     )
     if s.circuit_open:
         c.print(
-            f"[red]circuit OPEN[/red]: prefill path off on every rank ({s.circuit_reason or 'no reason'})"
+            Text.assemble(
+                ("circuit OPEN", "red"),
+                f": prefill path off on every rank ({printable(s.circuit_reason or 'no reason')})",
+            )
         )
     for r in ranks:
+        f = {k: printable(r.get(k), 64) for k in _RANK_FIELDS}
         c.print(
-            f"rank {r.get('rank')} (engine {r.get('engine')}, pid {r.get('pid')}): step {r.get('step')}, "
-            f"version {r.get('applied_version')} since step {r.get('applied_step')}"
+            Text(
+                f"rank {f['rank']} (engine {f['engine']}, pid {f['pid']}): step {f['step']}, "
+                f"version {f['applied_version']} since step {f['applied_step']}"
+            )
         )
 
 
@@ -385,9 +400,8 @@ def history(
             changes = ", ".join(
                 x for x in (changes, f"circuit {'open' if s.circuit_open else 'closed'}") if x
             )
-        t.add_row(
-            str(s.version), s.time_iso, printable(s.source), printable(s.actor), str(s.effective_step), changes or "-"
-        )
+        cells = (s.version, s.time_iso, s.source, s.actor, s.effective_step, changes or "-")
+        t.add_row(*(printable_text(x, 1024) for x in cells))
     Console().print(t)
 
 
@@ -414,13 +428,13 @@ def repair_cmd(
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
     if not report.changed:
-        typer.echo(f"consistent: version {report.version}, nothing to repair")
+        _echo(f"consistent: version {report.version}, nothing to repair")
         return
     for a in report.actions:
-        typer.echo(f"repaired: {a}")
+        _echo(f"repaired: {a}")
     for d in report.dropped:
-        typer.echo(f"dropped: {d}")
-    typer.echo(f"current version {report.version}")
+        _echo(f"dropped: {d}")
+    _echo(f"current version {report.version}")
 
 
 @thresholds_app.command("audit")
@@ -439,6 +453,14 @@ def audit(
         typer.echo(json.dumps(e, sort_keys=True, default=str))
 
 
+class _PrintableFormatter(logging.Formatter):
+    """Log lines of `watch` name the config file's fields and the state directory's files: printed
+    through flyserve.printable like every other line of these commands."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable_block(super().format(record))
+
+
 @thresholds_app.command("watch")
 def watch(
     config: Path | None = ConfigOpt,
@@ -451,7 +473,6 @@ def watch(
 ) -> None:
     """Keep the published thresholds equal to the config file: directory watch (catches a Kubernetes
     ConfigMap's symlink swap), a periodic poll, and SIGHUP. Runs until SIGTERM or Ctrl-C."""
-    import logging
     import signal
     import threading
 
@@ -464,7 +485,7 @@ def watch(
     log = logging.getLogger("flyserve.control")
     log.setLevel(logging.INFO)
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.setFormatter(_PrintableFormatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     # A long-running publisher, like the sidecar: it initialises its state directory.
     plane = _writer(_state(state_dir, write=True, create=True), profile=profile, config_file=config)
@@ -477,7 +498,7 @@ def watch(
         w.start()
     except (ThresholdsError, ControlIOError) as exc:  # start() only reports; keep watching anyway
         log.error("%s", exc)
-    typer.echo(f"watching {config} -> {plane.state_dir.path} (poll every {poll_interval:g}s; SIGHUP reloads)")
+    _echo(f"watching {config} -> {plane.state_dir.path} (poll every {poll_interval:g}s; SIGHUP reloads)")
     try:
         while not done.wait(1.0):
             pass
@@ -525,17 +546,15 @@ def init(state_dir: Path | None = StateDirOpt) -> None:
 
     path, implicit = resolve(state_dir)
     if implicit:
-        typer.echo(implicit_note(path), err=True)
+        _echo(implicit_note(path), err=True)
     try:
         created = initialise(path)
     except StateDirError as exc:
         raise _fail(f"error: {exc}", 2) from None
-    typer.echo(f"{'initialised' if created else 'already initialised:'} state directory {path}")
+    _echo(f"{'initialised' if created else 'already initialised:'} state directory {path}")
 
 
 def register(app: typer.Typer) -> None:
-    import logging
-
     # The commands print their own clear errors; keep the library's log lines off the terminal.
     logging.getLogger("flyserve.control").addHandler(logging.NullHandler())
     app.command("init")(init)

@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from flyserve.doctor.checks import Check, platform_kind, run_checks
+from flyserve.printable import printable_block
 
 MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
 
@@ -74,7 +75,7 @@ def doctor(
     Each line is ok / WARN / FAIL with the fix. Exit status 1 if anything FAILs.
     """
     rep = report(run=run, block_size=block_size)
-    typer.echo(json.dumps(rep, indent=1) if json_out else render(rep))
+    typer.echo(json.dumps(rep, indent=1) if json_out else printable_block(render(rep)))
     raise typer.Exit(1 if rep["summary"]["fail"] else 0)
 
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.block_size is not None and a.block_size < 1:
         p.error("--block-size must be a positive integer")
     rep = report(run=a.run, block_size=a.block_size)
-    print(json.dumps(rep, indent=1) if a.json else render(rep))
+    print(json.dumps(rep, indent=1) if a.json else printable_block(render(rep)))
     return 1 if rep["summary"]["fail"] else 0
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from flyserve.doctor import compile as cc
+from flyserve.printable import printable_block
 
 flydsl_app = typer.Typer(
     help="FlyDSL (ROCm gfx950 prefill kernel): checks that need no GPU.", no_args_is_help=True
@@ -36,9 +37,10 @@ def _geometry(
 
 def _progress(i: int, n: int, v: cc.Variant, r: cc.VariantResult | None) -> None:
     if r is None:
-        typer.echo(f"[{i + 1}/{n}] {v.name}: compiling ...", err=True)
+        typer.echo(printable_block(f"[{i + 1}/{n}] {v.name}: compiling ..."), err=True)
     else:
-        typer.echo(f"[{i + 1}/{n}] {v.name}: {r.status} in {r.wall_s:.1f} s, {r.summary}", err=True)
+        line = f"[{i + 1}/{n}] {v.name}: {r.status} in {r.wall_s:.1f} s, {r.summary}"
+        typer.echo(printable_block(line), err=True)
 
 
 @flydsl_app.command("compile")
@@ -123,7 +125,7 @@ def compile_command(
         if bad:
             raise cc.CompileCheckError(f"--page-size {bad}: this FlyDSL pages {rev['page_sizes']} only")
     except cc.CompileCheckError as exc:
-        typer.echo(f"flyserve flydsl compile: {exc}", err=True)
+        typer.echo(printable_block(f"flyserve flydsl compile: {exc}"), err=True)
         raise typer.Exit(2) from None
     variants = cc.plan_variants(
         geometry, page_sizes=pages, has_causal_lpt=rev["causal_lpt"], wrong_calls=wrong_calls
@@ -131,8 +133,10 @@ def compile_command(
     if batch:
         variants = [v for v in variants if v.batch in batch or v.batch == "wrong"]
     typer.echo(
-        f"{len(variants)} variants of {os.path.basename(os.path.abspath(kernels_path))} ({rev['label']}), "
-        "one process each (~420 MB, 5-30 s on 2 cores)",
+        printable_block(
+            f"{len(variants)} variants of {os.path.basename(os.path.abspath(kernels_path))} ({rev['label']}), "
+            "one process each (~420 MB, 5-30 s on 2 cores)"
+        ),
         err=True,
     )
     results = cc.run_variants(
@@ -144,7 +148,8 @@ def compile_command(
     if json_file:
         with open(json_file, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(rep, indent=1) + "\n")
-    typer.echo(json.dumps(rep, indent=1) if json_out else cc.render(rep))
+    # The checkout's revision, the model config's fields and the compiler's words: through printable.
+    typer.echo(json.dumps(rep, indent=1) if json_out else printable_block(cc.render(rep)))
     raise typer.Exit(1 if cc.failed(rep) else 0)
 
 

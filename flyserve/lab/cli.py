@@ -11,12 +11,13 @@ from typing import Annotated
 import typer
 
 from flyserve.lab.workloads import DEFAULT_MAX_NUM_BATCHED_TOKENS, workload_names
+from flyserve.printable import printable, printable_block, printable_text
 
 ALL = "all"
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    typer.secho(printable_block(f"error: {msg}"), fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
 
 
@@ -140,8 +141,11 @@ def replay_cmd(
 def _print_table(results, source: str) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"flyserve replay ({source}); ms per attention layer, summed over steps")
+    # The cost table's name and GPU and the trace's name are files' words: Text, never markup.
+    title = f"flyserve replay ({printable(source, 1024)}); ms per attention layer, summed over steps"
+    table = Table(title=Text(title))
     for col in (
         "trace",
         "profile",
@@ -158,8 +162,8 @@ def _print_table(results, source: str) -> None:
     for r in results:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(r.reasons.items(), key=lambda kv: -kv[1]))
         table.add_row(
-            r.trace,
-            r.profile,
+            printable_text(r.trace),
+            printable_text(r.profile),
             str(r.steps),
             f"{r.routed_s * 1e3:.1f}",
             f"{r.unified_s * 1e3:.1f}",
@@ -167,7 +171,7 @@ def _print_table(results, source: str) -> None:
             f"{r.oracle_s * 1e3:.1f}",
             f"{r.routed_over_oracle:.4f}",
             f"{r.prefill_ratio:.3f}",
-            reasons,
+            printable_text(reasons, 1024),
         )
     Console(width=None if sys.stdout.isatty() else 180).print(table)
 
@@ -246,11 +250,11 @@ def calibrate_cmd(
                 head_size=head_size or CPU_LAYER["head_size"],
                 base_profile=base_profile if base_profile != "gfx950" else "cpu-tiny",
                 command=command,
-                echo=typer.echo,
+                echo=lambda s: typer.echo(printable_block(s)),
             )
         except CalibrationError as exc:
             _fail(str(exc), exc.exit_code)
-        typer.echo(summary)
+        typer.echo(printable_block(summary))
         return
     try:
         summary = run_calibration(
@@ -270,7 +274,7 @@ def calibrate_cmd(
         )
     except CalibrationError as exc:
         _fail(str(exc), exc.exit_code)
-    typer.echo(summary)
+    typer.echo(printable_block(summary))
 
 
 def register(app: typer.Typer) -> None:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from flyserve.printable import printable, printable_text
+
 
 def check_config(
     path: Path = typer.Argument(  # noqa: B008 - typer's own idiom, as for every option below
@@ -23,6 +25,7 @@ def check_config(
 
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from flyserve.policy.profiles import load_profile, read_yaml_file
     from flyserve.policy.thresholds import Thresholds, ThresholdsError
@@ -33,12 +36,12 @@ def check_config(
         data = read_yaml_file(path)
         effective = base_t.merged(data, source=str(path))
     except ThresholdsError as exc:
-        err.print(f"[red]invalid[/red]: {exc}")
+        err.print(Text.assemble(("invalid", "red"), f": {printable(exc, 4096)}"))  # names the file's fields
         raise typer.Exit(1) from None
     if as_json:
         typer.echo(json.dumps(effective.model_dump(), indent=2))
         return
-    table = Table(title=f"{path}: valid (base profile {base})")
+    table = Table(title=Text(f"{printable(path, None)}: valid (base profile {printable(base)})"))
     table.add_column("key")
     table.add_column("value", justify="right")
     table.add_column("set by")
@@ -46,7 +49,7 @@ def check_config(
     for k, v in effective.model_dump().items():
         layer = "file" if k in data else f"profile {base}"
         mark = "" if v == defaults[k] else " *"
-        table.add_row(k, f"{v}{mark}", layer)
+        table.add_row(printable_text(k), printable_text(f"{v}{mark}"), printable_text(layer))
     Console().print(table)
     Console().print("* differs from the seed (gfx950) default")
 
@@ -56,7 +59,7 @@ def profiles() -> None:
     from flyserve.policy.profiles import available_profiles, profile_path
 
     for name in available_profiles():
-        typer.echo(f"{name}\t{profile_path(name)}")
+        typer.echo(f"{printable(name)}\t{printable(profile_path(name), None)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -2,7 +2,9 @@
 
 Advice lives in the sidecar because the window of priced live shapes does (flyserve.sidecar.live_costs);
 this command is a reader of GET /thresholds/advice that prints it for a person. It changes nothing:
-applying the advice is the PATCH it prints, an operator action guarded by If-Match.
+applying the advice is the PATCH it prints, an operator action guarded by If-Match. What it prints
+comes from whatever answers at --url: every line goes out through flyserve.printable, and an answer
+that is not advice is an error, not a traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import shlex
 from typing import Annotated, Any
 
 import typer
+
+from flyserve.printable import printable, printable_block
 
 DEFAULT_URL = "http://127.0.0.1:9400"
 
@@ -41,8 +45,9 @@ def render(adv: dict[str, Any], url: str, shapes: int) -> str:
         )
     else:
         lines.append("changes (run-time knobs only; decode_path is fixed at start):")
-        width = max(len(k) for k in adv["changes"])
-        for k, (old, new) in adv["changes"].items():
+        changes = {printable(k, 64): (printable(o), printable(n)) for k, (o, n) in adv["changes"].items()}
+        width = max(len(k) for k in changes)
+        for k, (old, new) in changes.items():
             lines.append(f"  {k:<{width}}  {old} -> {new}")
         p = adv["patch"]
         body = json.dumps(p["body"], separators=(",", ":"))
@@ -97,15 +102,21 @@ def render_restart(restart: list[dict[str, Any]]) -> list[str]:
     if not restart:
         return []
     lines = ["needs a restart (not in the PATCH; the saving is on top of it, each knob alone):"]
-    width = max(len(r["knob"]) for r in restart)
+    width = max(len(printable(r["knob"], 64)) for r in restart)
     for r in restart:
         ro = r.get("routed_over_oracle_after")
+        knob, current, advised = printable(r["knob"], 64), printable(r["current"]), printable(r["advised"])
         lines.append(
-            f"  {r['knob']:<{width}}  {r['current']} -> {r['advised']}: saves {r['saving']:.1%} of attention "
+            f"  {knob:<{width}}  {current} -> {advised}: saves {r['saving']:.1%} of attention "
             f"time, needs a restart" + ("" if ro is None else f" (routed/oracle -> {ro:.4f})")
         )
-        lines.append(f"  {'':<{width}}  {r['how']}")
+        lines.append(f"  {'':<{width}}  {printable(r['how'], 1024)}")
     return lines
+
+
+def _not_advice(endpoint: str, exc: Exception) -> typer.Exit:
+    typer.echo(f"error: {printable(endpoint)}: the answer is not advice ({type(exc).__name__})", err=True)
+    return typer.Exit(1)
 
 
 def advise(
@@ -137,8 +148,10 @@ def advise(
     try:
         r = fetch_advice(url, {"window": window, "shapes": max(shapes, 100)}, timeout=timeout)
     except httpx.HTTPError as exc:
-        typer.echo(f"error: cannot reach the sidecar at {url}: {exc}", err=True)
+        typer.echo(f"error: cannot reach the sidecar at {printable(url)}: {printable(exc, 512)}", err=True)
         raise typer.Exit(1) from None
+    except (ValueError, AttributeError) as exc:  # a 200 that is not a JSON object
+        raise _not_advice(endpoint, exc) from None
     if r.status_code != 200:
         try:
             body = r.json()
@@ -146,9 +159,13 @@ def advise(
         except ValueError:
             body, detail = None, r.text
         if isinstance(body, dict) and body.get("field") == "samples":
-            typer.echo(render_refusal(body), err=True)
+            typer.echo(printable_block(render_refusal(body)), err=True)
             raise typer.Exit(1)
-        typer.echo(f"error: {endpoint}: HTTP {r.status_code}: {str(detail)[:300]}", err=True)
+        typer.echo(f"error: {printable(endpoint)}: HTTP {r.status_code}: {printable(detail, 300)}", err=True)
         raise typer.Exit(1)
-    adv = r.json()
-    typer.echo(json.dumps(adv, indent=1) if as_json else render(adv, url, shapes))
+    try:
+        adv = r.json()
+        shown = json.dumps(adv, indent=1) if as_json else printable_block(render(adv, url, shapes))
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+        raise _not_advice(endpoint, exc) from None
+    typer.echo(shown)

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from flyserve.printable import printable_block
+
 
 def sidecar(
     state_dir: Annotated[
@@ -170,7 +172,12 @@ def sidecar(
     from flyserve.startup_checks import StartupError, check_profile
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    err = typer.echo
+
+    def err(message: str, err: bool = False) -> None:
+        """Startup lines: the token file's, the cost table's and the state directory's words are in
+        some of them, so through flyserve.printable."""
+        typer.echo(printable_block(message), err=err)
+
     try:  # first: a bad profile is the first (and only) line, before anything starts
         check_profile(profile, setting="--profile")
     except StartupError:

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from flyserve.printable import printable_block
+
 
 def simulate(
     state_dir: Annotated[
@@ -101,11 +103,11 @@ def simulate(
         planted = parse_drift(drift or [])
         heads = num_heads if num_heads is not None else _table_heads(costs)
     except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(printable_block(f"error: {exc}"), err=True)
         raise typer.Exit(2) from None
     sd, implicit = resolve(state_dir)
     if implicit:
-        typer.echo(implicit_note(sd), err=True)
+        typer.echo(printable_block(implicit_note(sd)), err=True)
     args = SimulateArgs(
         state_dir=sd,
         ranks=ranks,
@@ -123,11 +125,11 @@ def simulate(
     try:
         code = run(
             args,
-            echo=lambda s: typer.echo(s, err=False),
+            echo=lambda s: typer.echo(printable_block(s), err=False),  # the ranks' files are in it
             progress_every_s=float("inf") if quiet else 2.0,
         )
     except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(printable_block(f"error: {exc}"), err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
 

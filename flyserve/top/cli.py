@@ -61,7 +61,10 @@ def top(
         Path | None,
         typer.Option(
             "--token-file",
-            help="Bearer token for a sidecar that wants one on reads (else $FLYSERVE_SIDECAR_TOKEN).",
+            help="Bearer token (else $FLYSERVE_SIDECAR_TOKEN) for a sidecar behind something that guards "
+            "reads: the sidecar's own stream is open, so each connection asks without it and sends it only "
+            "when --url itself answers 401. Redirects are not followed and no proxy from the environment "
+            "is used: the token goes to no other host or port.",
         ),
     ] = None,
     once: Annotated[
@@ -99,7 +102,8 @@ def top(
     def frame(win: str):
         lt = stream.latest()
         age = None if lt.received_at is None else time.monotonic() - lt.received_at
-        return render(lt.stats, win, Connection(url, lt.error, age, lt.events)), lt.events
+        conn = Connection(url, lt.error, age, lt.events, lt.malformed, lt.oversize)
+        return render(lt.stats, win, conn), lt.events + lt.malformed + lt.oversize
 
     if once:
         deadline = time.monotonic() + max(5.0, interval * 4)

@@ -1,15 +1,29 @@
 """The SSE reader behind `flyserve top`: one thread holds GET /dispatch-stats/stream open, keeps the
 newest payload, and reconnects (once a second) when the sidecar goes away, saying why in words a
 person can act on. The drawing loop only reads ``latest()``; it never waits on the network.
+
+What listens on the port may not be the sidecar, so nothing it sends is trusted: lines and events
+are bounded (flyserve.top.sse), a payload is parsed with the state files' caps (depth, number
+sizes) and kept only when it is a JSON object; anything else is counted as malformed and the view
+keeps the last good one.
+
+The bearer token: the sidecar's stream is open (only its mutations want a token), so each connection
+first asks without one, and sends it only when that same request to --url is answered 401 (a proxy
+in front that guards reads). Redirects are never followed and no proxy from the environment is
+used, so the token never goes to another host or port than the one asked.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from flyserve.top.sse import Dropped, iter_lines, iter_sse_data
+
+__all__ = ["Latest", "StatsStream", "iter_sse_data"]
 
 RETRY_S = 1.0
 
@@ -20,18 +34,20 @@ class Latest:
     error: str | None
     received_at: float | None  # time.monotonic() of the newest payload
     events: int
+    malformed: int = 0  # events that were not a JSON object (kept out of ``stats``)
+    oversize: int = 0  # lines and events dropped for their size
 
 
-def iter_sse_data(lines) -> Any:
-    """The ``data`` of each server-sent event of ``lines`` (an iterator of text lines)."""
-    data: list[str] = []
-    for line in lines:
-        if line == "":
-            if data:
-                yield "\n".join(data)
-                data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip(" "))
+def parse_payload(data: str) -> dict[str, Any] | None:
+    """The payload of one event, or None when it is not a JSON object within the state files' caps
+    (a JSON array, a string, a number, nesting past 64 levels, NaN, a 5000-digit number)."""
+    from flyserve.policy import safe_read
+
+    try:
+        doc = safe_read.parse_json(data, source="the stream")
+    except safe_read.SafeReadError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 class StatsStream:
@@ -40,9 +56,10 @@ class StatsStream:
     def __init__(self, url: str, *, interval: float, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.interval = interval
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._token = token or None
         self._lock = threading.Lock()
         self._latest = Latest(None, None, None, 0)
+        self._dropped = Dropped()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="flyserve-top-stream", daemon=True)
 
@@ -54,8 +71,12 @@ class StatsStream:
         self._stop.set()
 
     def latest(self) -> Latest:
+        """The newest state; its ``oversize`` is counted up to now (a line still being skipped
+        included), so the view shows a stream that sends nothing usable as it happens."""
         with self._lock:
-            return self._latest
+            cur = self._latest
+        seen = self._dropped.lines + self._dropped.events
+        return cur if seen == cur.oversize else dataclasses.replace(cur, oversize=seen)
 
     def _set(self, **kw: Any) -> None:
         with self._lock:
@@ -65,42 +86,81 @@ class StatsStream:
                 kw.get("error", cur.error),
                 kw.get("received_at", cur.received_at),
                 kw.get("events", cur.events),
+                kw.get("malformed", cur.malformed),
+                cur.oversize,
             )
 
     def _run(self) -> None:
         import httpx
 
-        endpoint = f"{self.url}/dispatch-stats/stream"
+        endpoint = httpx.URL(f"{self.url}/dispatch-stats/stream", params={"interval": self.interval})
         timeout = httpx.Timeout(connect=2.0, read=max(10.0, self.interval * 5), write=2.0, pool=2.0)
         while not self._stop.is_set():
             try:
-                with (
-                    httpx.Client(timeout=timeout, headers=self._headers) as client,
-                    client.stream("GET", endpoint, params={"interval": self.interval}) as r,
-                ):
-                    if r.status_code in (401, 403):
-                        self._set(
-                            error=f"the sidecar at {self.url} refused the stream (HTTP {r.status_code}): it needs "
-                            "a token: --token-file or $FLYSERVE_SIDECAR_TOKEN; retrying"
-                        )
-                    elif r.status_code != 200:
-                        self._set(error=f"the sidecar at {self.url} answered HTTP {r.status_code}; retrying")
-                    else:
-                        for data in iter_sse_data(r.iter_lines()):
-                            try:
-                                stats = json.loads(data)
-                            except ValueError:
-                                self._set(error="the sidecar sent an event that is not JSON; skipped")
-                                continue
-                            n = self.latest().events + 1
-                            self._set(stats=stats, error=None, received_at=time.monotonic(), events=n)
-                            if self._stop.is_set():
-                                return
-                        self._set(error=f"the stream from {self.url} ended; reconnecting")
+                # An explicit transport: httpx then takes no proxy from the environment.
+                transport = httpx.HTTPTransport()
+                with httpx.Client(timeout=timeout, transport=transport, follow_redirects=False) as c:
+                    if self._connect(c, endpoint, with_token=False) == "token wanted":
+                        self._connect(c, endpoint, with_token=True)
+                    if self._stop.is_set():
+                        return
             except httpx.ConnectError:
                 self._set(error=f"sidecar at {self.url} not reachable (connection refused), retrying")
             except httpx.TimeoutException:
                 self._set(error=f"sidecar at {self.url} not answering (timeout), retrying")
             except httpx.HTTPError as exc:
                 self._set(error=f"sidecar at {self.url}: {type(exc).__name__}, retrying")
+            except Exception as exc:  # noqa: BLE001 - whatever the peer sends, the reader lives on
+                self._set(error=f"the stream from {self.url} failed ({type(exc).__name__}); reconnecting")
             self._stop.wait(RETRY_S)
+
+    def _connect(self, client: Any, endpoint: Any, *, with_token: bool) -> str:
+        """One request; "token wanted" when it went without the token, one is given, and the
+        endpoint itself (not a redirect: none is followed) answered 401."""
+        headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
+        if with_token and self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        with client.stream("GET", endpoint, headers=headers) as r:
+            origin = (endpoint.scheme, endpoint.host, endpoint.port)
+            same_origin = (r.url.scheme, r.url.host, r.url.port) == origin
+            if r.status_code == 401 and not with_token and self._token is not None and same_origin:
+                return "token wanted"
+            if r.status_code == 401:
+                self._set(
+                    error=f"the sidecar at {self.url} refused the token (HTTP 401); retrying"
+                    if with_token
+                    else f"the sidecar at {self.url} wants a token (HTTP 401): --token-file or "
+                    "$FLYSERVE_SIDECAR_TOKEN; retrying"
+                )
+            elif r.status_code == 403:
+                self._set(error=f"the sidecar at {self.url} refused the stream (HTTP 403); retrying")
+            elif 300 <= r.status_code < 400:
+                self._set(
+                    error=f"{self.url} answered a redirect (HTTP {r.status_code}), not followed: give --url "
+                    "the sidecar's own address; retrying"
+                )
+            elif r.status_code != 200:
+                self._set(error=f"the sidecar at {self.url} answered HTTP {r.status_code}; retrying")
+            elif r.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
+                self._set(error=f"{self.url} sent a compressed stream (not read); retrying")
+            else:
+                self._read(r)
+        return "done"
+
+    def _read(self, r: Any) -> None:
+        # iter_raw() with no size: each piece as it is read (httpcore reads at most 64 KiB at a time);
+        # with a size httpx would hold a small event back until that many bytes had come.
+        lines = iter_lines(r.iter_raw(), dropped=self._dropped)
+        for data in iter_sse_data(lines, dropped=self._dropped):
+            stats = parse_payload(data)
+            if stats is None:
+                self._set(
+                    error="the sidecar sent an event that is not a JSON object; skipped",
+                    malformed=self.latest().malformed + 1,
+                )
+            else:
+                n = self.latest().events + 1
+                self._set(stats=stats, error=None, received_at=time.monotonic(), events=n)
+            if self._stop.is_set():
+                return
+        self._set(error=f"the stream from {self.url} ended; reconnecting")

@@ -101,6 +101,12 @@ def _in(package: str) -> list[str]:
     return [m for m in MODULES if m == package or m.startswith(package + ".")]
 
 
+SANITISER = "flyserve.printable"
+"""The one sanitiser of text bound for a terminal: every command prints through it, so every package
+with a command may import it, policy and arms included; it imports nothing of flyserve (checked
+below), so importing it reaches nothing else."""
+
+
 def test_the_graph_sees_lazy_imports_and_circles():
     """The checks below would pass on an empty graph: show that it finds a lazy import and a circle."""
     lazy = "def f():\n    from flyserve.lab.workloads import workload\n"
@@ -127,17 +133,25 @@ def test_the_sidecar_reaches_nothing_of_lab_arms_sim_or_vllm():
     assert leaked == []
 
 
+def test_the_terminal_sanitiser_imports_nothing_of_flyserve():
+    """Lazy imports and relative ones included: a relative import would escape ``_imports``."""
+    assert SANITISER in MODULES
+    assert _graph(top_level_only=False)[SANITISER] == set()
+    tree = ast.parse(MODULES[SANITISER].read_text())
+    assert [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0] == []
+
+
 def test_arms_and_lab_are_separate_products():
     graph = _graph(top_level_only=False)
     assert not [m for m in _in("flyserve.lab") if Path(MODULES[m]).name.startswith("arms")]
-    arms_reach = _reachable(graph, _in("flyserve.arms"))
+    arms_reach = _reachable(graph, _in("flyserve.arms")) - {SANITISER}
     assert sorted(m for m in arms_reach if m.startswith("flyserve.") and m.split(".")[1] != "arms") == []
     lab_reach = _reachable(graph, _in("flyserve.lab"))
     assert sorted(m for m in lab_reach if m.startswith("flyserve.arms")) == []
 
 
 def test_policy_imports_nothing_above_it():
-    reached = _reachable(_graph(top_level_only=False), _in("flyserve.policy"))
+    reached = _reachable(_graph(top_level_only=False), _in("flyserve.policy")) - {SANITISER}
     assert sorted(m for m in reached if m != "flyserve" and m.split(".")[1] != "policy") == []
 
 
