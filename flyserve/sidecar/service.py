@@ -22,7 +22,7 @@ from flyserve.control.reports import liveness as report_liveness
 from flyserve.policy.profiles import load_profile, profile_path
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
-from flyserve.sidecar.channel_view import read_channel_view
+from flyserve.sidecar.channel_view import Witnesses, read_channel_view
 from flyserve.sidecar.live_costs import HORIZON_S, LivePricing, PricedSample
 from flyserve.sidecar.models import (
     DispatchStats,
@@ -383,12 +383,25 @@ class StatsService:
             counts = now
         return corroborate(samples, counts)
 
-    def _liveness(self, wall: float) -> dict[tuple[int, int], str]:
-        """(engine, rank) -> confirmed / unconfirmed / gone, for /dispatch-stats (issue 22 item 3)."""
-        return {
+    def _reports(self, wall: float) -> tuple[list[Mapping[str, Any]], dict[tuple[int, int], str], Witnesses]:
+        """One look at ranks/ for /dispatch-stats: the reports, (engine, rank) -> confirmed /
+        unconfirmed / gone (what the process table says of each), and what the live ones can vouch
+        for in the engine channel's status (flyserve.sidecar.channel_view.Witnesses)."""
+        looked = self.control.store.read_rank_reports(now=wall)
+        states = {
             r.key: report_liveness(r, now=wall, stale_after_s=self.settings.stale_after_s).value
-            for r in self.control.store.reports(now=wall)
+            for _, r in looked
         }
+        live = Witnesses.of((r.engine, r.rank, r.host) for _, r in looked if states.get(r.key) != "gone")
+        return [d for d, _ in looked], states, live
+
+    def _control_version(self) -> int | None:
+        """The control plane's current version (None when it cannot be read): what the engine
+        channel's status is checked against, read after that file."""
+        try:
+            return self.snapshot().version
+        except Exception:  # noqa: BLE001 - the page must show what it can
+            return None
 
     def _compute(self, now_mono: float) -> DispatchStats:
         errors: list[str] = []
@@ -403,12 +416,9 @@ class StatsService:
         except Exception as exc:  # noqa: BLE001 - the page must show what it can
             view = None
             errors.append(f"thresholds: {exc}")
+        reports, states, witnesses = self._reports(wall)
         ranks = rank_views(
-            self.control.store.rank_reports(),
-            counters,
-            now=wall,
-            stale_after_s=self.settings.stale_after_s,
-            liveness=self._liveness(wall),
+            reports, counters, now=wall, stale_after_s=self.settings.stale_after_s, liveness=states
         )
         engines: dict[int, list[int]] = {}
         for v in ranks:
@@ -436,7 +446,9 @@ class StatsService:
             )
         reps = [es.representative_rank for es in engine_stats]
         try:
-            channel = read_channel_view(self.control.state_dir, now=wall)
+            channel = read_channel_view(
+                self.control.state_dir, now=wall, control_version=self._control_version, witnesses=witnesses
+            )
         except (ValueError, OSError) as exc:
             channel = None
             errors.append(f"channel: {exc}")
