@@ -64,6 +64,7 @@ RANKS_AGREE = tm.exposed_name(tm.RANKS_AGREE)
 SIDECAR_IGNORED_FILES = tm.exposed_name(tm.SIDECAR_IGNORED_FILES)
 SIDECAR_DROPPED_CONNECTIONS = tm.exposed_name(tm.SIDECAR_DROPPED_CONNECTIONS)
 SIDECAR_SHED_REQUESTS = tm.exposed_name(tm.SIDECAR_SHED_REQUESTS)
+SIDECAR_STREAM_RECLAIMS = tm.exposed_name(tm.SIDECAR_STREAM_RECLAIMS)
 SIDECAR_COMPACTED_FILES = tm.exposed_name(tm.SIDECAR_COMPACTED_FILES)
 SIDECAR_METRICS_FILES = tm.exposed_name(tm.SIDECAR_METRICS_FILES)
 KERNEL_SECONDS_BUCKET = KERNEL_SECONDS + "_bucket"
@@ -933,7 +934,9 @@ def _control_ranks_row(d: dash.Dashboard) -> dash.Dashboard:
             "Connections the sidecar closed before answering, per second, by reason (head_timeout, "
             "request_timeout, evicted at --max-connections, refused), and requests shed with 503 over "
             "the cap. A steady rate is a slow or half-open client flood; /healthz, /readyz and changes "
-            "with the token keep being answered through it (operations.md, Failure modes).",
+            "with the token keep being answered through it (operations.md, Failure modes). Also SSE "
+            "streams reclaimed from clients that do not read them (stalled, backlog, evicted at "
+            "--max-streams).",
             [
                 _target(
                     f"sum by (reason) (rate({SIDECAR_DROPPED_CONNECTIONS}{{{INSTANCE_SEL}}}[$__rate_interval]))",
@@ -942,6 +945,11 @@ def _control_ranks_row(d: dash.Dashboard) -> dash.Dashboard:
                 _target(
                     f"sum(rate({SIDECAR_SHED_REQUESTS}{{{INSTANCE_SEL}}}[$__rate_interval]))",
                     "shed (503)",
+                ),
+                _target(
+                    f"sum by (reason) (rate({SIDECAR_STREAM_RECLAIMS}{{{INSTANCE_SEL}}}[$__rate_interval]))",
+                    "stream reclaimed: {{reason}}",
+                    "C",
                 ),
             ],
             unit="reqps",

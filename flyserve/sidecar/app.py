@@ -38,7 +38,7 @@ from flyserve.sidecar.models import RankView
 from flyserve.sidecar.routes import compute_advice, router
 from flyserve.sidecar.service import MAX_LATE_S, StatsService
 from flyserve.sidecar.settings import SidecarSettings
-from flyserve.sidecar.stream import StreamHub
+from flyserve.sidecar.stream import RECLAIM_REASONS, StreamHub
 from flyserve.telemetry import metrics as tm
 from flyserve.telemetry.files_exposition import FilesExposition
 
@@ -135,6 +135,8 @@ def _expose_labelled_counters_at_zero() -> None:
         tm.SIDECAR_DROPPED_CONNECTIONS.labels(reason)
     for action in COMPACTION_ACTIONS:
         tm.SIDECAR_COMPACTED_FILES.labels(action)
+    for reason in RECLAIM_REASONS:
+        tm.SIDECAR_STREAM_RECLAIMS.labels(reason)
 
 
 def create_app(settings: SidecarSettings) -> FastAPI:
@@ -217,7 +219,11 @@ def create_app(settings: SidecarSettings) -> FastAPI:
         fresh_s=settings.advice_fresh_s,
     )
     app.state.stream_hub = StreamHub(
-        stats.dispatch_stats_json, tick_s=settings.stream_min_interval_s, max_streams=settings.max_streams
+        stats.dispatch_stats_json,
+        tick_s=settings.stream_min_interval_s,
+        max_streams=settings.max_streams,
+        write_timeout_s=settings.stream_write_timeout_s,
+        max_queued_events=settings.stream_max_queued_events,
     )
     app.state.metrics_cache = TtlCache(
         _exposition, settings.metrics_ttl_s, max_stale_s=settings.metrics_ttl_s + MAX_LATE_S

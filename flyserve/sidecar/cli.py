@@ -107,8 +107,32 @@ def sidecar(
         ),
     ] = 0.5,
     max_streams: Annotated[
-        int, typer.Option("--max-streams", min=1, help="Concurrent SSE streams; one more gets 503.")
+        int,
+        typer.Option(
+            "--max-streams",
+            min=1,
+            help="Concurrent SSE streams. At the cap a new one takes the slot of the longest-stalled "
+            "(else furthest-behind, else oldest) stream.",
+        ),
     ] = 64,
+    stream_write_timeout: Annotated[
+        float,
+        typer.Option(
+            "--stream-write-timeout",
+            min=0.5,
+            help="Seconds an SSE event's write may take; a stream whose client does not read for longer "
+            "is dropped and its slot freed.",
+        ),
+    ] = 10.0,
+    stream_max_queued: Annotated[
+        int,
+        typer.Option(
+            "--stream-max-queued",
+            min=1,
+            help="SSE events' worth of bytes that may wait unsent for one client; with more it is "
+            "dropped and its slot freed.",
+        ),
+    ] = 16,
     max_connections: Annotated[
         int,
         typer.Option(
@@ -233,6 +257,8 @@ def sidecar(
         stream_interval_s=max(stream_interval, stream_min_interval),
         stream_min_interval_s=stream_min_interval,
         max_streams=max_streams,
+        stream_write_timeout_s=stream_write_timeout,
+        stream_max_queued_events=stream_max_queued,
         stale_after_s=stale_after,
         step_margin=step_margin,
         stats_ttl_s=stats_ttl,

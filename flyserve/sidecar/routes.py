@@ -43,6 +43,7 @@ from flyserve.sidecar.models import (
     ThresholdsView,
 )
 from flyserve.sidecar.sample_evidence import Evidence
+from flyserve.sidecar.server import stream_connection
 from flyserve.sidecar.service import StatsService, thresholds_view
 from flyserve.sidecar.stream import StreamHub, StreamsFull
 from flyserve.telemetry.shape_sample import read_shape_samples, routing_change
@@ -148,13 +149,15 @@ async def dispatch_stats_stream(
 ) -> StreamingResponse:
     """Server-sent events: the /dispatch-stats payload every few seconds (never more often than the
     sidecar's --stream-min-interval; every client shares one computed payload per tick). Ends on
-    shutdown or disconnect; 503 when --max-streams streams are already open."""
+    shutdown or disconnect, or when the sidecar reclaims the slot of a client that does not read
+    (flyserve.sidecar.stream); at --max-streams a new stream takes the slot of the longest-stalled
+    or oldest one; 503 only when none can be taken."""
     settings = request.app.state.settings
     hub: StreamHub = request.app.state.stream_hub
     every = max(interval or settings.stream_interval_s, settings.stream_min_interval_s)
     shutting_down = request.app.state.shutting_down
     try:
-        hub.subscribe()
+        client = hub.subscribe(stream_connection(request.scope), evictable=True)
     except StreamsFull as exc:
         return JSONResponse(  # type: ignore[return-value]
             {"detail": f"too many streams: {exc}; retry later", "field": None, "errors": []},
@@ -162,24 +165,32 @@ async def dispatch_stats_stream(
             headers={"Retry-After": str(max(1, int(every)))},
         )
 
+    def ended() -> bool:
+        return shutting_down.is_set() or client.dropped is not None
+
     async def events():
         loop = asyncio.get_running_loop()
         sent, last = 0, 0
         try:
-            while not shutting_down.is_set():
+            while not ended():
                 got = await hub.next(last, timeout_s=0.25)
                 if got is None:
                     if await request.is_disconnected():
                         return
                     continue
+                if client.dropped is not None:  # reclaimed while it waited
+                    return
                 last, payload = got
-                yield f"event: stats\nid: {sent}\ndata: {payload.decode()}\n\n"
+                event = f"event: stats\nid: {sent}\ndata: {payload.decode()}\n\n"
+                hub.sending(client, len(event))  # the hub times the write: this yield returns once sent
+                yield event
+                hub.sent(client)
                 sent += 1
                 if max_events is not None and sent >= max_events:
                     return
-                # Sleep in short slices so a shutdown or a gone client ends the stream within ~0.25 s.
+                # Sleep in short slices so a shutdown, a gone client or a reclaim ends it within ~0.25 s.
                 deadline = loop.time() + every
-                while not shutting_down.is_set():
+                while not ended():
                     left = deadline - loop.time()
                     if left <= 0:
                         break
@@ -187,7 +198,7 @@ async def dispatch_stats_stream(
                         return
                     await asyncio.sleep(min(0.25, left))
         finally:
-            hub.unsubscribe()
+            hub.unsubscribe(client)
 
     return StreamingResponse(
         events(),

@@ -13,14 +13,23 @@ item 2), which in Kubernetes failed the probes of the pod that serves vLLM. Here
   new one refused (closed at once). A flood of half-open connections therefore cannot keep a
   prober out: each new connection displaces the oldest, and a probe sends its head at once;
 * requests over the cap are shed with 503 by AdmissionMiddleware, except the ones that matter
-  (/healthz, /readyz, changes with the valid token).
+  (/healthz, /readyz, changes with the valid token);
+* a stream the stream hub reclaims (a client that does not read: flyserve.sidecar.stream) is
+  aborted here, through ``stream_connection``: its queued bytes discarded (SO_LINGER 0: a reset,
+  not a FIN the kernel would retry against a zero window for minutes) and its socket closed now.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import socket
+import struct
+import termios
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import h11
@@ -55,6 +64,49 @@ def _dropped(reason: str) -> None:
         log.warning("sidecar: dropped connections (%s): a slow or half-open client flood?", summary)
 
 
+_OPEN: dict[tuple[Any, Any], DeadlineH11Protocol] = {}
+"""Open connections by (server address, client address): how a route finds its own connection
+(an ASGI scope carries both addresses, not the transport). One process may run several servers
+(tests); their server addresses differ."""
+
+_TIOCOUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
+"""Linux: bytes a socket holds unsent or unacknowledged (the client has not made room for them)."""
+
+
+class StreamConnection:
+    """A stream's connection as the stream hub sees it (flyserve.sidecar.stream.Connection)."""
+
+    def __init__(self, protocol: DeadlineH11Protocol) -> None:
+        self._protocol = protocol
+
+    def queued_bytes(self) -> int | None:
+        """The transport's buffer plus the kernel's send queue (None where neither can be read)."""
+        transport = self._protocol.transport
+        if transport.is_closing():
+            return None
+        queued = transport.get_write_buffer_size()
+        sock = transport.get_extra_info("socket")
+        if sock is None or _TIOCOUTQ is None:
+            return queued
+        try:
+            return queued + struct.unpack("i", fcntl.ioctl(sock.fileno(), _TIOCOUTQ, b"\0" * 4))[0]
+        except OSError:
+            return queued
+
+    def abort(self) -> None:
+        """Close now, discarding what is queued: the client did not read it and never will."""
+        self._protocol.abort_stream()
+
+
+def stream_connection(scope: Mapping[str, Any]) -> StreamConnection | None:
+    """The connection serving this request's scope, when this module's protocol serves it."""
+    server, client = scope.get("server"), scope.get("client")
+    if server is None or client is None:
+        return None
+    p = _OPEN.get((tuple(server), tuple(client)))
+    return None if p is None or p.transport.is_closing() else StreamConnection(p)
+
+
 class DeadlineH11Protocol(H11Protocol):
     """uvicorn's h11 protocol plus deadlines for a request's head and whole request, and a
     connection cap that evicts the oldest connection still waiting for its head.
@@ -73,6 +125,9 @@ class DeadlineH11Protocol(H11Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._waiting_since: float | None = None
         super().connection_made(transport)
+        self._open_key = self._key()
+        if self._open_key is not None:
+            _OPEN[self._open_key] = self
         self._waiting_since = self.loop.time()
         if not self._make_room():
             return
@@ -85,7 +140,27 @@ class DeadlineH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
         self._waiting_since = None
+        key = getattr(self, "_open_key", None)
+        if key is not None and _OPEN.get(key) is self:
+            del _OPEN[key]
         super().connection_lost(exc)
+
+    def _key(self) -> tuple[Any, Any] | None:
+        """(server address, client address) as uvicorn puts them in the scope; None on a socket
+        that has none (a Unix socket: no stream of it can be aborted by address)."""
+        if not self.server or not self.client:
+            return None
+        return (tuple(self.server), tuple(self.client))
+
+    def abort_stream(self) -> None:
+        """Reset the connection now (the stream hub reclaimed its slot): a send blocked on it returns."""
+        self._cancel()
+        self._waiting_since = None
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -78,7 +78,24 @@ class SidecarSettings(BaseModel):
         description="Floor on a client's ?interval=, and the tick of the one payload computation all "
         "streams share (three streams at interval=0.000001 once held the sidecar at 99% CPU).",
     )
-    max_streams: int = Field(64, ge=1, description="Concurrent SSE streams; one more gets 503.")
+    max_streams: int = Field(
+        64,
+        ge=1,
+        description="Concurrent SSE streams. At the cap a new one takes the slot of the longest-stalled "
+        "(else furthest-behind, else oldest) stream (flyserve.sidecar.stream).",
+    )
+    stream_write_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A stream whose event write has not completed for this long (its client does not "
+        "read) is dropped and its slot freed.",
+    )
+    stream_max_queued_events: int = Field(
+        16,
+        ge=1,
+        description="A stream with more than this many events' worth of bytes queued unsent for its "
+        "client is dropped and its slot freed (the kernel's send buffer can hide a non-reader for minutes).",
+    )
     step_margin: int | None = Field(
         None,
         ge=1,

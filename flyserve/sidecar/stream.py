@@ -5,6 +5,21 @@ interval: three unauthenticated streams at ``?interval=0.000001`` held the sidec
 100 clients raised /dispatch-stats p99 from 4.6 ms to 201 ms (issue 13). Now one task computes the
 payload every ``tick_s`` (the interval floor) while at least one client listens, clients wait on
 it, and the number of concurrent streams is capped.
+
+A cap alone let ``max_streams`` connections that never read hold every slot for good: each one's
+send blocks once its buffers are full, and nothing ends it. So slots are reclaimed:
+
+* a client whose write of an event has not completed within ``write_timeout_s`` is dropped
+  ("stalled"), and so is one with more than ``max_queued_events`` events' worth of bytes queued
+  and unsent on its connection ("backlog": the kernel's send buffer can hold megabytes, so a
+  non-reader's writes may keep completing for minutes);
+* at the cap, a new client evicts the longest-stalled stream, else the one furthest behind, else
+  the oldest ("evicted"), rather than being refused for as long as the others stay;
+* a dropped client's connection is aborted (the server's ``Connection``), which also wakes a send
+  blocked on it, and the drop is counted (flyserve_sidecar_stream_reclaims_total).
+
+Only slots taken with ``evictable=True`` are reclaimed: their holder ends itself once
+``client.dropped`` is set (the route does). A slot taken without that is only ever given back.
 """
 
 from __future__ import annotations
@@ -12,60 +27,210 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from flyserve.telemetry import metrics as tm
 
 log = logging.getLogger("flyserve.sidecar")
 
+DEFAULT_WRITE_TIMEOUT_S = 10.0
+"""An event's write that takes longer: the client has not read for that long with its buffers full."""
+DEFAULT_MAX_QUEUED_EVENTS = 16
+"""Events' worth of bytes queued unsent for one client (32 s of events at the default 2 s interval):
+a reader this far behind is not keeping up; it is dropped and may reconnect."""
+RECLAIM_REASONS = ("stalled", "backlog", "evicted")
+RECLAIM_LOG_EVERY_S = 10.0
+
 
 class StreamsFull(Exception):
-    """Every stream slot is taken (the caller answers 503)."""
+    """Every stream slot is taken and none can be reclaimed (the caller answers 503)."""
+
+
+class Connection(Protocol):
+    """What the hub may do to a stream's connection (flyserve.sidecar.server.stream_connection)."""
+
+    def queued_bytes(self) -> int | None:
+        """Bytes written to the connection and not yet taken by the client; None: unknown."""
+
+    def abort(self) -> None:
+        """Close the connection now, discarding what is queued (a blocked send returns)."""
+
+
+@dataclass(eq=False, slots=True)
+class StreamClient:
+    """One stream's slot: when it opened, the write in progress, why the hub ended it."""
+
+    opened_at: float
+    evictable: bool
+    connection: Connection | None = None
+    writing_since: float | None = None
+    event_bytes: int = 0
+    dropped: str | None = None
+    """The reclaim reason once the hub has ended this stream; its holder then stops."""
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds its current write has been waiting (0 when none is)."""
+        return 0.0 if self.writing_since is None else max(0.0, now - self.writing_since)
+
+    def queued_events(self) -> float:
+        """Events' worth of bytes queued unsent on its connection (0 when unknown)."""
+        if self.connection is None or self.event_bytes <= 0:
+            return 0.0
+        try:
+            queued = self.connection.queued_bytes()
+        except Exception:  # noqa: BLE001 - a connection being torn down answers nothing useful
+            return 0.0
+        return 0.0 if queued is None else queued / self.event_bytes
 
 
 class StreamHub:
     """Shared payload source for SSE clients. Lives on one event loop (the server's)."""
 
-    def __init__(self, compute: Callable[[], bytes], *, tick_s: float, max_streams: int) -> None:
+    def __init__(
+        self,
+        compute: Callable[[], bytes],
+        *,
+        tick_s: float,
+        max_streams: int,
+        write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
+        max_queued_events: int = DEFAULT_MAX_QUEUED_EVENTS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._compute = compute
         self.tick_s = float(tick_s)
         self.max_streams = int(max_streams)
-        self.clients = 0
+        self.write_timeout_s = float(write_timeout_s)
+        self.max_queued_events = int(max_queued_events)
+        self._clock = clock
+        self._slots: list[StreamClient] = []
         self.computed = 0  # payloads computed since start (benchmarks and tests read it)
+        self.reclaimed = dict.fromkeys(RECLAIM_REASONS, 0)
+        self._unlogged = dict.fromkeys(RECLAIM_REASONS, 0)
+        self._logged_at = 0.0
         self._seq = 0
         self._payload = b""
-        self._cond: asyncio.Condition | None = None
+        self._published: asyncio.Event | None = None  # set (and replaced) by each new payload
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def subscribe(self) -> None:
-        """Take a stream slot; raise StreamsFull when none is left."""
-        if self.clients >= self.max_streams:
-            raise StreamsFull(f"{self.max_streams} streams already open")
-        self.clients += 1
+    @property
+    def clients(self) -> int:
+        """Slots taken now."""
+        return len(self._slots)
+
+    # ------------------------------------------------------------------ slots
+
+    def subscribe(self, connection: Connection | None = None, *, evictable: bool = False) -> StreamClient:
+        """Take a stream slot. At the cap, reclaim one (module docstring); raise StreamsFull when
+        none can be. ``connection``: what a drop aborts; ``evictable``: the holder ends itself
+        once ``dropped`` is set, so the slot may be taken from it."""
+        self.reap()
+        if len(self._slots) >= self.max_streams:
+            victim = self._victim()
+            if victim is None:
+                raise StreamsFull(f"{self.max_streams} streams already open")
+            self._drop(victim, "evicted")
+        client = StreamClient(opened_at=self._clock(), evictable=evictable, connection=connection)
+        self._slots.append(client)
         loop = asyncio.get_running_loop()
-        if self._cond is None or self._loop is not loop:  # a new event loop (a test client's portal)
-            self._cond, self._loop, self._task = asyncio.Condition(), loop, None
+        if self._published is None or self._loop is not loop:  # a new event loop (a test client's portal)
+            self._published, self._loop, self._task = asyncio.Event(), loop, None
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run())
+        return client
 
-    def unsubscribe(self) -> None:
-        self.clients = max(0, self.clients - 1)
-        if self.clients == 0 and self._task is not None:
+    def unsubscribe(self, client: StreamClient | None = None) -> None:
+        """Give a slot back (``client``'s; without one, the newest slot that cannot be evicted).
+        Giving back a slot the hub already reclaimed does nothing."""
+        if client is None:
+            client = next((c for c in reversed(self._slots) if not c.evictable), None)
+            client = client or (self._slots[-1] if self._slots else None)
+        if client is not None and client in self._slots:
+            self._slots.remove(client)
+        if not self._slots and self._task is not None:
             self._task.cancel()
             self._task = None
 
+    def sending(self, client: StreamClient, size: int) -> None:
+        """``client``'s event of ``size`` bytes is being written (call right before the yield)."""
+        client.writing_since = self._clock()
+        client.event_bytes = max(1, int(size))
+
+    def sent(self, client: StreamClient) -> None:
+        """The write ``sending`` announced has completed."""
+        client.writing_since = None
+
+    # ------------------------------------------------------------------ reclaiming
+
+    def reap(self) -> int:
+        """Drop every evictable client that is stalled or backlogged now; the number dropped."""
+        now = self._clock()
+        dropped = 0
+        for c in list(self._slots):
+            if not c.evictable:
+                continue
+            if c.stalled_for(now) > self.write_timeout_s:
+                self._drop(c, "stalled")
+            elif c.queued_events() > self.max_queued_events:
+                self._drop(c, "backlog")
+            else:
+                continue
+            dropped += 1
+        return dropped
+
+    def _victim(self) -> StreamClient | None:
+        """The slot to take at the cap: the longest-stalled write, else the most events behind,
+        else the oldest stream; None when no slot is evictable."""
+        now = self._clock()
+        candidates = [c for c in self._slots if c.evictable]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda c: (c.stalled_for(now), c.queued_events(), now - c.opened_at))
+
+    def _drop(self, client: StreamClient, reason: str) -> None:
+        """End ``client``'s stream: its slot is free at once, its connection aborted, the drop counted."""
+        client.dropped = reason
+        if client in self._slots:
+            self._slots.remove(client)
+        self.reclaimed[reason] += 1
+        tm.SIDECAR_STREAM_RECLAIMS.labels(reason).inc()
+        if client.connection is not None:
+            with contextlib.suppress(Exception):
+                client.connection.abort()
+        self._log_reclaim(reason)
+
+    def _log_reclaim(self, reason: str) -> None:
+        """One summary line at most every RECLAIM_LOG_EVERY_S (a flood is many drops)."""
+        self._unlogged[reason] += 1
+        now = self._clock()
+        if now - self._logged_at < RECLAIM_LOG_EVERY_S:
+            return
+        self._logged_at = now
+        summary = ", ".join(f"{n} {r}" for r, n in self._unlogged.items() if n)
+        self._unlogged = dict.fromkeys(RECLAIM_REASONS, 0)
+        log.warning("sidecar: stream slots reclaimed (%s): clients that do not read their stream?", summary)
+
+    # ------------------------------------------------------------------ payloads
+
     async def next(self, after: int, timeout_s: float) -> tuple[int, bytes] | None:
-        """The first payload with a sequence number above ``after`` (None after ``timeout_s``)."""
-        assert self._cond is not None
-        async with self._cond:
+        """The first payload with a sequence number above ``after`` (None after ``timeout_s``).
+
+        It waits on an Event, never a lock: with an asyncio.Condition waited on through
+        wait_for(), a stream's task cancelled inside it (its client gone, a reclaimed stream's
+        task group cancelled) released the lock once too often ("Lock is not acquired"), and
+        a lock left held the other way round would freeze every stream."""
+        if self._seq <= after:
+            assert self._published is not None
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._cond.wait_for(lambda: self._seq > after), timeout_s)
-            if self._seq > after:
-                return self._seq, self._payload
-        return None
+                await asyncio.wait_for(self._published.wait(), timeout_s)
+        return (self._seq, self._payload) if self._seq > after else None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while self.clients > 0:
+        while self._slots:
             started = loop.time()
             try:
                 payload = await asyncio.to_thread(self._compute)
@@ -73,9 +238,10 @@ class StreamHub:
                 log.exception("stream payload failed")
             else:
                 self.computed += 1
-                assert self._cond is not None
-                async with self._cond:
-                    self._seq += 1
-                    self._payload = payload
-                    self._cond.notify_all()
+                assert self._published is not None
+                self._seq += 1
+                self._payload = payload
+                self._published.set()  # wakes every waiter of this payload; later ones wait on the next
+                self._published = asyncio.Event()
+            self.reap()
             await asyncio.sleep(max(0.0, self.tick_s - (loop.time() - started)))

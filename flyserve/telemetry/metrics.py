@@ -258,6 +258,16 @@ SIDECAR_SHED_REQUESTS: Final = FlyCounter(
     registry=None,
     scope=SIDECAR,
 )
+SIDECAR_STREAM_RECLAIMS: Final = FlyCounter(
+    "flyserve_sidecar_stream_reclaims",
+    "SSE streams (/dispatch-stats/stream) the sidecar ended to free their slot: reason=stalled (an "
+    "event's write did not complete within --stream-write-timeout), backlog (more than "
+    "--stream-max-queued events' worth of bytes queued unsent for the client), evicted (at "
+    "--max-streams, the longest-stalled, else furthest-behind, else oldest stream made room for a new one).",
+    ["reason"],
+    registry=None,
+    scope=SIDECAR,
+)
 RANK_UP: Final = FlyGauge(
     "flyserve_rank_up",
     "1 if the rank's report (ranks/<rank>.json) is fresh, 0 if stale.",
@@ -356,6 +366,7 @@ SIDECAR_METRICS: Final = (
     SIDECAR_REQUEST_SECONDS,
     SIDECAR_DROPPED_CONNECTIONS,
     SIDECAR_SHED_REQUESTS,
+    SIDECAR_STREAM_RECLAIMS,
     RANK_UP,
     RANK_REPORT_AGE,
     RANKS_AGREE,

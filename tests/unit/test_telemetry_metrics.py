@@ -46,6 +46,7 @@ def test_metric_names_are_the_agreed_ones() -> None:
         "flyserve_sidecar_request_seconds",
         "flyserve_sidecar_dropped_connections_total",
         "flyserve_sidecar_shed_requests_total",
+        "flyserve_sidecar_stream_reclaims_total",
         "flyserve_rank_up",
         "flyserve_rank_report_age_seconds",
         "flyserve_ranks_agree",

@@ -1,0 +1,189 @@
+"""Stream slots held by clients that do not read come back: a stalled write or a backlog drops the
+client (its connection aborted, the drop counted), and at the cap a new client takes the slot of
+the longest-stalled, else furthest-behind, else oldest stream instead of being refused.
+
+The same against the real server and raw sockets: tests/integration/test_sidecar_stalled_streams_live.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from flyserve.sidecar.stream import StreamClient, StreamHub, StreamsFull
+from flyserve.telemetry import metrics as tm
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeConnection:
+    """What flyserve.sidecar.server.StreamConnection offers the hub, with a settable queue."""
+
+    def __init__(self, queued: int | None = 0) -> None:
+        self.queued = queued
+        self.aborted = 0
+
+    def queued_bytes(self) -> int | None:
+        return self.queued
+
+    def abort(self) -> None:
+        self.aborted += 1
+
+
+def _run(scenario: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(scenario())
+
+
+def _reclaims(reason: str) -> float:
+    return tm.SIDECAR_STREAM_RECLAIMS.labels(reason)._value.get()
+
+
+def _hub(clock: Clock, **kw: Any) -> StreamHub:
+    kw = {"tick_s": 0.05, "max_streams": 4, "write_timeout_s": 5.0, "max_queued_events": 4} | kw
+    return StreamHub(lambda: b"x" * 100, clock=clock, **kw)
+
+
+def test_a_write_that_does_not_complete_in_time_drops_the_client() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        hub = _hub(clock)
+        conn = FakeConnection()
+        stuck = hub.subscribe(conn, evictable=True)
+        reading = hub.subscribe(FakeConnection(), evictable=True)
+        before = _reclaims("stalled")
+        hub.sending(stuck, 120)
+        hub.sending(reading, 120)
+        hub.sent(reading)  # its write completed
+        clock.t += 4.9
+        assert hub.reap() == 0 and stuck.dropped is None  # within the bound
+        clock.t += 0.2
+        assert hub.reap() == 1
+        assert stuck.dropped == "stalled" and reading.dropped is None
+        assert conn.aborted == 1 and hub.clients == 1 and hub.reclaimed["stalled"] == 1
+        assert _reclaims("stalled") == before + 1
+        hub.unsubscribe(stuck)  # its generator's finally: the slot is already free, nothing changes
+        assert hub.clients == 1
+        hub.unsubscribe(reading)
+        assert hub.clients == 0
+
+    _run(scenario)
+
+
+def test_too_many_events_queued_unsent_drops_the_client() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        hub = _hub(clock)
+        behind, fine = FakeConnection(), FakeConnection()
+        a = hub.subscribe(behind, evictable=True)
+        b = hub.subscribe(fine, evictable=True)
+        for c in (a, b):  # both writes complete (the kernel took the bytes) ...
+            hub.sending(c, 1000)
+            hub.sent(c)
+        behind.queued, fine.queued = 4 * 1000 + 1, 3 * 1000  # ... but only one client reads them
+        assert hub.reap() == 1
+        assert (a.dropped, b.dropped) == ("backlog", None) and behind.aborted == 1 and fine.aborted == 0
+        hub.unsubscribe(b)
+
+    _run(scenario)
+
+
+def _full_hub(clock: Clock) -> tuple[StreamHub, list[StreamClient], list[FakeConnection]]:
+    hub = _hub(clock, max_streams=3)
+    conns = [FakeConnection() for _ in range(3)]
+    clients = []
+    for c in conns:
+        clients.append(hub.subscribe(c, evictable=True))
+        clock.t += 1.0
+    return hub, clients, conns
+
+
+def test_at_the_cap_a_new_client_evicts_the_longest_stalled_stream() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        hub, (oldest, mid, newest), conns = _full_hub(clock)
+        hub.sending(newest, 100)
+        clock.t += 1.0
+        hub.sending(mid, 100)  # stalled too, for less long
+        clock.t += 1.0
+        fresh = hub.subscribe(FakeConnection(), evictable=True)
+        assert newest.dropped == "evicted" and conns[2].aborted == 1
+        assert oldest.dropped is None and mid.dropped is None and fresh.dropped is None
+        assert hub.clients == 3
+
+    _run(scenario)
+
+
+def test_at_the_cap_with_no_write_pending_the_furthest_behind_then_the_oldest_goes() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        hub, (oldest, mid, newest), conns = _full_hub(clock)
+        for c in (oldest, mid, newest):
+            hub.sending(c, 100)
+            hub.sent(c)
+        conns[1].queued = 300  # three events behind, under the backlog bound (4)
+        hub.subscribe(FakeConnection(), evictable=True)
+        assert mid.dropped == "evicted" and oldest.dropped is None
+        conns[1].queued = 0
+        hub.subscribe(FakeConnection(), evictable=True)
+        assert oldest.dropped == "evicted" and newest.dropped is None
+
+    _run(scenario)
+
+
+def test_at_the_cap_only_slots_that_cannot_be_evicted_refuse_a_new_client() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        hub = _hub(clock, max_streams=2)
+        hub.subscribe()
+        evictable = hub.subscribe(FakeConnection(), evictable=True)
+        hub.subscribe(FakeConnection(), evictable=True)  # takes the evictable one's slot
+        assert evictable.dropped == "evicted"
+        hub.unsubscribe(evictable)
+        assert hub.clients == 2
+        # Now one unevictable slot and one evictable; make both unevictable: a new client is refused.
+        hub2 = _hub(clock, max_streams=1)
+        hub2.subscribe()
+        with pytest.raises(StreamsFull):
+            hub2.subscribe(FakeConnection(), evictable=True)
+
+    _run(scenario)
+
+
+def test_the_hub_reclaims_on_its_own_tick_without_a_new_client() -> None:
+    async def scenario() -> None:
+        hub = StreamHub(lambda: b"payload", tick_s=0.02, max_streams=4, write_timeout_s=0.1)
+        conn = FakeConnection()
+        stuck = hub.subscribe(conn, evictable=True)
+        keeper = hub.subscribe(FakeConnection(), evictable=True)  # keeps the hub's task running
+        hub.sending(stuck, 10)
+        for _ in range(100):  # bounded: 2 s at most
+            if stuck.dropped is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert stuck.dropped == "stalled" and conn.aborted == 1 and hub.clients == 1
+        hub.unsubscribe(keeper)
+        assert hub.clients == 0
+
+    _run(scenario)
+
+
+def test_a_connection_that_cannot_say_its_queue_is_judged_by_its_writes_alone() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        hub = _hub(clock)
+        c = hub.subscribe(FakeConnection(queued=None), evictable=True)
+        hub.sending(c, 100)
+        hub.sent(c)
+        clock.t += 3600.0
+        assert hub.reap() == 0 and c.dropped is None
+        hub.unsubscribe(c)
+
+    _run(scenario)
