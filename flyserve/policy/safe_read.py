@@ -311,12 +311,17 @@ def read_json(
     max_depth: int = MAX_JSON_DEPTH,
     follow_symlinks: bool = False,
 ) -> Any:
-    """read_bytes + parse_json: the document, or None when the file does not exist."""
+    """read_bytes + parse_json: the document, or None when the file does not exist. A file whose
+    document is JSON ``null`` raises SafeReadError: None means "no file", and a forged ``null``
+    current.json or channel status was once taken for one that was never written."""
     name = source or display_name(path)
     raw = read_bytes(path, max_bytes, source=name, follow_symlinks=follow_symlinks)
     if raw is None:
         return None
-    return parse_json(raw, source=name, max_depth=max_depth)
+    doc = parse_json(raw, source=name, max_depth=max_depth)
+    if doc is None:
+        raise SafeReadError(name, "a JSON null document", "<document>")
+    return doc
 
 
 def _refuse_constant(token: str) -> Any:

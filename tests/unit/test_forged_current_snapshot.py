@@ -254,3 +254,15 @@ def test_a_rollback_is_accepted_whatever_decode_path_the_current_version_carries
     assert res.snapshot.version == 5
     assert res.snapshot.thresholds.min_seq_len == 3000
     assert res.snapshot.thresholds.decode_path == other  # the running value, not refused
+
+
+def test_a_null_current_json_is_damaged_not_missing(plane: ControlPlane) -> None:
+    """JSON null once read as "no file": the plane said nothing was ever published."""
+    rc = running_rank(plane)
+    plane.state_dir.current_json.write_text("null")
+    with pytest.raises(ControlIOError, match="null"):
+        plane.store.read_current()
+    assert plane.snapshot().version == 3
+    rc.poll()
+    assert rc.snapshot.version == 3
+    assert any("damaged" in a for a in repair(plane).actions)
