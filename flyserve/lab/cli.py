@@ -87,7 +87,7 @@ def replay_cmd(
         if trace is not None:
             traces.insert(
                 0,
-                workload(trace, max_num_batched_tokens=max_num_batched_tokens)
+                make_workload(trace, max_num_batched_tokens=max_num_batched_tokens)
                 if trace in workload_names()
                 else load_trace(trace),
             )

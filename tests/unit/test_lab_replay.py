@@ -207,3 +207,14 @@ def test_committed_h200_table_loads_and_reproduces_its_grid():
         for row in m.check():
             if row["kind"] != "mixed":  # grid points reproduce exactly
                 assert abs(row["unified_err"]) < 1e-9 and abs(row["prefill_err"]) < 1e-9
+
+
+def test_cli_replay_takes_a_workload_name_as_its_argument():
+    """A workload name as TRACE replays that workload, as `--workload NAME` does (was a TypeError:
+    the --workload option shadowed the workload builder)."""
+    app = typer.Typer()
+    register(app)
+    by_arg = CliRunner().invoke(app, ["replay", "seed-32k-c32", "--costs", "h200", "--json"])
+    by_opt = CliRunner().invoke(app, ["replay", "--workload", "seed-32k-c32", "--costs", "h200", "--json"])
+    assert by_arg.exit_code == 0, by_arg.output
+    assert json.loads(by_arg.output)["routed_s"] == json.loads(by_opt.output)["routed_s"]
