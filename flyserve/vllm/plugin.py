@@ -36,17 +36,20 @@ def show_logs() -> None:
 
 
 def register() -> None:
-    """Register flyserve's composite attention backend for this platform and the engine channel's
-    worker method (flyserve.vllm.engine_channel), when enabled."""
+    """Register flyserve's composite attention backend for this platform, the engine channel's
+    worker method (flyserve.vllm.engine_channel) and the hooks that tell vLLM's start-up batches from
+    serving ones (flyserve.vllm.startup_phase), when enabled."""
     if not enabled():
         return
     _check_profile_or_exit()
+    from flyserve.vllm import startup_phase
     from flyserve.vllm.backends import register_for_current_platform
     from flyserve.vllm.engine_channel import install
 
     show_logs()
     register_for_current_platform()
     install()
+    startup_phase.install()
 
 
 def _check_profile_or_exit() -> None:

@@ -16,6 +16,10 @@ New-step detection: the first routing object built in a process (attention group
 advances the step counter; vLLM builds every group's metadata exactly once per step, so the other
 groups see the same step number. Only the leader records, so a step counts once however many
 attention groups the model has.
+
+vLLM's start-up batches (its memory profile, warm-ups and, from 0.34, KV-cache sizing steps) come
+through select() too. Until the engine core's first serving step (startup_phase.py) the leader
+counts them in the rank's start-up tally instead: one bool read per step on the leader.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from flyserve.vllm.eligibility import PrefillKernelSpec, group_problems
 from flyserve.vllm.forward_switch import SWITCH
 from flyserve.vllm.host_view import HostView
 from flyserve.vllm.runtime import RankRuntime
+from flyserve.vllm.startup_phase import STARTUP_BATCH_LIMIT
 
 log = logging.getLogger("flyserve.vllm")
 
@@ -207,33 +212,36 @@ class FlyserveRouting:
                 d = self._adjust(decide(shape, t), shape, t, snap)
         self.last_decision = rt.last_decision = d  # the causal builder reads .lpt next
         if self.is_leader:
-            if shape is None:
-                rt.recorder.record_decode(
-                    d,
-                    metadata.num_reqs,
-                    metadata.num_actual_tokens,
-                    mql,
-                    metadata.max_seq_len,
-                    self.num_heads,
-                    step,
-                    snap.version,
-                )
-            else:
-                rt.recorder.record(d, shape, step, snap.version)
-            if step >= self._next_sample:  # the one check for the 1-in-N dry-run shape sample
-                self._next_sample = step + rt.shape_sample_every
-                self._add_shape_sample(metadata, step, d.path, lens)
-            if rt.shape_log is not None:
-                self._log_shape(metadata, step, d, snap.version)
-            timer = rt.kernel_timer
-            if timer is not None and step >= timer.next_step:
-                timer.arm(step)  # one forward of this step is timed (KernelTimer.arm)
-            # flyserve's checked forward only where a step needs it (forward_switch.py).
-            if d.variant or (timer is not None and timer.armed):
-                if not SWITCH.checked:
-                    SWITCH.set(True)
-            elif SWITCH.checked:
-                SWITCH.set(False)
+            if rt.serving:
+                if shape is None:
+                    rt.recorder.record_decode(
+                        d,
+                        metadata.num_reqs,
+                        metadata.num_actual_tokens,
+                        mql,
+                        metadata.max_seq_len,
+                        self.num_heads,
+                        step,
+                        snap.version,
+                    )
+                else:
+                    rt.recorder.record(d, shape, step, snap.version)
+                if step >= self._next_sample:  # the one check for the 1-in-N dry-run shape sample
+                    self._next_sample = step + rt.shape_sample_every
+                    self._add_shape_sample(metadata, step, d.path, lens)
+                if rt.shape_log is not None:
+                    self._log_shape(metadata, step, d, snap.version)
+                timer = rt.kernel_timer
+                if timer is not None and step >= timer.next_step:
+                    timer.arm(step)  # one forward of this step is timed (KernelTimer.arm)
+                # flyserve's checked forward only where a step needs it (forward_switch.py).
+                if d.variant or (timer is not None and timer.armed):
+                    if not SWITCH.checked:
+                        SWITCH.set(True)
+                elif SWITCH.checked:
+                    SWITCH.set(False)
+            else:  # vLLM's start-up (profile, warm-ups, sizing): counted apart (startup_phase.py)
+                self._count_startup_batch(d, step)
         elif d.variant and not SWITCH.checked:  # another attention group's prefill step
             SWITCH.set(True)
         return d.variant
@@ -262,6 +270,26 @@ class FlyserveRouting:
         return d
 
     # ------------------------------------------------------------------ rare paths
+
+    def _count_startup_batch(self, d: Any, step: int) -> None:
+        """A batch of vLLM's own start-up, not of serving: into the rank's start-up tally only, never the
+        serving counters, the shape sample, the shape log or the kernel timer. Its prefill batches
+        still run through flyserve's checked forward (the breaker guards a warm-up as it guards
+        serving)."""
+        rt = self.rt
+        if rt.startup.count(d, step) > STARTUP_BATCH_LIMIT:
+            log.warning(
+                "flyserve rank %d: %d batches and vLLM has not started serving by flyserve's reckoning "
+                "(no first step seen through its worker wrapper); counting every batch as serving from now",
+                rt.rank,
+                STARTUP_BATCH_LIMIT,
+            )
+            rt.start_serving(f"more than {STARTUP_BATCH_LIMIT} start-up batches")
+        if d.variant:
+            if not SWITCH.checked:
+                SWITCH.set(True)
+        elif SWITCH.checked:
+            SWITCH.set(False)
 
     def _on_new_snapshot(self, snap: Any) -> None:
         """Once per applied version: keep the circuit gauge and the local breaker in step, and

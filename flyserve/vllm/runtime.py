@@ -217,7 +217,10 @@ class RankRuntime:
 
     ``step`` counts engine steps: the first routing object of the process (attention group 0,
     the "leader") advances it in select(); vLLM builds every group's metadata once per step, so
-    other groups see the same step number and do not count again.
+    other groups see the same step number and do not count again. vLLM's start-up batches advance
+    it as well (every rank runs the same ones), but until ``serving`` they are counted in
+    ``startup`` only (flyserve/vllm/startup_phase.py). ``serving``: None decides it from the process
+    (inside vLLM: start-up until the first serving step; built with a rank, as tests do: serving).
     """
 
     _instance: RankRuntime | None = None
@@ -231,11 +234,13 @@ class RankRuntime:
         engine: int = 0,
         start: bool = True,
         setup_metrics: bool = True,
+        serving: bool | None = None,
     ):
         from flyserve.control import RankControl, StateDir, default_state_dir
         from flyserve.telemetry import metrics
         from flyserve.telemetry.recorder import DispatchRecorder
         from flyserve.telemetry.tracing import setup_tracing
+        from flyserve.vllm.startup_phase import PHASE, StartupBatches
 
         in_vllm = rank is None
         if in_vllm:
@@ -260,6 +265,10 @@ class RankRuntime:
         self.recorder.set_circuit_open(self.control.snapshot.circuit_open)
         self.forced = forced_path()
         self.step = 0
+        # vLLM's start-up batches (profile, warm-ups, sizing steps) reach select() too: until serving
+        # begins (startup_phase.py) the leader counts them here, apart from every serving counter.
+        self.startup = StartupBatches()
+        self.serving = (PHASE.serving_now() if in_vllm else True) if serving is None else serving
         self.leader: object | None = None
         self.last_decision: Any = None  # the latest select()'s Decision (FlyDSL reads its lpt)
         # Circuit breaker, local side: set the moment the prefill path raises in this process, so
@@ -280,6 +289,8 @@ class RankRuntime:
         self._sample_stop = threading.Event()
         self._sample_thread: threading.Thread | None = None
         self.kernel_timer = _kernel_timer(rank, self.tracing)
+        if not self.serving and PHASE.installed:
+            PHASE.on_serving(self.start_serving)
         if start:
             self.control.start()
             self._sample_thread = threading.Thread(
@@ -296,6 +307,15 @@ class RankRuntime:
             self.control.mode,
             f", FORCED path {self.forced}" if self.forced else "",
         )
+
+    def start_serving(self, why: str) -> None:
+        """vLLM serves from now on: the routing's next batch counts in the serving counters. Logs what
+        the start-up ran (its batches stay in ``startup``)."""
+        if self.serving:
+            return
+        self.serving = True
+        log.info("flyserve rank %d: serving from step %d (%s); %s", self.rank, self.step + 1, why,
+                 self.startup.summary())  # fmt: skip
 
     def _flush_shape_sample(self) -> None:
         while not self._sample_stop.wait(SHAPE_SAMPLE_FLUSH_S):

@@ -33,12 +33,22 @@ def test_disabled_by_default(monkeypatch, overrides):
 
 
 def test_enabled_on_cpu_registers_custom_and_cpu_attn(monkeypatch, overrides, tmp_path):
-    from flyserve.vllm import backends, plugin
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    from flyserve.vllm import backends, plugin, startup_phase
 
     monkeypatch.setenv("FLYSERVE_ATTENTION", "1")
     monkeypatch.setenv("FLYSERVE_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("FLYSERVE_PROFILE", "cpu-tiny")
+    # the start-up hooks land on vLLM's wrapper class: put it back as it was afterwards
+    monkeypatch.setattr(WorkerWrapperBase, "execute_model", WorkerWrapperBase.execute_model)
+    monkeypatch.setattr(WorkerWrapperBase, "compile_or_warm_up_model", None, raising=False)
+    monkeypatch.delattr(WorkerWrapperBase, "compile_or_warm_up_model")
+    monkeypatch.setattr(startup_phase, "PHASE", startup_phase.StartupPhase())
     plugin.register()
+    assert startup_phase.PHASE.installed and not startup_phase.PHASE.serving_now()
+    assert WorkerWrapperBase.__dict__["compile_or_warm_up_model"]._flyserve_warm_up
+    assert WorkerWrapperBase.__dict__["execute_model"]._flyserve_first_step
     E = overrides.AttentionBackendEnum
     path = "flyserve.vllm.backends.FlyserveCpuAttention"
     assert overrides._ATTN_OVERRIDES[E.CUSTOM] == path == overrides._ATTN_OVERRIDES[E.CPU_ATTN]
