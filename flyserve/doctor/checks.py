@@ -97,7 +97,7 @@ def check_composite_api() -> Check:
     missing = [k for k in COMPOSITE_KW if k not in params]
     if missing:
         return Check("composite-api", "fail", f"create_composite_attention_backend lacks {missing}",
-                     "this vLLM's composite API differs from 0.30-0.33: pin vLLM 0.32")  # fmt: skip
+                     "this vLLM's composite API differs from 0.30-0.34: pin vLLM 0.32")  # fmt: skip
     extra = " (declares kernel_block_sizes)" if "kernel_block_sizes" in params else ""
     return Check(
         "composite-api", "ok", f"create_composite_attention_backend({', '.join(COMPOSITE_KW)}){extra}"
@@ -227,11 +227,14 @@ def cpu_pair_checks() -> list[Check]:
 
 def rocm_pair_checks(arch: str) -> list[Check]:
     """aiter, FlyDSL (kernels path, revision, binding of flyserve's call) and the GPU arch."""
+    from flyserve.doctor.aiter_calls import assess_vllm_aiter_call
     from flyserve.vllm.flydsl_kernel import INSTALL_HINT, KERNELS_PATH_ENV
 
     out = [
         _kernel_check("rocm-unified", "aiter_unified", "aiter.ops.triton.unified_attention", "unified_attention",
-                      "install aiter from its source tree (as for vLLM's ROCM_AITER_UNIFIED_ATTN)")
+                      "install AMD's aiter from its source tree (github ROCm/aiter) or use a ROCm vLLM image: "
+                      "it is not on PyPI, whose 'aiter' is an unrelated package"),
+        Check("rocm-vllm-aiter-call", *assess_vllm_aiter_call()),
     ]  # fmt: skip
     from flyserve.vllm.flydsl_kernel import try_load
 
@@ -284,6 +287,18 @@ def pair_checks(kind: str | None) -> list[Check]:
             "on an MI355: install aiter, clone FlyDSL, export VLLM_FLYDSL_KERNELS_PATH (docs/vllm.md, MI355 runbook)",
         ))  # fmt: skip
     return out
+
+
+def check_aiter_package() -> list[Check]:
+    """Which ``aiter`` is importable, on any platform (AMD's, or PyPI's unrelated namesake): none when
+    no ``aiter`` is (flyserve/doctor/aiter_package.py)."""
+    from flyserve.doctor.aiter_package import assess
+
+    try:
+        found = assess()
+    except Exception as exc:  # noqa: BLE001 - a broken metadata folder must not stop the doctor
+        return [Check("aiter-package", "warn", f"not identifiable ({_short(exc)})")]
+    return [] if found is None else [Check("aiter-package", *found)]
 
 
 # ----------------------------------------------------------------------------- vLLM integration
@@ -404,6 +419,7 @@ def run_checks(*, block_size: int | None = None) -> list[Check]:
     kind, seen = platform_kind()
     out.append(check_platform(kind, seen))
     out += pair_checks(kind)
+    out += check_aiter_package()
     out += [check_block_size(kind, block_size), check_profile(), check_config_file(), check_state_dir(),
             check_plugin(kind)]  # fmt: skip
     return out
