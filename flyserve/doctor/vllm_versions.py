@@ -2,8 +2,8 @@
 
 flyserve plugs into vLLM at a few dozen named places (the composite factory, the routing protocol,
 ``register_backend``, the plugin groups, ``collective_rpc``, the AttentionImpl methods, every name it
-imports). For each release in ``RECORDED`` they were read from the release's source distribution
-(scripts/contracts/vllm_touchpoints.py) into tests/data/contracts/vllm_touchpoints/<version>.json,
+imports). For each release in ``RECORDED`` they were read from the release's source distribution or
+wheel (scripts/contracts/vllm_touchpoints.py) into tests/data/contracts/vllm_touchpoints/<version>.json,
 and tests/unit/test_vllm_touchpoints.py checks flyserve against every record and keeps this table
 equal to the records (versions, digests). docs/vllm.md has the table, touch point by version.
 
@@ -52,6 +52,15 @@ RECORDED: tuple[RecordedRelease, ...] = (
         "seed backend's is_quantized_kv_cache moved to vllm.v1.kv_cache_interface (flyserve does not "
         "import it)",
     ),
+    RecordedRelease(
+        "0.34.0",
+        "8752f802aa4c3e0fec289ffc0942dac08c2a53f3b574fbc7fe2bfa24490b3919",
+        "as 0.33.0, plus supports_head_size_v (flyserve's composite answers for both kernels: equal K and V "
+        "head sizes only, with FlyDSL), no build_for_drafting (flyserve never used it), "
+        "WorkerWrapperBase.extend_kv_cache; vLLM's AITER call passes shuffled_kv_cache= (the doctor's "
+        "rocm-vllm-aiter-call line checks the installed aiter takes it); its warm-ups run real batches, "
+        "which flyserve counts apart from serving",
+    ),
 )
 
 _RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
@@ -97,7 +106,7 @@ def assess(v: str | None) -> tuple[Literal["ok", "warn", "fail"], str, str]:
     recorded = ", ".join(r.version for r in RECORDED)
     where = "docs/vllm.md, 'vLLM versions'"
     if v is None:
-        return "warn", "no vLLM installed: nothing to compare", "install vLLM 0.30-0.33"
+        return "warn", "no vLLM installed: nothing to compare", "install vLLM 0.30-0.34"
     kind, r = classify(v)
     if kind == "recorded" and r is not None:
         return "ok", f"vLLM {v}: supported and recorded ({r.note})", ""
@@ -112,5 +121,5 @@ def assess(v: str | None) -> tuple[Literal["ok", "warn", "fail"], str, str]:
         detail = (
             f"vLLM {v} is older than the releases recorded ({recorded}): its composite backend came in 0.30"
         )
-        return "fail", detail, "install vLLM 0.30-0.33"
+        return "fail", detail, "install vLLM 0.30-0.34"
     return "warn", f"vLLM version {v[:40]!r} is not a release number", f"compare by hand: {where}"

@@ -277,6 +277,38 @@ for the composite: it holds only if both children run without key/value, and the
 composes (TRITON_ATTN, ROCM_AITER_UNIFIED_ATTN, CPU_ATTN) all declare False in 0.33."""
 
 
+def child_takes_head_size_v(backend: type, head_size: int, head_size_v: int) -> bool:
+    """Whether one child backend serves V heads of ``head_size_v`` beside K heads of ``head_size``.
+    A vLLM before 0.34 has no ``supports_head_size_v``: there K and V share one head size."""
+    ask = getattr(backend, "supports_head_size_v", None)
+    return bool(ask(head_size, head_size_v)) if ask is not None else head_size_v == head_size
+
+
+def _head_size_v_answer(name: str) -> Any:
+    """The composite's ``supports_head_size_v`` (vLLM 0.34): yes only if both children say yes, since
+    either may run any batch. vLLM's composite does not forward it (its base answers equal sizes only,
+    silently); flyserve asks both kernels (``general_backend_cls``, ``causal_backend_cls``: vLLM's
+    composite keeps them in every recorded release) and logs once per geometry when it declines."""
+    declined: set[tuple[int, int]] = set()
+
+    def supports_head_size_v(cls: Any, head_size: int, head_size_v: int) -> bool:
+        children = (cls.general_backend_cls, cls.causal_backend_cls)
+        refused = [b.__name__ for b in children if not child_takes_head_size_v(b, head_size, head_size_v)]
+        if refused and (head_size, head_size_v) not in declined:
+            declined.add((head_size, head_size_v))
+            log.warning(
+                "flyserve: %s declines V head size %d with K head size %d: %s cannot serve it; vLLM gives "
+                "those layers another backend, and flyserve neither routes nor counts their batches",
+                name,
+                head_size_v,
+                head_size,
+                " and ".join(refused),
+            )
+        return not refused
+
+    return classmethod(supports_head_size_v)
+
+
 def _with_flyserve_parts(base: type, name: str, status: PrefillStatus) -> type:
     """The composite with the routing bound into its builders and the impl's checked forward
     (timer, breaker) registered with the forward switch."""
@@ -361,6 +393,7 @@ def _with_flyserve_parts(base: type, name: str, status: PrefillStatus) -> type:
             "get_builder_cls": staticmethod(get_builder_cls),
             "prefill_status": status,
             "supports_kv_cache_update_bypass": KV_CACHE_UPDATE_BYPASS,
+            "supports_head_size_v": _head_size_v_answer(name),
             "__module__": __name__,
         },
     )

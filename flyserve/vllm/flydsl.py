@@ -325,6 +325,14 @@ class FlyDSLDualwaveBackend(RocmAiterUnifiedAttentionBackend):
         # must leave the server on AITER with the prefill path 'unsupported', not refuse it.
         return RocmAiterUnifiedAttentionBackend.supports_head_size(head_size)
 
+    @classmethod
+    def supports_head_size_v(cls, head_size: int, head_size_v: int) -> bool:
+        # vLLM 0.34 asks a backend whether it serves a V head size other than K's (its one caller, a
+        # model with such layers, falls back to vLLM's DiffKV backends on a no: nothing is refused).
+        # AITER unified says yes to a narrower V; FlyDSL's paged call takes one head dim for q, k and
+        # v, so this kernel says yes only to equal sizes, and the composite (both children) with it.
+        return head_size_v == head_size
+
 
 def _aiter_block_sizes(kv_cache_spec: Any) -> list[Any]:
     """AITER unified's kernel block sizes. vLLM 0.30's takes no argument (0.31 added

@@ -2,16 +2,21 @@
 
 Run by a developer when a vLLM release appears, never at test time: the tests read the committed
 records in tests/data/contracts/vllm_touchpoints/ (and compare the installed vLLM with its own
-record, through ``extract`` on the installed package's directory). The source is the release's
-source distribution from the registry, so a record names exactly what it was read from:
+record, through ``extract`` on the installed package's directory). The source is one of the
+release's files from the registry, so a record names exactly what it was read from (its name and
+sha256): the source distribution (0.30-0.33), or a wheel (0.34 on: ``pip download --no-deps`` fetches
+it without installing or building anything; only its Python files are read, so a CUDA wheel serves
+every platform). A directory holding ``vllm/`` (an unpacked wheel, an installed vLLM) also works:
 
-    # the sdist's URL and sha256 from the registry's index (pip download would build its metadata):
-    curl -sH 'Accept: application/vnd.pypi.simple.v1+json' https://pypi.org/simple/vllm/ | ...
-    python scripts/contracts/vllm_touchpoints.py vllm-0.33.0.tar.gz \
-        --uploaded 2026-11-02 > tests/data/contracts/vllm_touchpoints/0.33.0.json
+    python -m pip download --no-deps vllm==0.34.0 -d /tmp/vllm034
+    python scripts/contracts/vllm_touchpoints.py /tmp/vllm034/vllm-0.34.0-*.whl \
+        --uploaded 2026-11-16 > tests/data/contracts/vllm_touchpoints/0.34.0.json
+
+scripts/contracts/vllm_upstream.py prints what such a release changes for flyserve before it is
+recorded (docs/vllm.md, "Staying current").
 
     # after flyserve's vLLM imports change: every record, the doctor's digests, the docs table
-    python scripts/contracts/vllm_touchpoints.py --refresh DIR_HOLDING_THE_SDISTS
+    python scripts/contracts/vllm_touchpoints.py --refresh DIR_HOLDING_THE_RECORDED_FILES
 
 What is kept is data about vLLM's interfaces (names, parameter lists, literal defaults, which
 names a function uses), never vLLM's code. The touch points are the ``TOUCHPOINTS`` below plus
@@ -28,6 +33,7 @@ import io
 import json
 import sys
 import tarfile
+import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,8 +75,8 @@ SEED_IMPORTS = (
     ("vllm.v1.attention.backends.rocm_attn", "RocmAttentionMetadata"),
     ("vllm.platforms.rocm", "on_gfx950"),
 )
-"""The imports of the seed backend, vLLM PR 53335's vllm/v1/attention/backends/
-rocm_flydsl_dualwave_attn.py (flyserve.vllm.flydsl is its flyserve form and imports less)."""
+"""The imports of the seed backend, vLLM PR 53335's vllm/v1/attention/backends/rocm_flydsl_attn.py
+(backend ROCM_FLYDSL_DUALWAVE_ATTN; flyserve.vllm.flydsl is its flyserve form and imports less)."""
 
 STRING_IMPORTS = (
     ("vllm.v1.attention.ops.triton_unified_attention", "unified_attention"),
@@ -88,8 +94,8 @@ this) imports it, so the records need not be read again when that lands."""
 
 
 class Tree:
-    """One vLLM source tree: an sdist read in memory, or a directory holding ``vllm/`` (an installed
-    package: read file by file, on demand)."""
+    """One vLLM source tree: an sdist or a wheel read in memory, or a directory holding ``vllm/`` (an
+    unpacked wheel, an installed package: read file by file, on demand)."""
 
     def __init__(self, files: dict[str, str] | None = None, root: Path | None = None) -> None:
         self.files = files
@@ -99,10 +105,14 @@ class Tree:
     @classmethod
     def open(cls, path: Path) -> Tree:
         if path.is_file():
-            return cls(files=_read_sdist(path))
+            if zipfile.is_zipfile(path):
+                return cls(files=_read_wheel(path))
+            if tarfile.is_tarfile(path):
+                return cls(files=_read_sdist(path))
+            raise SystemExit(f"{path}: neither a wheel nor an sdist")
         root = path / "vllm" if (path / "vllm" / "__init__.py").exists() else path
         if not (root / "__init__.py").exists():
-            raise SystemExit(f"{path}: neither an sdist nor a directory holding vllm/__init__.py")
+            raise SystemExit(f"{path}: neither a wheel, an sdist nor a directory holding vllm/__init__.py")
         return cls(root=root)
 
     def text(self, rel: str) -> str | None:
@@ -144,6 +154,27 @@ def _read_sdist(path: Path) -> dict[str, str]:
                 if data is not None:
                     files[parts[1]] = io.TextIOWrapper(data, encoding="utf-8").read()
     return files
+
+
+def _read_wheel(path: Path) -> dict[str, str]:
+    """A wheel's ``vllm/**.py``: a wheel is a zip with the package at its root (no top folder)."""
+    files = {}
+    with zipfile.ZipFile(path) as whl:
+        for name in whl.namelist():
+            if name.startswith("vllm/") and name.endswith(".py"):
+                files[name] = whl.read(name).decode("utf-8")
+    if "vllm/__init__.py" not in files:
+        raise SystemExit(f"{path}: a zip without vllm/__init__.py (not a vLLM wheel)")
+    return files
+
+
+def release_of(path: Path) -> str | None:
+    """The release a file's name says (``vllm-0.34.0-cp38-...whl``, ``vllm-0.33.0.tar.gz``), else None."""
+    name = path.name
+    for suffix in (".tar.gz", ".whl"):
+        if name.startswith("vllm-") and name.endswith(suffix):
+            return name.removeprefix("vllm-").removesuffix(suffix).split("-", 1)[0]
+    return None
 
 
 def _find(body: Iterable[ast.stmt], name: str) -> ast.AST | None:
@@ -724,11 +755,13 @@ DOCS = Path("docs/vllm.md")
 def make_record(
     sdist: Path, repo_root: Path, uploaded: str = "", version: str | None = None
 ) -> dict[str, Any]:
-    """The record of one release, read from its sdist (or a directory holding vllm/)."""
-    version = version or sdist.name.removeprefix("vllm-").removesuffix(".tar.gz")
+    """The record of one release, read from its sdist or wheel (or a directory holding vllm/)."""
+    version = version or release_of(sdist)
+    if version is None:
+        raise SystemExit(f"{sdist}: name the release with --version (the path does not say it)")
     source: dict[str, Any] = {"distribution": "vllm", "version": version}
     if sdist.is_file():
-        source["sdist"] = sdist.name
+        source["wheel" if zipfile.is_zipfile(sdist) else "sdist"] = sdist.name
         source["sha256"] = hashlib.sha256(sdist.read_bytes()).hexdigest()
     if uploaded:
         source["uploaded"] = uploaded
@@ -739,15 +772,16 @@ def make_record(
 
 
 def refresh(sdists: Path, repo_root: Path) -> list[str]:
-    """Rewrite every committed record from its sdist in ``sdists`` (same sha256 required), then the
-    digests pinned in flyserve/doctor/vllm_versions.py and the table in docs/vllm.md."""
+    """Rewrite every committed record from the file it was read from (sdist or wheel), found in
+    ``sdists`` (same sha256 required), then the digests pinned in flyserve/doctor/vllm_versions.py and
+    the table in docs/vllm.md."""
     out = []
     records_dir = repo_root / RECORDS
     for path in sorted(records_dir.glob("*.json")):
         old = json.loads(path.read_text(encoding="utf-8"))
-        sdist = sdists / old["source"]["sdist"]
+        sdist = sdists / (old["source"].get("sdist") or old["source"]["wheel"])
         if hashlib.sha256(sdist.read_bytes()).hexdigest() != old["source"]["sha256"]:
-            raise SystemExit(f"{sdist.name}: not the sdist the record was read from (sha256 differs)")
+            raise SystemExit(f"{sdist.name}: not the file the record was read from (sha256 differs)")
         new = make_record(sdist, repo_root, old["source"].get("uploaded", ""), old["source"]["version"])
         path.write_text(json.dumps(new, indent=1) + "\n", encoding="utf-8")
         doctor = repo_root / DOCTOR
@@ -773,16 +807,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "source",
         type=Path,
-        help="a vllm-X.Y.Z.tar.gz sdist, or a directory holding vllm/; "
-        "with --table, the directory of records",
+        help="a vllm-X.Y.Z.tar.gz sdist, a vllm-X.Y.Z-*.whl wheel, or a directory holding vllm/; "
+        "with --table, the directory of records; with --refresh, the directory of the recorded files",
     )
     p.add_argument(
         "--table", action="store_true", help="print the docs/vllm.md table of the records in source"
     )
     p.add_argument("--refresh", action="store_true",
-                   help="source is a directory of the recorded sdists: rewrite records, digests, docs table")  # fmt: skip
-    p.add_argument("--version", help="the release (default: from the sdist's file name)")
-    p.add_argument("--uploaded", default="", help="the sdist's upload date in the registry")
+                   help="source is a directory of the recorded files: rewrite records, digests, docs table")  # fmt: skip
+    p.add_argument("--version", help="the release (default: from the sdist's or wheel's file name)")
+    p.add_argument("--uploaded", default="", help="the file's upload date in the registry")
     p.add_argument("--repo-root", type=Path, default=Path(__file__).resolve().parents[2])
     args = p.parse_args(argv)
     if args.table:

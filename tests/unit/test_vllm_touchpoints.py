@@ -42,6 +42,10 @@ VERSIONS = sorted(RECORDS)
 REGENERATE = "with the recorded sdists in DIR: python scripts/contracts/vllm_touchpoints.py --refresh DIR"
 
 
+def tp_release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
 def record_problems(version: str, record: dict[str, Any]) -> list[str]:
     """What is wrong with a record as data: format, name, digest (recomputed and pinned)."""
     from flyserve.doctor.vllm_versions import RECORDED
@@ -95,11 +99,23 @@ def live_problems(record: dict[str, Any]) -> list[str]:
 # ----------------------------------------------------------------------------- the records themselves
 
 
-def test_the_four_releases_are_recorded_and_the_doctor_knows_them():
+def test_the_recorded_releases_are_the_ones_the_doctor_knows():
     from flyserve.doctor.vllm_versions import RECORDED
 
-    assert VERSIONS == ["0.30.0", "0.31.0", "0.32.0", "0.33.0"]
+    assert VERSIONS == ["0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
     assert [r.version for r in RECORDED] == VERSIONS
+
+
+def test_a_record_names_the_registry_file_it_was_read_from():
+    """0.30-0.33 from their sdists, 0.34 from its wheel (only its Python files are read): each record
+    carries the file's name and sha256, as the registry's index lists them."""
+    for v, rec in RECORDS.items():
+        src = rec["source"]
+        name = src.get("sdist") or src.get("wheel")
+        assert name and len(src["sha256"]) == 64, v
+        assert tp.release_of(Path(name)) == v
+    assert RECORDS["0.34.0"]["source"]["wheel"] == "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert RECORDS["0.34.0"]["source"]["sha256"].startswith("79ca4b3cd74aec08")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -193,7 +209,7 @@ def test_the_name_the_seed_backend_imports_moved_in_033_and_flyserve_does_not_ne
     """PR 53335's backend imports is_quantized_kv_cache from vllm.utils.torch_utils; 0.33 moved it to
     vllm.v1.kv_cache_interface. flyserve's FlyDSL path decides quantised KV caches by itself."""
     key = "vllm.utils.torch_utils:is_quantized_kv_cache"
-    assert [v for v in VERSIONS if "missing" in RECORDS[v]["seed imports"][key]] == ["0.33.0"]
+    assert [v for v in VERSIONS if "missing" in RECORDS[v]["seed imports"][key]] == ["0.33.0", "0.34.0"]
     assert all(s.name != "is_quantized_kv_cache" or s.guarded for s in tp.flyserve_imports(REPO))
     from flyserve.vllm.eligibility import layer_problems
     from flyserve.vllm.flydsl_kernel import FLYDSL_SPEC
@@ -400,7 +416,7 @@ def test_worker_extension_hook_is_out_of_a_general_plugins_reach(version):
     )
     assert RECORDS[version]["touchpoints"]["plugin groups"]["load_general_plugins"] == []
     has_hooks = {"init_worker_extension", "destroy_worker_extension"} <= set(hook["WorkerWrapperBase uses"])
-    assert has_hooks is (version == "0.33.0")
+    assert has_hooks is (tp_release(version) >= (0, 33))
     from flyserve.vllm import engine_channel
 
     assert "WorkerWrapperBase" in inspect.getsource(engine_channel.install)
@@ -413,9 +429,10 @@ def test_the_doctor_names_the_installed_release():
     (line,) = [c for c in run_checks() if c.name == "vllm-touchpoints"]
     assert line.status == "ok" and f"vLLM {vllm_version()}: supported and recorded" in line.detail
     assert assess("0.32.0+cpu")[0] == "ok"
-    newer = assess("0.34.0")
+    assert assess("0.34.0")[0] == "ok"
+    newer = assess("0.35.0")
     assert newer[0] == "warn" and "newer than the releases recorded" in newer[1]
-    assert assess("0.33.1")[0] == "warn"
+    assert assess("0.33.1")[0] == "warn" and assess("0.34.1")[0] == "warn"
     assert assess("0.33.0.dev5+g1234")[0] == "warn"
     between = assess("0.32.1")
     assert between[0] == "warn" and "nearest older recorded release 0.32.0" in between[1]
@@ -439,3 +456,59 @@ def test_records_hold_no_machine_paths():
     for v, rec in RECORDS.items():
         text = json.dumps(rec)
         assert "/tmp/" not in text and "/home/" not in text and "/root/" not in text, v
+
+
+def _flyserve_names() -> dict[str, list[str]]:
+    """Every attribute, name, definition and string constant in flyserve's source -> file:line."""
+    out: dict[str, list[str]] = {}
+    for path, tree in _flyserve_trees():
+        for node in ast.walk(tree):
+            name = None
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+            elif isinstance(node, ast.Name):
+                name = node.id
+            elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+                name = node.name
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                name = node.value
+            if name:
+                out.setdefault(name, []).append(f"{path.relative_to(REPO)}:{node.lineno}")
+    return out
+
+
+def test_flyserve_names_no_builder_or_impl_member_a_recorded_release_lacks():
+    """0.34 drops AttentionMetadataBuilder.build_for_drafting (0.30-0.33's composite builder inherited
+    it; 0.34 builds draft metadata with build()). flyserve defines, calls and looks up no member of
+    vLLM's builder, impl or backend base classes that any recorded release lacks."""
+    assert "build_for_drafting" in RECORDS["0.33.0"]["touchpoints"]["AttentionMetadataBuilder"]["members"]
+    assert "build_for_drafting" not in RECORDS["0.34.0"]["touchpoints"]["AttentionMetadataBuilder"]["members"]
+    names = _flyserve_names()
+    named = {}
+    for touch in ("AttentionMetadataBuilder", "AttentionImpl", "AttentionImplBase", "AttentionBackend"):
+        every = [set(RECORDS[v]["touchpoints"][touch]["members"]) for v in VERSIONS]
+        sometimes = set().union(*every) - set.intersection(*every)
+        named.update({m: f"{touch}.{m} at {names[m][:3]}" for m in sometimes if m in names})
+    # the ones flyserve names on purpose, each handled for the releases that have it, and no other
+    assert sorted(named.keys() - ANSWERED_WHERE_PRESENT.keys()) == [], [named[m] for m in named]
+    assert sorted(ANSWERED_WHERE_PRESENT.keys() - named.keys()) == []  # no stale entry
+
+
+ANSWERED_WHERE_PRESENT = {
+    "set_interleaved_v_cache": "0.33+: the composite declines it (backends.IMPL_METHODS)",
+    "fused_qk_norm_mrope_kvcache_supported": "0.31+: not forwarded, the base's False (backends.IMPL_METHODS)",
+    "do_qk_norm_mrope_kvcache_update": "0.31+: never called (backends.IMPL_METHODS)",
+    "supports_kv_cache_update_bypass": "0.33+: the composite pins False (backends.KV_CACHE_UPDATE_BYPASS)",
+    "supports_head_size_v": "0.34+: the composite answers for both kernels (backends._head_size_v_answer)",
+}
+"""Members only some releases have that flyserve names deliberately: each one's handling, said once."""
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_serving_boundary_hooks_fit_each_release(version):
+    """flyserve tells vLLM's start-up batches from serving ones at WorkerWrapperBase (startup_phase.py):
+    it needs the wrapper's own execute_model and its __getattr__ (which hands compile_or_warm_up_model
+    to the worker; the wrapper defines none of its own in any recorded release)."""
+    members = RECORDS[version]["touchpoints"]["WorkerWrapperBase"]["members"]
+    assert "execute_model" in members and "__getattr__" in members
+    assert "compile_or_warm_up_model" not in members
