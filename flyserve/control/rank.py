@@ -59,7 +59,7 @@ class RankControl:
         report: bool = True,
     ) -> None:
         self.state_dir = StateDir(state_dir if state_dir is not None else default_state_dir())
-        self.store = Store(self.state_dir)
+        self.store = Store(self.state_dir, check_profile=False)
         self.rank, self.engine = int(rank), int(engine)
         self.interval_s = float(interval_s)
         self.report = report

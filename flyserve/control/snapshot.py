@@ -201,7 +201,9 @@ class ConfigSnapshot:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, source: str | None = None) -> ConfigSnapshot:
+    def from_dict(
+        cls, d: Mapping[str, Any], *, source: str | None = None, check_profile: bool = True
+    ) -> ConfigSnapshot:
         """Rebuild and verify: the recomputed sha256 must equal the stored one, else the file is not trusted.
 
         Raises ThresholdsError naming the field (a torn or hand-edited current.json is refused, never used).
@@ -242,14 +244,14 @@ class ConfigSnapshot:
                 ],
                 source=source,
             )
-        check_layers(snap, source=source)
+        check_layers(snap, source=source, check_profile=check_profile)
         return snap
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=1, default=str)
 
 
-def check_layers(snap: ConfigSnapshot, *, source: str | None = None) -> None:
+def check_layers(snap: ConfigSnapshot, *, source: str | None = None, check_profile: bool = True) -> None:
     """Refuse a snapshot the control plane could not have published, as strictly as a PATCH: its
     profile must load (the next change starts from it), every key of the file and override layers
     must be a threshold, each layer's values must validate laid over the one below (what
@@ -269,8 +271,12 @@ def check_layers(snap: ConfigSnapshot, *, source: str | None = None) -> None:
                 bad.append((f"{layer}.{field}", reason))
     if bad:
         raise ThresholdsError(bad, source=source)
+    # A rank (check_profile=False) may not have the profile file the plane was given (a site
+    # profile on the sidecar's FLYSERVE_PROFILE_PATH): it checks the layers over the effective
+    # values instead; the plane and repair, which build the next change from the profile, load it.
     try:
-        layered = load_profile(snap.profile).merged(snap.file_values, source="file")
+        below = load_profile(snap.profile) if check_profile else snap.thresholds
+        layered = below.merged(snap.file_values, source="file")
         layered = layered.merged(snap.overrides, source="overrides")
     except ThresholdsError as exc:
         raise ThresholdsError(exc.errors, source=source) from None

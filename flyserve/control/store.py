@@ -207,8 +207,12 @@ class Store:
         *,
         history_keep: int = 50,
         audit_rotation: AuditRotation | None = None,
+        check_profile: bool = True,
     ) -> None:
         self.dir = StateDir(state_dir)
+        # Whether snapshots read here must load their profile (snapshot.check_layers): the plane's
+        # stores do; a rank's does not (it may lack the profile file the plane was given).
+        self.check_profile = check_profile
         self.history_keep = max(1, int(history_keep))
         # When audit.jsonl rotates and how many rotated files are kept (flyserve.control.audit_files);
         # $FLYSERVE_AUDIT_MAX_BYTES / $FLYSERVE_AUDIT_KEEP unless given.
@@ -308,7 +312,7 @@ class Store:
         if data is None:
             return None
         try:
-            snap = ConfigSnapshot.from_dict(data, source=str(path))
+            snap = ConfigSnapshot.from_dict(data, source=str(path), check_profile=self.check_profile)
         except ThresholdsError as exc:
             raise ControlIOError(f"current snapshot rejected: {exc}", path=str(path)) from exc
         base = self.version_floor() if anchor is None else anchor
@@ -330,7 +334,7 @@ class Store:
         if data is None:
             return None
         try:
-            return ConfigSnapshot.from_dict(data, source=str(path))
+            return ConfigSnapshot.from_dict(data, source=str(path), check_profile=self.check_profile)
         except ThresholdsError as exc:
             raise ControlIOError(f"history entry rejected: {exc}", path=str(path)) from exc
 
@@ -542,7 +546,8 @@ class Store:
         if attempt != 1 or self._lock_owner != threading.get_ident():
             return False
         path = self.dir.audit_log
-        aside = path.with_name(path.name + ".not-regular")
+        # A fresh name each time: a directory planted at a fixed name once made the rename fail.
+        aside = path.with_name(f"{path.name}.not-regular.{time.time_ns()}.{os.getpid()}")
         try:
             os.replace(path, aside)
         except OSError as exc:

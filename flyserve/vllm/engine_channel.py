@@ -51,7 +51,7 @@ def parse_doc(doc: str | None) -> ConfigSnapshot | None:
         raise ThresholdsError([("<snapshot>", f"not JSON: {exc}")]) from None
     if not isinstance(data, Mapping):
         raise ThresholdsError([("<snapshot>", "not a JSON object")])
-    return ConfigSnapshot.from_dict(data, source="engine channel")
+    return ConfigSnapshot.from_dict(data, source="engine channel", check_profile=False)
 
 
 MAX_DOCS = 64
