@@ -2,14 +2,18 @@
 # Set up FlyDSL's gfx950 compiler on an x86-64 Debian/Ubuntu CPU machine (an image builder, a laptop, CI
 # with the extra) for `flyserve flydsl compile`. Everything goes under .flydsl/ (ignored by git):
 #   .flydsl/venv/            torch 2.13.0 (CPU), numpy, flydsl 0.4.2, flyserve (editable, no extras)
+#   .flydsl/venv-<version>/  the same with another flydsl (FLYDSL_VERSION=0.5.0: .flydsl/venv-0.5.0)
 #   .flydsl/FlyDSL-<rev>/    `git archive` of each FlyDSL revision (the kernels/ package the wheel lacks)
 #   .flydsl/rocm/            ROCM_PATH for the compiler: amdgcn/bitcode (Debian's rocm-device-libs,
 #                            unpacked with dpkg -x, not installed) and llvm/bin/ld.lld (Debian's lld-22)
-#   .flydsl/env.sh           the environment `flyserve flydsl compile` needs (source it)
+#   .flydsl/env.sh           the environment `flyserve flydsl compile` needs (source it); with
+#                            FLYDSL_VERSION set to another version, .flydsl/env-<version>.sh
 # Usage: scripts/flydsl-compile-setup.sh [FLYDSL_GIT]
 #   FLYDSL_GIT (argument or environment): a git directory or clone of ROCm/FlyDSL holding the revisions;
 #   without it, https://github.com/ROCm/FlyDSL is cloned (bare) into .flydsl/FlyDSL.git.
 #   FLYDSL_REVS (environment): the revisions, default "943152de 11c4174d" (PR #1056 and main 2026-08-21).
+#   FLYDSL_VERSION (environment): the flydsl wheel, default 0.4.2; flyserve is tested with 0.4.2 and 0.5.0.
+#     The trees, the bitcode and lld are shared by every venv.
 #   TORCH_INDEX_URL (environment): where to get the CPU build of torch, if pip would pick another.
 # Idempotent: a second run only checks.
 set -euo pipefail
@@ -18,18 +22,22 @@ ROOT=$PWD/.flydsl
 PY=${PYTHON:-python3}
 REVS=${FLYDSL_REVS:-943152de 11c4174d}
 GITDIR=${1:-${FLYDSL_GIT:-}}
+DEFAULT_FLYDSL=0.4.2
+FLYDSL=${FLYDSL_VERSION:-$DEFAULT_FLYDSL}
+case "$FLYDSL" in 0.4.2|0.5.0) ;; *) printf 'FLYDSL_VERSION=%s: flyserve is tested with 0.4.2 and 0.5.0\n' "$FLYDSL" >&2; exit 2;; esac
+if [ "$FLYDSL" = "$DEFAULT_FLYDSL" ]; then VENV=$ROOT/venv ENVSH=$ROOT/env.sh; else VENV=$ROOT/venv-$FLYDSL ENVSH=$ROOT/env-$FLYDSL.sh; fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 say() { printf '\033[1m[flydsl-setup]\033[0m %s\n' "$*"; }
 mkdir -p "$ROOT"
 
-[ -x "$ROOT/venv/bin/python" ] || { say "creating .flydsl/venv"; $PY -m venv "$ROOT/venv"; }
-pip() { "$ROOT/venv/bin/python" -m pip "$@"; }
-if ! "$ROOT/venv/bin/python" -c 'import flydsl, torch, numpy' 2>/dev/null; then
-  say "installing torch 2.13.0 (CPU), numpy, flydsl 0.4.2"
+[ -x "$VENV/bin/python" ] || { say "creating .flydsl/${VENV##*/}"; $PY -m venv "$VENV"; }
+pip() { "$VENV/bin/python" -m pip "$@"; }
+if ! "$VENV/bin/python" -c 'import flydsl, torch, numpy' 2>/dev/null; then
+  say "installing torch 2.13.0 (CPU), numpy, flydsl $FLYDSL"
   # The CPU build of torch is enough (nothing runs on a GPU). Where pip would otherwise fetch the
   # CUDA build, set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu.
   pip install -q torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-  pip install -q numpy flydsl==0.4.2
+  pip install -q numpy "flydsl==$FLYDSL"
 fi
 pip show -q flyserve >/dev/null 2>&1 || { say "installing flyserve (editable)"; pip install -q -e .; }
 
@@ -67,11 +75,11 @@ ln -sfn "$LLD" "$ROOT/rocm/llvm/bin/ld.lld"
 [ -x /usr/lib/llvm-22/bin/llvm-readelf ] && ln -sfn /usr/lib/llvm-22/bin/llvm-readelf "$ROOT/rocm/llvm/bin/llvm-readelf"
 
 first=${REVS%% *}
-cat > "$ROOT/env.sh" <<ENV
+cat > "$ENVSH" <<ENV
 # source .flydsl/env.sh: the environment for \`flyserve flydsl compile\` (written by scripts/flydsl-compile-setup.sh)
 export ROCM_PATH=$ROOT/rocm
 export VLLM_FLYDSL_KERNELS_PATH=\${VLLM_FLYDSL_KERNELS_PATH:-$ROOT/FlyDSL-$first}
-export PATH=$ROOT/venv/bin:\$PATH
+export PATH=$VENV/bin:\$PATH
 ENV
-"$ROOT/venv/bin/python" -c 'import flydsl, torch; print("flydsl", flydsl.__version__, "| torch", torch.__version__)'
-say "done: source .flydsl/env.sh; FlyDSL trees: $(cd "$ROOT" && ls -d FlyDSL-* | grep -v '\.git$' | tr '\n' ' ')"
+"$VENV/bin/python" -c 'import flydsl, torch; print("flydsl", flydsl.__version__, "| torch", torch.__version__)'
+say "done: source .flydsl/$(basename "$ENVSH"); FlyDSL trees: $(cd "$ROOT" && ls -d FlyDSL-* | grep -v '\.git$' | tr '\n' ' ')"

@@ -32,6 +32,7 @@ from typing import Any
 
 from flyserve.doctor.compile_child import RESULT_MARK
 from flyserve.vllm import flydsl_cache
+from flyserve.vllm.flydsl_key import KeyInputs, short
 
 FORMAT = "flyserve-flydsl-compile"
 HF_DTYPES = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "fp32", "float": "fp32"}
@@ -312,7 +313,7 @@ def check_machine(kernels_path: str | None, rocm_path: str | None) -> list[str]:
             f"needs x86-64 Linux (flydsl's wheel), this is {platform.system()} {platform.machine()}"
         )
     for mod, fix in (
-        ("flydsl", "pip install flydsl==0.4.2"),
+        ("flydsl", "pip install 'flydsl>=0.4.2,<0.6' (flyserve is tested with 0.4.2 and 0.5.0)"),
         ("torch", "pip install torch (the CPU build will do)"),
     ):
         if importlib.util.find_spec(mod) is None:
@@ -379,7 +380,33 @@ def read_revision(env: dict[str, str]) -> dict[str, Any]:
     if child is None or "revision" not in child:
         detail = (child or {}).get("message") or tail or f"exit status {rc}"
         raise CompileCheckError(f"FlyDSL could not be loaded: {detail}")
+    unsupported = (child.get("key") or {}).get("unsupported")
+    if unsupported:  # every variant would fail the same way: say it once, naming the version
+        raise CompileCheckError(unsupported)
     return child
+
+
+def key_of(info: dict[str, Any]) -> KeyInputs | None:
+    """The key inputs the revision child read (None from a child that reported none)."""
+    return KeyInputs.from_record(info.get("key"))
+
+
+def key_line(key: dict[str, Any] | None) -> str:
+    """The report's line on what the cache key depends on here, and what that means for a cache."""
+    if not key:
+        return "cache key inputs: not reported"
+    inputs = KeyInputs.from_record(key)
+    text = f"cache key inputs: {inputs.describe() if inputs else '?'}"
+    text += f" ({key.get('bitcode_files', '?')} .bc files under $ROCM_PATH/amdgcn/bitcode"
+    if key.get("bitcode_matches_flydsl") is False:
+        text += "; flyserve's fingerprint differs from FlyDSL's"
+    text += ")"
+    if key.get("bitcode_in_key"):
+        text += (
+            "; a cache built here hits only on a host with this flydsl and this bitcode: on a CPU machine with "
+            "Debian's bitcode this run is a compile check, not a warm start for a ROCm image"
+        )
+    return text
 
 
 def run_variants(
@@ -444,20 +471,24 @@ def observed_entries(results: list[VariantResult]) -> list[tuple[str, str | None
 
 
 def cache_after_run(
-    cache_dir: str | None, results: list[VariantResult], deployment: flydsl_cache.Deployment
+    cache_dir: str | None,
+    results: list[VariantResult],
+    deployment: flydsl_cache.Deployment,
+    key: KeyInputs | None = None,
 ) -> dict[str, Any] | None:
-    """List this run's entries in the folder's manifest, then check the folder again as the server
-    will: the counts (entries for this deployment, for other variants, not listed), or the refusal."""
+    """List this run's entries in the folder's manifest (with the key inputs this run had), then
+    check the folder again as the server will: the counts (entries for this deployment, for other
+    variants, not listed and, given ``key``, stale for this flydsl and bitcode), or the refusal."""
     if not cache_dir:
         return None
     try:
-        flydsl_cache.record_entries(cache_dir, observed_entries(results))
+        flydsl_cache.record_entries(cache_dir, observed_entries(results), key=key)
         check = flydsl_cache.check_cache_dir(cache_dir)
     except flydsl_cache.CacheRefused as exc:
         return {"refused": exc.reason}
     except OSError as exc:
         return {"refused": f"the manifest could not be written ({exc.strerror or type(exc).__name__})"}
-    return {"arch": check.arch, **check.counts(deployment), "describe": check.describe(deployment)}
+    return {"arch": check.arch, **check.counts(deployment, key), "describe": check.describe(deployment, key)}
 
 
 def failed(rep: dict[str, Any]) -> bool:
@@ -484,6 +515,7 @@ def report(
         "torch_version": info.get("torch_version"),
         "kernels_path": os.path.basename(os.path.abspath(kernels_path)),
         "revision": info.get("revision"),
+        "key": info.get("key"),
         "geometry": geometry.as_dict(),
         "target": CHILD_ENV["ARCH"],
         "cache_dir": "given" if cache_dir else None,
@@ -502,6 +534,8 @@ def served_note(row: dict[str, Any]) -> str:
     v = row["variant"]
     if v["batch"] == "wrong":
         return "-"
+    if row.get("outcome") == "setup-failed" or "vllm_layout_problem" not in row:
+        return "unknown: setup failed"  # the layout check never ran: nothing says the server runs it
     if v["batch"] == "light":
         return "lab only"
     problem = row.get("vllm_layout_problem")
@@ -514,6 +548,7 @@ def render(rep: dict[str, Any]) -> str:
     lines = [
         f"flyserve flydsl compile  {rep['time']}  flydsl {rep.get('flydsl_version')}  target {rep['target']}",
         f"FlyDSL checkout {rep['kernels_path']}: {rev.get('label', '?')}",
+        *([key_line(rep["key"])] if rep.get("key") else []),  # reports recorded before it was kept have none
         (
             f"geometry ({g.get('source') or 'flags'}): {g['num_heads']} heads, {g['num_kv_heads']} KV heads per "
             f"rank, head {g['head_size']}, {g['dtype']}"
@@ -544,6 +579,12 @@ def render(rep: dict[str, Any]) -> str:
         lines.append(f"  served 'no': flyserve keeps the prefill path off under vLLM's AITER cache: {p}")
     if rep.get("cache"):
         lines.append(f"  {cache_line(rep['cache'])}")
+        if rep.get("run_only") and rep["summary"]["fail"] and rep["cache"].get("stale"):
+            lines.append(
+                f"  run-only misses: {rep['cache']['stale']} entries there were built with another flydsl or another "
+                f"ROCm (bitcode here {short((rep.get('key') or {}).get('bitcode'))}); FlyDSL never looks them up: "
+                "rebuild the cache with this flydsl on the serving image's ROCm"
+            )
     s = rep["summary"]
     lines.append(f"\n{s['ok']} ok, {s['fail']} fail")
     return "\n".join(lines)

@@ -11,9 +11,11 @@ result was printed, whatever it says.
 The call is flyserve's own ``flydsl_kernel.call_paged`` with the batch each serving situation hands
 it (``flydsl_kernel.warm_up_batch`` for the warm-up, vLLM's AITER cache views for serving).
 What it observes of FlyDSL, without changing it: each ``MlirCompiler.compile`` (time and the
-code objects in the lowered module's ``gpu.binary``) and each JIT cache key (``_build_full_cache_key``),
-with the cache file it names (``cache_entries``: the folder-relative ``.pkl`` path and the key's
-target arch, which `flyserve flydsl compile --cache-dir` lists in flyserve's cache manifest).
+code objects in the lowered module's ``gpu.binary``) and each JIT cache key (flydsl 0.4.2's
+``_build_full_cache_key``, 0.5.0's ``_artifact_cache_key`` and disk lookups: ``Observer``), with
+the cache file it names (``cache_entries``: the folder-relative ``.pkl`` path and the key's target
+arch, which `flyserve flydsl compile --cache-dir` lists in flyserve's cache manifest). A flydsl with
+neither set of names fails the setup with a message naming its version.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 RESULT_MARK = "@@flyserve-compile-result@@"
@@ -51,8 +54,20 @@ def _scrub(text: str) -> str:
     return text
 
 
+class ObserverUnsupported(RuntimeError):
+    """This flydsl's compiler or cache-key internals are not the ones flyserve observes (0.4.2,
+    0.5.0); the message names the version."""
+
+
 class Observer:
-    """Records FlyDSL's compiles and cache keys in this process (observation only)."""
+    """Records FlyDSL's compiles and cache keys in this process (observation only).
+
+    The hooks follow the installed flydsl's own names, detected by feature (flydsl_layout):
+    0.4.2's ``JitFunction._build_full_cache_key`` (the key tuple; the file is
+    ``{function}_{manager_key}/{sha256(str(key))[:16]}.pkl``) or 0.5.0's module-level
+    ``_artifact_cache_key`` / ``_disk_cache_key`` (jit_function.py 515-554: the file is
+    ``{function}/{disk key}.pkl``, read through ``JitCacheManager.get``).
+    """
 
     def __init__(self) -> None:
         self.compiles: list[dict[str, Any]] = []
@@ -62,7 +77,27 @@ class Observer:
     def install(self) -> None:
         from flydsl.compiler import jit_function as jf
 
-        original = jf.MlirCompiler.compile.__func__
+        from flyserve.vllm.flydsl_layout import BUILD_FOLDERS, FUNCTION_FOLDERS, detect_layout
+
+        layout = detect_layout(jf)
+        compile_fn = getattr(getattr(jf, "MlirCompiler", None), "compile", None)
+        if layout is None or compile_fn is None:
+            raise ObserverUnsupported(unsupported_message(jf))
+        self._hook_compile(jf, compile_fn.__func__)
+        if layout is BUILD_FOLDERS:
+            self._hook_key_042(jf)
+        elif layout is FUNCTION_FOLDERS:
+            self._hook_key_050(jf)
+
+    def _note(self, text: str, entry: dict[str, Any] | None) -> None:
+        if text not in self.cache_keys:
+            self.cache_keys.append(text)
+        if entry is not None and entry not in self.cache_entries:
+            self.cache_entries.append(entry)
+
+    def _hook_compile(self, jf: Any, original: Any) -> None:
+        """Time each lowering and keep the code objects of the module it returns (0.4.2 passes the
+        module, 0.5.0 its text; both return the lowered module)."""
         observer = self
 
         def compile_observed(cls: Any, module: Any, **kw: Any) -> Any:
@@ -75,6 +110,9 @@ class Observer:
             return out
 
         jf.MlirCompiler.compile = classmethod(compile_observed)
+
+    def _hook_key_042(self, jf: Any) -> None:
+        observer = self
         build_key = jf.JitFunction._build_full_cache_key
 
         def key_observed(self: Any, *args: Any, **kw: Any) -> Any:
@@ -83,21 +121,55 @@ class Observer:
             # is the other half of what a cached kernel is found by
             folder = f"{self.func.__name__}_{self.manager_key}" if self.cache_manager else self.func.__name__
             text = f"{folder}: {jf.JitFunction._cache_key_to_str(key)}"
-            if text not in observer.cache_keys:
-                observer.cache_keys.append(text)
-            if self.cache_manager:
-                entry = cache_entry(folder, jf.JitFunction._cache_key_to_str(key), key)
-                if entry not in observer.cache_entries:
-                    observer.cache_entries.append(entry)
+            entry = (
+                cache_entry(folder, jf.JitFunction._cache_key_to_str(key), key)
+                if self.cache_manager
+                else None
+            )
+            observer._note(text, entry)
             return key
 
         jf.JitFunction._build_full_cache_key = key_observed
 
+    def _hook_key_050(self, jf: Any) -> None:
+        """The artifact key (traced module + pipeline + target: what the strides would change) for
+        ``cache_keys``; each disk lookup's file and the arch of the backend that keyed it."""
+        observer = self
+        artifact_key, manager_get = jf._artifact_cache_key, jf.JitCacheManager.get
+        arch: dict[str, str | None] = {}
+
+        def artifact_observed(asm: Any, cfg: Any, backend: Any, **kw: Any) -> Any:
+            key = artifact_key(asm, cfg, backend, **kw)
+            arch[key] = getattr(getattr(backend, "target", None), "arch", None)
+            observer._note(f"artifact {key} (target {arch[key]})", None)
+            return key
+
+        def get_observed(self: Any, cache_key: str) -> Any:
+            folder = Path(self.cache_dir).name
+            target = list(arch.values())[-1] if arch else None  # the key this lookup follows
+            observer._note(f"{folder}: {cache_key}", {"path": f"{folder}/{cache_key}.pkl", "arch": target})
+            return manager_get(self, cache_key)
+
+        jf._artifact_cache_key = artifact_observed
+        jf.JitCacheManager.get = get_observed
+
+
+def unsupported_message(jf: Any) -> str:
+    """Why flyserve cannot observe this flydsl, naming its version and the ones it knows."""
+    from flyserve.vllm.flydsl_key import TESTED_FLYDSL, flydsl_version
+
+    return (
+        f"flydsl {flydsl_version() or '?'} has neither 0.4.2's JitFunction._build_full_cache_key nor 0.5.0's "
+        f"_artifact_cache_key/_disk_cache_key{'' if hasattr(jf, 'MlirCompiler') else ', or no MlirCompiler'} in "
+        f"flydsl.compiler.jit_function: its cache-key internals changed again; flyserve's compile check "
+        f"follows flydsl {' and '.join(TESTED_FLYDSL)} (pip install 'flydsl>=0.4.2,<0.6')"
+    )
+
 
 def cache_entry(folder: str, key_text: str, key: Any) -> dict[str, Any]:
-    """The cache file a key names and the arch it was built for: FlyDSL files a specialization as
-    ``{folder}/{sha256(str(key))[:16]}.pkl`` (jit_function.py JitCacheManager._safe_key) and the key
-    holds ``("_target_", GPUTarget(...))``."""
+    """The cache file a 0.4.2 key names and the arch it was built for: FlyDSL 0.4.2 files a
+    specialization as ``{folder}/{sha256(str(key))[:16]}.pkl`` (jit_function.py
+    JitCacheManager._safe_key) and the key holds ``("_target_", GPUTarget(...))``."""
     target = next((p[1] for p in key if isinstance(p, tuple) and len(p) == 2 and p[0] == "_target_"), None)
     name = hashlib.sha256(key_text.encode()).hexdigest()[:16]
     return {"path": f"{folder}/{name}.pkl", "arch": getattr(target, "arch", None)}
@@ -164,12 +236,12 @@ def vllm_layout_problem(kernel: Any, spec: dict[str, Any]) -> str | None:
     """flyserve's own layout check on the K/V views vLLM's AITER cache gives at this geometry
     (meta tensors, as ``FlyDSLDualwaveImpl.predicted_layout_problem``): None means the server
     runs FlyDSL for these layers, anything else is the reason it keeps the path off."""
-    import torch
-
     from flyserve.vllm.flydsl_kernel import kv_layout_problem
+    from flyserve.vllm.kv_views import aiter_layer_cache, split_like_aiter
 
-    kv = torch.empty(2, spec["num_kv_heads"], spec["page_size"], 2 * spec["head_size"], device="meta")
-    k, v = kv.transpose(1, 2).split(spec["head_size"], dim=-1)
+    # vLLM's preferred layout for the AITER unified backend (0.32's only one, 0.34's LBHNC)
+    kv = aiter_layer_cache(spec["num_kv_heads"], spec["page_size"], spec["head_size"])
+    k, v = split_like_aiter(kv, spec["head_size"])
     return kv_layout_problem(k, v, kernel.revision)
 
 
@@ -245,8 +317,40 @@ def _peak_rss_mb() -> float | None:
         return None
 
 
+def key_inputs(revision_label: str) -> dict[str, Any]:
+    """The cache key's machine-dependent inputs as this flydsl sees them: its version, its layout and
+    the device-bitcode fingerprint. Under 0.5.0 the fingerprint is FlyDSL's own
+    (``get_backend().toolkit_fingerprint()``, backends/rocm.py 201-211), checked against flyserve's
+    computation of it (flydsl_key.bitcode_fingerprint), so a manifest records what FlyDSL hashed."""
+    from flydsl.compiler import jit_function as jf
+
+    from flyserve.vllm import flydsl_key
+    from flyserve.vllm.flydsl_layout import detect_layout
+
+    layout = detect_layout(jf)
+    out: dict[str, Any] = {
+        "unsupported": None if layout and hasattr(jf, "MlirCompiler") else unsupported_message(jf)
+    }
+    root = flydsl_key.bitcode_root()
+    ours = flydsl_key.bitcode_fingerprint(root)
+    theirs = None
+    if layout is not None and layout.bitcode_in_key:
+        from flydsl.compiler.backends import get_backend
+
+        fp = get_backend().toolkit_fingerprint()
+        theirs = fp.split(":", 1)[1] if isinstance(fp, str) and fp.startswith("rocm-bitcode:") else None
+    inputs = flydsl_key.KeyInputs(flydsl_key.flydsl_version(), layout.name if layout else None,
+                                  theirs or ours, revision_label)  # fmt: skip
+    out.update(inputs.as_dict())
+    out["bitcode_files"] = len(list(Path(root, "amdgcn", "bitcode").glob("*.bc")))
+    out["bitcode_matches_flydsl"] = None if theirs is None else theirs == ours
+    out["bitcode_in_key"] = bool(layout and layout.bitcode_in_key)
+    return out
+
+
 def revision() -> dict[str, Any]:
-    """The installed FlyDSL: what flyserve reads off the real function, and the versions."""
+    """The installed FlyDSL: what flyserve reads off the real function, the versions, and the key's
+    machine-dependent inputs."""
     import flydsl
     import torch
 
@@ -255,7 +359,8 @@ def revision() -> dict[str, Any]:
     kernel = fk.load_flydsl_kernel()
     rev = kernel.revision.as_dict()
     rev["module_file"] = short_path(kernel.revision.module_file)
-    return {"revision": rev, "flydsl_version": flydsl.__version__, "torch_version": torch.__version__}
+    return {"revision": rev, "flydsl_version": flydsl.__version__, "torch_version": torch.__version__,
+            "key": key_inputs(kernel.revision.label)}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -142,7 +142,7 @@ def compile_command(
     results = cc.run_variants(
         variants, env, cached=bool(cache_dir), save_objects=save_objects, progress=_progress
     )
-    cache = cc.cache_after_run(cache_dir, results, cc.deployment_of(geometry, pages))
+    cache = cc.cache_after_run(cache_dir, results, cc.deployment_of(geometry, pages), cc.key_of(info))
     rep = cc.report(geometry=geometry, info=info, kernels_path=kernels_path, results=results, cache_dir=cache_dir,
                     run_only=run_only, cache=cache)  # fmt: skip
     if json_file:

@@ -167,13 +167,18 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
     def predicted_layout_problem(self, page_size: int) -> str | None:
         """The layout check on the K/V views this vLLM's AITER cache will hand the layer, made on
         a two-block meta tensor (no memory) with the parent's own ``_split_kv_cache``: the cache is
-        (blocks, kv_heads, page, 2*head_size), so the views are strided and only FlyDSL #1056 with
-        one KV head per rank reads them in place. The first forward checks the real cache again."""
-        import torch
+        (blocks, kv_heads, page, 2*head_size) with the strides of the KV-cache layout vLLM resolved
+        (0.34: ``LBHNC`` or ``LHBNC``, ``flyserve.vllm.kv_views``), so the views are strided and
+        only FlyDSL #1056 with one KV head per rank reads them in place. The first forward checks
+        the real cache again."""
+        from vllm.config import get_current_vllm_config_or_none
 
-        kv = torch.empty(
-            2, self.num_kv_heads, page_size, 2 * self.head_size, dtype=torch.bfloat16, device="meta"
-        )
+        from flyserve.vllm.kv_views import aiter_layer_cache, layer_view_order, resolved_layout_name
+
+        if getattr(self, "_shuffle_kv_layout", False):  # vLLM 0.34 on gfx1250: (2, B, N, H, hs), not gfx950's
+            return "vLLM's shuffled KV cache layout (gfx1250)"
+        order = layer_view_order(resolved_layout_name(get_current_vllm_config_or_none()))
+        kv = aiter_layer_cache(self.num_kv_heads, page_size, self.head_size, order)
         key_cache, value_cache = self._split_kv_cache(kv)
         return kv_layout_problem(key_cache, value_cache, self.kernel.revision)
 

@@ -3,7 +3,9 @@
 What FlyDSL does with the folder, read from its source (``python/flydsl/compiler/jit_function.py``
 ``JitCacheManager`` and ``JitFunction._ensure_cache_manager``, ``jit_executor.py``
 ``CompiledArtifact``, ``utils/file.py`` ``atomic_write``; ROCm/FlyDSL main 11c4174d and the
-flydsl 0.4.2 wheel, jit_function.py lines 991-1115 and 1390-1406 there):
+flydsl 0.4.2 wheel, jit_function.py lines 991-1115 and 1390-1406 there; flydsl 0.5.0 names its
+folders and entries otherwise and unpickles only the entry a key names: ``flyserve.vllm.flydsl_layout``
+has both layouts, and this check reads either):
 
 * one folder per JIT function and build, ``{cache dir}/{function}_{manager_key}/``, where
   ``manager_key`` hashes the flydsl wheel, the kernel's sources and its closure's scalars (page size,
@@ -41,8 +43,11 @@ CacheRefused naming the folder and the reason, never a file's contents.
 
 The manifest (MANIFEST_NAME in the cache folder, written by `flyserve flydsl compile --cache-dir`;
 FlyDSL reads only the function folders) says which variant each entry was compiled for, from the
-cache keys FlyDSL computed in the compile: the warm-up's log line and the compile report count the
-entries for this deployment's variants apart from entries for other variants and unlisted ones.
+cache keys FlyDSL computed in the compile, and the key inputs it was built with (flydsl release,
+layout, device-bitcode fingerprint: ``flyserve.vllm.flydsl_key``): the warm-up's log line and the
+compile report count the entries for this deployment's variants apart from entries for other
+variants and unlisted ones, and, given this host's key inputs, the stale entries (another flydsl's
+layout or release, another ROCm's bitcode) that can never be a hit here apart from them all.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ from pathlib import Path
 from typing import Any
 
 from flyserve.policy import safe_read
+from flyserve.vllm.flydsl_key import KeyInputs, stale_reason
+from flyserve.vllm.flydsl_layout import layout_of_entry
 
 TARGET_ARCH = "gfx950"
 MANIFEST_NAME = "flyserve-cache.json"
@@ -74,7 +81,7 @@ MAX_MANIFEST_BYTES = 8 << 20
 ARTIFACT_GLOBAL = ("flydsl.compiler.jit_executor", "CompiledArtifact")
 PROCESSOR_MODULES = ("flydsl.", "kernels.")  # where FlyDSL's own post-load processors live
 VARIANT_FIELDS = ("num_heads", "num_kv_heads", "head_size", "dtype", "page_size")
-_ENTRY_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*/[0-9a-f]{16}\.pkl")
+_ENTRY_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*/(?:[0-9a-f]{16}|[0-9a-f]{64})\.pkl")  # 0.4.2 | 0.5.0
 _TARGET = re.compile(r"#rocdl\.target<([^<>]*)>")
 _CHIP = re.compile(r'\bchip\s*=\s*"([^"]*)"')
 _ARCH_NAME = re.compile(r"gfx[0-9a-z]{2,6}")
@@ -120,11 +127,27 @@ class CacheCheck:
     arch: str
     entries: tuple[str, ...]  # "<function folder>/<key hash>.pkl"
     listed: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    built: Mapping[str, KeyInputs] = field(default_factory=dict)  # the key inputs the manifest names
 
-    def counts(self, deployment: Deployment | None) -> dict[str, int]:
-        """Entries for this deployment's variants, for other variants, and not listed (variant unknown)."""
+    def stale(self, host: KeyInputs | None) -> dict[str, str]:
+        """Entry -> why it can never be a hit on a host with these key inputs ("another flydsl",
+        "another ROCm"); entries that can, or cannot be told, are not in it."""
+        out = {}
+        for entry in self.entries:
+            layout = layout_of_entry(entry)
+            why = stale_reason(self.built.get(entry), host, layout.name if layout else None)
+            if why:
+                out[entry] = why
+        return out
+
+    def counts(self, deployment: Deployment | None, host: KeyInputs | None = None) -> dict[str, int]:
+        """Entries for this deployment's variants, for other variants, and not listed (variant unknown);
+        given the host's key inputs, also the stale ones (counted in none of the other three)."""
+        stale = self.stale(host) if host is not None else {}
         mine = other = unlisted = 0
         for entry in self.entries:
+            if entry in stale:
+                continue
             variants = self.listed.get(entry)
             if not variants:
                 unlisted += 1
@@ -132,19 +155,31 @@ class CacheCheck:
                 mine += 1
             else:
                 other += 1
-        return {"entries": len(self.entries), "for_this_deployment": mine, "other_variants": other,
-                "unlisted": unlisted}  # fmt: skip
+        out = {"entries": len(self.entries), "for_this_deployment": mine, "other_variants": other,
+               "unlisted": unlisted}  # fmt: skip
+        if host is not None:
+            out["stale"] = len(stale)
+            out["stale_flydsl"] = sum(1 for why in stale.values() if why == "another flydsl")
+            out["stale_rocm"] = sum(1 for why in stale.values() if why == "another ROCm")
+        return out
 
-    def describe(self, deployment: Deployment | None) -> str:
-        """One phrase for a log line or a report: only this deployment's entries count as its warm kernels."""
-        c = self.counts(deployment)
+    def describe(self, deployment: Deployment | None, host: KeyInputs | None = None) -> str:
+        """One phrase for a log line or a report: only this deployment's entries count as its warm
+        kernels; stale ones (given the host's key inputs) are named apart, never as warm."""
+        c = self.counts(deployment, host)
         if not c["entries"]:
             return "no entries"
-        return (
+        text = (
             f"all {c['entries']} for {self.arch}: {c['for_this_deployment']} listed for this deployment's "
             f"variants, {c['other_variants']} for other variants (not counted), {c['unlisted']} not listed "
             "by `flyserve flydsl compile`"
         )
+        if c.get("stale"):
+            text += (
+                f", {c['stale']} stale ({c['stale_flydsl']} from another flydsl, {c['stale_rocm']} from another "
+                "ROCm: never a hit here)"
+            )
+        return text
 
 
 # ----------------------------------------------------------------------------- the location
@@ -404,11 +439,13 @@ def _manifest_problem(doc: Any) -> str | None:
         return "field 'entries' is not an object"
     for rel, rec in entries.items():
         if not _ENTRY_PATH.fullmatch(rel):
-            return "an entry name that is not '<function folder>/<16 hex>.pkl'"
+            return "an entry name that is not '<function folder>/<16 or 64 hex>.pkl'"
         if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str):
             return f"entry {rel}: no sha256"
         if not isinstance(rec.get("variants"), list) or not all(isinstance(v, dict) for v in rec["variants"]):
             return f"entry {rel}: field 'variants' is not a list of objects"
+        if "key" in rec and KeyInputs.from_record(rec["key"]) is None:
+            return f"entry {rel}: field 'key' is not an object of strings"
     return None
 
 
@@ -444,6 +481,7 @@ def _check(path: Path, arch: str) -> CacheCheck:
     entries = scan_entries(path)
     manifest = read_manifest(path)
     listed: dict[str, tuple[Mapping[str, Any], ...]] = {}
+    built: dict[str, KeyInputs] = {}
     for rel in entries:
         state, digest = read_entry(path, rel)
         problem = artifact_problem(state, arch)
@@ -457,7 +495,10 @@ def _check(path: Path, arch: str) -> CacheCheck:
         if rec.get("arch") not in (None, arch):
             raise CacheRefused(str(path), f"entry {rel} is listed for another arch, not {arch}")
         listed[rel] = tuple(rec["variants"])
-    return CacheCheck(str(path), arch, tuple(entries), listed)
+        inputs = KeyInputs.from_record(rec.get("key"))
+        if inputs is not None:
+            built[rel] = inputs
+    return CacheCheck(str(path), arch, tuple(entries), listed, built)
 
 
 def variant_record(variant: Mapping[str, Any]) -> dict[str, Any]:
@@ -470,11 +511,16 @@ def variant_record(variant: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def record_entries(
-    root: str | os.PathLike[str], observed: Iterable[tuple[str, str | None, Mapping[str, Any]]]
+    root: str | os.PathLike[str],
+    observed: Iterable[tuple[str, str | None, Mapping[str, Any]]],
+    *,
+    key: KeyInputs | None = None,
 ) -> int:
     """Add (entry, arch from its cache key, variant) rows to the folder's manifest: the entries a
-    compile just produced or loaded, each with the sha256 of its bytes. Rows for files that are not
-    there are skipped. Written through a temporary and a rename; returns the entries listed."""
+    compile just produced or loaded, each with the sha256 of its bytes and, given, the key inputs the
+    compile had (``key``: an entry built elsewhere then reads as stale, not warm). Rows for files
+    that are not there are skipped. Written through a temporary and a rename; returns the entries
+    listed."""
     path = Path(os.path.abspath(root))
     entries = read_manifest(path)
     for rel, arch, variant in observed:
@@ -490,6 +536,8 @@ def record_entries(
         rec = entries.get(rel)
         if rec is None or rec.get("sha256") != digest:
             rec = entries[rel] = {"sha256": digest, "arch": arch, "variants": []}
+            if key is not None:
+                rec["key"] = key.as_dict()
         record = variant_record(variant)
         if record not in rec["variants"]:
             rec["variants"].append(record)

@@ -29,7 +29,10 @@ descriptions are committed in tests/data/contracts/ with the commit each was rea
   batch's cache key equals the warm-up's and a run-only reload finds it.
 
 The installed revision is detected from the real function (``inspect.signature``: is
-``causal_lpt`` a parameter) and from its module's page-size constant, once, at load.
+``causal_lpt`` a parameter), from its module's page-size constant, the KV layouts and paged paths
+its source names, and the checkout's commit where it is a git clone (``flydsl_tree``), once, at
+load. The label says what was read, never "or older": FlyDSL main past 11c4174d (page 64 only,
+``linear3d``, paged FP8, paged ``bias``, no ``causal_lpt``) reads as what it is.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from flyserve.vllm import flydsl_tree
 from flyserve.vllm.eligibility import PrefillKernelSpec
 from flyserve.vllm.flydsl_cache import CacheCheck, CacheRefused, Deployment, check_cache_dir
+from flyserve.vllm.flydsl_key import KeyInputs, host_key_inputs
 
 log = logging.getLogger("flyserve.vllm")
 
@@ -94,19 +99,33 @@ class FlyDSLRevision:
     page_sizes: tuple[int, ...]
     strided_kv: bool  # K/V views with a wider row are addressed in place (no per-call copy)
     module_file: str
+    kv_layouts: tuple[str, ...] = ()  # the paged KV layouts the module names (linear, linear3d, vectorized)
+    paged_fp8: bool = False  # the module has a paged FP8 builder
+    commit: str | None = None  # the checkout's commit, where it is a git clone
 
     @property
     def label(self) -> str:
-        """Short name for logs and /dispatch-stats."""
-        if self.has_causal_lpt:
-            return f"causal_lpt, pages {'/'.join(map(str, self.page_sizes))} (FlyDSL PR #1056 or newer)"
-        return f"no causal_lpt, pages {'/'.join(map(str, self.page_sizes))} (FlyDSL main 11c4174d or older)"
+        """Short name for logs and /dispatch-stats: what was read off the tree, nothing inferred."""
+        parts = [
+            "causal_lpt (the keyword FlyDSL #1056 added)" if self.has_causal_lpt else "no causal_lpt",
+            f"pages {'/'.join(map(str, self.page_sizes)) or 'none dualwave runs'}",
+            "strided K/V in place" if self.strided_kv else "strided K/V copied",
+        ]
+        if "linear3d" in self.kv_layouts:
+            parts.append("linear3d")
+        if self.paged_fp8:
+            parts.append("paged fp8")
+        parts.append(f"commit {self.commit[:8]}" if self.commit else "commit unknown (not a git checkout)")
+        return ", ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "causal_lpt": self.has_causal_lpt,
             "page_sizes": list(self.page_sizes),
             "strided_kv": self.strided_kv,
+            "kv_layouts": list(self.kv_layouts),
+            "paged_fp8": self.paged_fp8,
+            "commit": self.commit,
             "label": self.label,
         }
 
@@ -128,11 +147,16 @@ def detect_revision(fn: Callable[..., Any]) -> FlyDSLRevision:
     if sizes is None:
         one = getattr(mod, "_PAGED_PAGE_SIZE", PAGED_TILE)  # main 11c4174d: 64
         sizes = (int(one),)
+    module_file = str(getattr(mod, "__file__", "") or "")
+    root = flydsl_tree.checkout_root(module_file) if module_file else None
     return FlyDSLRevision(
         has_causal_lpt=LPT_PARAM in params,
         page_sizes=tuple(p for p in sorted({int(s) for s in sizes}) if p in DUALWAVE_PAGE_SIZES),
         strided_kv=hasattr(mod, "_paged_kv_row_stride"),
-        module_file=str(getattr(mod, "__file__", "") or ""),
+        module_file=module_file,
+        kv_layouts=flydsl_tree.named_layouts(flydsl_tree.module_source(mod)),
+        paged_fp8=hasattr(mod, "_build_paged_fp8"),
+        commit=flydsl_tree.checkout_commit(root) if root is not None else None,
     )
 
 
@@ -278,16 +302,32 @@ def warm_up(
     variants = [False, True] if kernel.revision.has_causal_lpt else [False]
     deployment = Deployment(num_heads, num_kv_heads, head_size, dtype_label(dtype), (page_size,))
     check = checked_cache()
+    host = host_key_inputs() if check is not None and check.entries else None
     cache = flydsl_cache_entries()
     t0 = time.perf_counter()
+    compiled = 0
     for lpt in variants:
+        before = flydsl_cache_entries()
         call_paged(kernel, q, k, v, out, num_kv_heads=num_kv_heads, lpt=lpt, **batch)
+        after = flydsl_cache_entries()
+        compiled += before is None or after is None or bool(after - before)  # a new entry: it compiled
     seconds = time.perf_counter() - t0
-    log.info(
-        "flyserve: FlyDSL warm-up %s",
-        warm_up_source(cache, flydsl_cache_entries(), seconds, check=check, deployment=deployment),
+    source = warm_up_source(
+        cache, flydsl_cache_entries(), seconds, check=check, deployment=deployment, host=host
     )
+    log.info("flyserve: FlyDSL warm-up %s; %s", source, variant_counts(len(variants), compiled, check, host))
     return variants
+
+
+def variant_counts(variants: int, compiled: int, check: CacheCheck | None, host: KeyInputs | None) -> str:
+    """The warm-up's tally: variants a call took from the cache (it wrote no entry), variants it
+    compiled, and the folder's entries that can never be a hit here (another flydsl's layout or
+    release, another ROCm's bitcode): those are not warm kernels, whatever the folder holds."""
+    stale = len(check.stale(host)) if check is not None and host is not None else 0
+    return (
+        f"{variants - compiled} variants from cache, {compiled} compiled, {stale} stale entries from "
+        "another flydsl or another ROCm"
+    )
 
 
 def warm_up_batch(
@@ -326,9 +366,10 @@ def kernel_block_sizes(revision: FlyDSLRevision | None) -> tuple[int, ...]:
     return revision.page_sizes if revision is not None else (PAGED_TILE,)
 
 
-# FlyDSL's disk cache (flydsl 0.4.2 utils/env.py RuntimeEnvManager): on by default, one folder per
-# JIT function under the cache dir, one ``<key hash>.pkl`` per compiled specialization
-# (compiler/jit_function.py JitCacheManager; the layout and what loading it runs: flydsl_cache.py).
+# FlyDSL's disk cache (flydsl 0.4.2 and 0.5.0 utils/env.py RuntimeEnvManager): on by default, one folder
+# per JIT function (0.4.2: and build) under the cache dir, one ``<key hash>.pkl`` per compiled
+# specialization (compiler/jit_function.py JitCacheManager; both layouts: flydsl_layout.py; what
+# loading one runs: flydsl_cache.py).
 # A warm-up that adds no file compiled nothing. FlyDSL reads these variables on every access and
 # opens a JIT function's cache folder at its first call: setting them before the warm-up's first
 # call decides where that build's kernels are read from.
@@ -421,13 +462,14 @@ def warm_up_source(
     *,
     check: CacheCheck | None = None,
     deployment: Deployment | None = None,
+    host: KeyInputs | None = None,
 ) -> str:
     """What the warm-up did, for the log: compiled, or loaded from FlyDSL's cache; with the cache's
     check, which of the entries were there for this deployment's variants (the others are not
-    counted as its warm kernels)."""
+    counted as its warm kernels) and, given this host's key inputs, which are stale."""
     if before is None or after is None:
         return f"compiled in {seconds:.1f} s (FlyDSL's disk cache is off: {CACHE_ENABLE_ENV})"
-    checked = f"; checked: {check.describe(deployment)}" if check is not None and check.entries else ""
+    checked = f"; checked: {check.describe(deployment, host)}" if check is not None and check.entries else ""
     new = len(after - before)
     if new:
         return (

@@ -1,7 +1,10 @@
-"""`flyserve flydsl compile` with FlyDSL's real compiler (flydsl 0.4.2 wheel), for gfx950, on this CPU.
+"""`flyserve flydsl compile` with FlyDSL's real compiler (flydsl 0.4.2, and 0.5.0 where its venv is),
+for gfx950, on this CPU.
 
 Runs wherever scripts/flydsl-compile-setup.sh made .flydsl/ (or $FLYSERVE_FLYDSL_ROOT): a venv with
-flydsl + CPU torch, FlyDSL checkouts, a ROCM_PATH with the device bitcode and ld.lld. CI has no
+flydsl + CPU torch, FlyDSL checkouts, a ROCM_PATH with the device bitcode and ld.lld. The 0.4.2 venv
+(.flydsl/venv) is required; the 0.5.0 one (.flydsl/venv-0.5.0, FLYDSL_VERSION=0.5.0 with the same
+script) runs the same test where it exists and is skipped by name where it does not. CI has no
 FlyDSL checkout: there this module SKIPS, by name, the one documented exception to FLYSERVE_CI's
 "a missing dependency fails" (tests/_support.py, require_flydsl_checkout). With a checkout present
 and the rest missing it fails under CI.
@@ -42,24 +45,42 @@ if not (ROCM / "amdgcn" / "bitcode" / "ockl.bc").exists() or not (ROCM / "llvm" 
 GEOMETRY = ["--num-heads", "4", "--num-kv-heads", "1", "--head-size", "128", "--page-size", "64"]
 
 
-def compile_check(*args: str, timeout: float = 400) -> tuple[int, dict, str]:
+VENVS = {"0.4.2": PY, "0.5.0": ROOT / "venv-0.5.0" / "bin" / "python"}
+
+
+@pytest.fixture(params=sorted(VENVS))
+def flydsl_python(request) -> Path:
+    """The venv of one flydsl release (0.5.0's is optional: FLYDSL_VERSION=0.5.0 setup makes it)."""
+    py = VENVS[request.param]
+    if not py.exists():
+        pytest.skip(
+            f"no flydsl {request.param} venv: FLYDSL_VERSION={request.param} scripts/flydsl-compile-setup.sh"
+        )
+    return py
+
+
+def compile_check(py: Path, *args: str, timeout: float = 400) -> tuple[int, dict, str]:
     env = {
         **os.environ,
         "VLLM_FLYDSL_KERNELS_PATH": str(TREE),
         "ROCM_PATH": str(ROCM),
         "PYTHONPATH": str(REPO),
     }
-    proc = subprocess.run([str(PY), "-m", "flyserve.cli", "flydsl", "compile", *GEOMETRY, *args, "--json"],
+    proc = subprocess.run([str(py), "-m", "flyserve.cli", "flydsl", "compile", *GEOMETRY, *args, "--json"],
                           capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO, check=False)  # fmt: skip
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
 @pytest.mark.timeout(900)
-def test_warm_up_compiles_into_the_cache_and_serving_then_only_loads(tmp_path):
+def test_warm_up_compiles_into_the_cache_and_serving_then_only_loads(tmp_path, flydsl_python):
     cache = tmp_path / "flydsl-cache"
-    rc, rep, err = compile_check("--batch", "warm-up", "--cache-dir", str(cache))
+    rc, rep, err = compile_check(flydsl_python, "--batch", "warm-up", "--cache-dir", str(cache))
     assert rc == 0, err
     assert rep["revision"]["causal_lpt"] is True and rep["flydsl_version"]
+    key = rep["key"]  # the key's machine-dependent inputs, as this flydsl reads them
+    assert key["flydsl"] == rep["flydsl_version"] and key["layout"] in ("build-folders", "function-folders")
+    assert key["bitcode_in_key"] is (key["layout"] == "function-folders")
+    assert key["bitcode_matches_flydsl"] in (None, True)  # flyserve's fingerprint is FlyDSL's own
     rows = {r["variant"]["name"]: r for r in rep["variants"]}
     assert sorted(rows) == ["warm-up-p64-lpt0", "warm-up-p64-lpt1"]
     for r in rows.values():
@@ -73,7 +94,7 @@ def test_warm_up_compiles_into_the_cache_and_serving_then_only_loads(tmp_path):
     pkl = sorted(p.name for p in cache.glob("*/*.pkl"))
     assert len(pkl) == 2, pkl
 
-    rc, rep, err = compile_check("--batch", "serve", "--batch", "short", "--wrong-calls", "--cache-dir", str(cache),
+    rc, rep, err = compile_check(flydsl_python, "--batch", "serve", "--batch", "short", "--wrong-calls", "--cache-dir", str(cache),
                                  "--run-only")  # fmt: skip
     assert rc == 0, err
     served = [r for r in rep["variants"] if r["variant"]["batch"] in ("serve", "short")]
