@@ -412,12 +412,12 @@ def check_plugin(kind: str | None) -> Check:
 
 
 def run_checks(*, block_size: int | None = None) -> list[Check]:
-    from flyserve.doctor.flydsl_row import check_flydsl
+    from flyserve.doctor.flydsl_row import flydsl_status
     from flyserve.doctor.vllm_versions import assess
 
     out = [check_flyserve(), check_vllm(), check_composite_api()]
     out.append(Check("vllm-touchpoints", *assess(vllm_version())))
-    out.append(check_flydsl())
+    out.append(Check("flydsl", *flydsl_status()))  # type: ignore[arg-type]
     kind, seen = platform_kind()
     out.append(check_platform(kind, seen))
     out += pair_checks(kind)

@@ -10,7 +10,6 @@ without loading any (flydsl_cache.check_cache_dir). Never raises.
 
 from __future__ import annotations
 
-from flyserve.doctor.checks import Check
 from flyserve.vllm import flydsl_cache, flydsl_key
 from flyserve.vllm.flydsl_kernel import flydsl_cache_dir
 
@@ -48,26 +47,27 @@ def cache_phrase(host: flydsl_key.KeyInputs) -> tuple[str, int]:
     return text, c["stale"]
 
 
-def check_flydsl() -> Check:
-    """The flydsl row (see the module docstring)."""
+def flydsl_status() -> tuple[str, str, str]:
+    """The flydsl row as (status, detail, fix), as ``vllm_versions.assess`` returns its row: the
+    doctor wraps it in its Check (this module imports nothing of the doctor's)."""
     try:
         version = flydsl_key.flydsl_version()
         if version is None:
-            return Check("flydsl", "ok", "not installed (only the ROCm prefill path and `flyserve flydsl compile` "
-                         "need it)", FIX_VERSION)  # fmt: skip
+            return ("ok", ("not installed (only the ROCm prefill path and `flyserve flydsl compile` "
+                         "need it)"), FIX_VERSION)  # fmt: skip
         layout = flydsl_key.installed_layout()
         host = flydsl_key.host_key_inputs(layout=layout)
         tested = flydsl_key.is_tested(version)
         head = f"flydsl {version} ({'tested' if tested else 'not tested: flyserve knows 0.4.2 and 0.5.0'})"
         if layout is None:
-            return Check("flydsl", "warn", f"{head}; cache layout unknown (its jit_function has neither 0.4.2's "
-                         "nor 0.5.0's cache-key functions)", FIX_VERSION)  # fmt: skip
+            return ("warn", (f"{head}; cache layout unknown (its jit_function has neither 0.4.2's "
+                         "nor 0.5.0's cache-key functions)"), FIX_VERSION)  # fmt: skip
         phrase, stale = cache_phrase(host)
         detail = f"{head}; cache layout {layout.describe()}; {phrase}"
         if not tested:
-            return Check("flydsl", "warn", detail, FIX_VERSION)
+            return ("warn", detail, FIX_VERSION)
         if stale:
-            return Check("flydsl", "warn", detail, FIX_STALE)
-        return Check("flydsl", "ok", detail)
+            return ("warn", detail, FIX_STALE)
+        return ("ok", detail, "")
     except Exception as exc:  # noqa: BLE001 - a check that cannot run is a finding, not a crash
-        return Check("flydsl", "fail", f"{type(exc).__name__}: {exc}"[:400])
+        return ("fail", f"{type(exc).__name__}: {exc}"[:400], "")

@@ -145,24 +145,24 @@ def test_a_042_cache_under_050_is_stale_from_another_flydsl(tmp_path, host_050, 
 
 
 def test_doctor_compares_the_cache_with_this_hosts_rocm(tmp_path, monkeypatch, host_050):
-    from flyserve.doctor.flydsl_row import check_flydsl
+    from flyserve.doctor.flydsl_row import flydsl_status
 
     build_cache(tmp_path, monkeypatch, rocm(tmp_path, "debian", b"Debian 5.2.3 ockl"))
     built = flydsl_key.short(flydsl_key.bitcode_fingerprint(tmp_path / "debian"))
     monkeypatch.setenv("ROCM_PATH", str(rocm(tmp_path, "opt-rocm", b"ROCm 7 ockl")))
-    row = check_flydsl()
-    assert row.status == "warn" and "flydsl 0.5.0 (tested)" in row.detail and "function-folders" in row.detail
-    assert "2 entries, 0 usable here, 2 stale (0 from another flydsl, 2 from another ROCm" in row.detail
-    assert f"built with bitcode {built}" in row.detail and "rebuild the cache on this image" in row.fix
+    status, detail, fix = flydsl_status()
+    assert status == "warn" and "flydsl 0.5.0 (tested)" in detail and "function-folders" in detail
+    assert "2 entries, 0 usable here, 2 stale (0 from another flydsl, 2 from another ROCm" in detail
+    assert f"built with bitcode {built}" in detail and "rebuild the cache on this image" in fix
     monkeypatch.setenv("ROCM_PATH", str(tmp_path / "debian"))
-    row = check_flydsl()
-    assert row.status == "ok" and "2 usable here, 0 stale" in row.detail
+    status, detail, fix = flydsl_status()
+    assert status == "ok" and "2 usable here, 0 stale" in detail
 
 
 def test_doctor_names_an_untested_flydsl(monkeypatch):
-    from flyserve.doctor.flydsl_row import check_flydsl
+    from flyserve.doctor.flydsl_row import flydsl_status
 
     monkeypatch.setattr(flydsl_key, "flydsl_version", lambda: "0.6.0")
     monkeypatch.setattr(flydsl_key, "installed_layout", lambda: None)
-    row = check_flydsl()
-    assert row.status == "warn" and "flydsl 0.6.0 (not tested" in row.detail and "<0.6" in row.fix
+    status, detail, fix = flydsl_status()
+    assert status == "warn" and "flydsl 0.6.0 (not tested" in detail and "<0.6" in fix
