@@ -170,20 +170,25 @@ def test_9_a_symlinked_token_file_is_still_read(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- 10: a symlinked audit log
 
 
-def test_10_a_symlinked_audit_log_is_not_followed(tmp_path: Path) -> None:
-    from flyserve.control import ControlIOError
-
+def _plane_with_symlinked_audit(tmp_path: Path) -> tuple[ControlPlane, Path]:
+    """A plane with one published change whose audit.jsonl was replaced by a link to a decoy."""
     plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
     plane.apply_overrides({"min_seq_len": 3000}, actor="t")
     decoy = tmp_path / "decoy"
     decoy.write_text("precious\n")
     plane.state_dir.audit_log.unlink()
     plane.state_dir.audit_log.symlink_to(decoy)
+    return plane, decoy
+
+
+def test_10_a_symlinked_audit_log_is_not_followed(tmp_path: Path) -> None:
+    plane, decoy = _plane_with_symlinked_audit(tmp_path)
     # The writer holding the lock sets the link aside (never following it) and begins a new log:
     # a planted link must not refuse every change, circuit open included.
     assert plane.set_circuit(True, actor="t", reason="drill").snapshot.circuit_open
     assert decoy.read_text() == "precious\n"
-    assert [a.is_symlink() for a in plane.state_dir.audit_log.parent.glob("audit.jsonl.not-regular.*")] == [True]
+    aside = list(plane.state_dir.audit_log.parent.glob("audit.jsonl.not-regular.*"))
+    assert [a.is_symlink() for a in aside] == [True]
     assert not plane.state_dir.audit_log.is_symlink()
     assert [e["result"] for e in plane.audit_log()] == ["success"]
 
@@ -193,12 +198,7 @@ def test_10_a_symlinked_audit_log_is_not_followed_outside_the_lock(tmp_path: Pat
     link stays, is not followed, and the entry goes to the process log."""
     from flyserve.control import ControlIOError
 
-    plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
-    plane.apply_overrides({"min_seq_len": 3000}, actor="t")
-    decoy = tmp_path / "decoy"
-    decoy.write_text("precious\n")
-    plane.state_dir.audit_log.unlink()
-    plane.state_dir.audit_log.symlink_to(decoy)
+    plane, decoy = _plane_with_symlinked_audit(tmp_path)
     assert plane.store.audit({"action": "set", "result": "invalid"}) is False
     assert plane.state_dir.audit_log.is_symlink() and decoy.read_text() == "precious\n"
     with pytest.raises(ControlIOError):
