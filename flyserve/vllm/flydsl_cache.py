@@ -191,17 +191,14 @@ def trusted_owners() -> frozenset[int]:
 
 
 def _lstat(path: Path) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise CacheRefused(str(path), f"cannot be examined ({exc.strerror or type(exc).__name__})") from None
+    """The path's own stat (a link is not followed), or None when it does not exist."""
+    return _stat(path, follow_symlinks=False)
 
 
-def _stat(path: Path) -> os.stat_result | None:
+def _stat(path: Path, *, follow_symlinks: bool = True) -> os.stat_result | None:
+    """os.stat, or None when the path does not exist; any other error refuses the cache."""
     try:
-        return os.stat(path)
+        return os.stat(path, follow_symlinks=follow_symlinks)
     except FileNotFoundError:
         return None
     except OSError as exc:
