@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -116,3 +117,13 @@ def answer(conn: socket.socket, status: str, body: bytes = b"", headers: str = "
         f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n{headers}\r\n".encode()
         + body
     )
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
+    """Poll ``cond`` every 20 ms until it holds (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False

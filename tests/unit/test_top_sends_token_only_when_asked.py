@@ -5,27 +5,17 @@ through a proxy from the environment. The servers are real sockets on 127.0.0.1.
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
 import typer
-from scripted_http import answer, scripted_server, sse_head
+from scripted_http import answer, scripted_server, sse_head, wait_until
 from typer.testing import CliRunner
 
 from flyserve.top.stream import StatsStream
 
 TOKEN = "s3cret-token-for-the-guarded-stream"
 EVENT = b"data: " + json.dumps({"live_ranks": 1, "ranks": [], "engines": []}).encode() + b"\n\n"
-
-
-def _wait(cond, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def _one_event(conn) -> None:
@@ -36,7 +26,7 @@ def test_the_open_stream_never_gets_the_token() -> None:
     with scripted_server(lambda req, conn: _one_event(conn)) as srv:
         stream = StatsStream(srv.url, interval=0.05, token=TOKEN).start()
         try:
-            assert _wait(lambda: stream.latest().events >= 2)  # a reconnect too
+            assert wait_until(lambda: stream.latest().events >= 2)  # a reconnect too
         finally:
             stream.stop()
     assert len(srv.requests) >= 2
@@ -53,7 +43,7 @@ def test_a_401_from_the_url_itself_gets_the_token_and_each_reconnect_asks_again(
     with scripted_server(guarded) as srv:
         stream = StatsStream(srv.url, interval=0.05, token=TOKEN).start()
         try:
-            assert _wait(lambda: stream.latest().events >= 2), stream.latest()
+            assert wait_until(lambda: stream.latest().events >= 2), stream.latest()
         finally:
             stream.stop()
     sent = [r.headers.get("authorization") for r in srv.requests[:4]]
@@ -65,8 +55,8 @@ def test_a_refused_token_is_sent_once_per_connection_and_said() -> None:
     with scripted_server(lambda req, conn: answer(conn, "401 Unauthorized")) as srv:
         stream = StatsStream(srv.url, interval=0.05, token=TOKEN).start()
         try:
-            assert _wait(lambda: len(srv.requests) >= 4)
-            assert _wait(lambda: "refused the token" in (stream.latest().error or ""))
+            assert wait_until(lambda: len(srv.requests) >= 4)
+            assert wait_until(lambda: "refused the token" in (stream.latest().error or ""))
         finally:
             stream.stop()
     sent = [r.headers.get("authorization") for r in srv.requests[:4]]
@@ -77,7 +67,7 @@ def test_without_a_token_a_401_says_which_it_needs() -> None:
     with scripted_server(lambda req, conn: answer(conn, "401 Unauthorized")) as srv:
         stream = StatsStream(srv.url, interval=0.05).start()
         try:
-            assert _wait(lambda: "--token-file or $FLYSERVE_SIDECAR_TOKEN" in (stream.latest().error or ""))
+            assert wait_until(lambda: "--token-file or $FLYSERVE_SIDECAR_TOKEN" in (stream.latest().error or ""))
         finally:
             stream.stop()
     assert all("authorization" not in r.headers for r in srv.requests)
@@ -94,8 +84,8 @@ def test_a_redirect_is_not_followed_so_the_token_cannot_go_elsewhere() -> None:
         with scripted_server(redirect) as srv:
             stream = StatsStream(srv.url, interval=0.05, token=TOKEN).start()
             try:
-                assert _wait(lambda: "redirect (HTTP 307), not followed" in (stream.latest().error or ""))
-                assert _wait(lambda: len(srv.requests) >= 2)
+                assert wait_until(lambda: "redirect (HTTP 307), not followed" in (stream.latest().error or ""))
+                assert wait_until(lambda: len(srv.requests) >= 2)
             finally:
                 stream.stop()
     assert elsewhere.requests == []
@@ -114,7 +104,7 @@ def test_no_proxy_from_the_environment_sees_the_stream(monkeypatch: pytest.Monke
             assert len(proxy.requests) == 1 and srv.requests == []
             stream = StatsStream(srv.url, interval=0.05, token=TOKEN).start()
             try:
-                assert _wait(lambda: stream.latest().events >= 1), stream.latest()
+                assert wait_until(lambda: stream.latest().events >= 1), stream.latest()
             finally:
                 stream.stop()
     assert len(proxy.requests) == 1  # only the plain client's

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import typer
 from rich.console import Console
-from scripted_http import scripted_server, sse_head
+from scripted_http import scripted_server, sse_head, wait_until
 from typer.testing import CliRunner
 
 from flyserve.top.sse import Dropped, iter_lines, iter_sse_data
@@ -57,15 +57,6 @@ def _screen(stats: Any, conn: Connection | None = None, window: str = "60s") -> 
 
 def _raw_in(text: str) -> list[str]:
     return sorted({f"U+{ord(c):04X}" for c in text if c in RAW})
-
-
-def _wait(cond, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 # ----------------------------------------------------------------------------- bounded reading
@@ -120,7 +111,7 @@ def test_an_endless_line_from_a_real_socket_is_dropped_and_the_reader_resyncs() 
     with scripted_server(handler) as srv:
         stream = StatsStream(srv.url, interval=0.05).start()
         try:
-            assert _wait(lambda: stream.latest().stats is not None), stream.latest()
+            assert wait_until(lambda: stream.latest().stats is not None), stream.latest()
             lt = stream.latest()
         finally:
             stream.stop()
@@ -162,10 +153,10 @@ def test_payloads_that_are_not_objects_are_counted_and_the_last_good_one_stays()
     with scripted_server(handler) as srv:
         stream = StatsStream(srv.url, interval=0.05).start()
         try:
-            assert _wait(lambda: stream.latest().malformed == len(NOT_OBJECTS)), stream.latest()
+            assert wait_until(lambda: stream.latest().malformed == len(NOT_OBJECTS)), stream.latest()
             middle = stream.latest()
             looked.set()
-            assert _wait(lambda: stream.latest().events == 2), stream.latest()
+            assert wait_until(lambda: stream.latest().events == 2), stream.latest()
             lt = stream.latest()
         finally:
             stream.stop()
