@@ -356,11 +356,8 @@ def artifact_state(raw: bytes) -> dict[str, Any] | None:
     return state if isinstance(state, dict) else None
 
 
-def _module_text(state: Mapping[str, Any]) -> str | None:
-    """The artifact's lowered module (0.4.2 compresses it), bounded, or None if it holds none."""
-    if isinstance(state.get("ir_text"), str):
-        return state["ir_text"]
-    packed = state.get("ir_zlib")
+def _inflate(packed: Any) -> str | None:
+    """A zlib-compressed module's text, bounded; None if it is not one."""
     if not isinstance(packed, bytes):
         return None
     try:
@@ -373,6 +370,22 @@ def _module_text(state: Mapping[str, Any]) -> str | None:
         return None
 
 
+def _module_text(state: Mapping[str, Any]) -> str | None:
+    """The lowered module FlyDSL would parse from the artifact, bounded; None if it holds none.
+
+    flydsl 0.4.2's ``CompiledArtifact.__setstate__`` takes ``ir_zlib`` whenever the key is there
+    and ``ir_text`` only without it; FlyDSL main (11c4174d) reads ``ir_text`` alone. So an entry
+    with both is judged by both: they must be the same module (else None: a planted ``ir_text``
+    for the serving arch must not vouch for an ``ir_zlib`` that 0.4.2 would load instead)."""
+    text = state.get("ir_text")
+    if "ir_zlib" not in state:
+        return text if isinstance(text, str) else None
+    packed = _inflate(state["ir_zlib"])
+    if packed is None or ("ir_text" in state and text != packed):
+        return None
+    return packed
+
+
 def module_targets(text: str) -> set[str]:
     """The chips of every ``#rocdl.target<...>`` in a module's text (a name that is not a gfx arch shows as ``?``)."""
     chips = {m.group(1) for t in _TARGET.finditer(text) for m in _CHIP.finditer(t.group(1))}
@@ -382,6 +395,8 @@ def module_targets(text: str) -> set[str]:
 def artifact_problem(state: Mapping[str, Any], arch: str) -> str | None:
     """Why an artifact is not one of FlyDSL's kernels for ``arch`` (None: it is)."""
     text = _module_text(state)
+    if text is None and "ir_zlib" in state and "ir_text" in state and _inflate(state["ir_zlib"]) is not None:
+        return "an artifact whose ir_text and ir_zlib are different modules (FlyDSL versions load different ones)"
     if text is None or not isinstance(state.get("entry"), str):
         return "not a FlyDSL artifact (no compiled module)"
     targets = module_targets(text)

@@ -24,6 +24,7 @@ from flydsl_cache_fakes import (
     FUNCTION,
     FakeFlyDSLCache,
     artifact_bytes,
+    module_text,
     planted_bytes,
     write_entry,
 )
@@ -350,6 +351,26 @@ def test_flydsls_own_pickle_of_an_artifact_is_read_without_flydsl():
 def test_an_artifact_that_flydsl_would_not_have_cached_is_refused(state, problem):
     parsed = fc.artifact_state(artifact_bytes(**state))
     assert parsed is not None and problem in fc.artifact_problem(parsed, "gfx950")
+
+
+def test_an_ir_text_for_gfx950_does_not_vouch_for_the_ir_zlib_flydsl_loads():
+    """flydsl 0.4.2 loads ir_zlib whenever it is there (CompiledArtifact.__setstate__), main reads
+    ir_text: an entry with a gfx950 ir_text beside an ir_zlib of another module is refused, one with
+    the two the same passes."""
+    import zlib
+
+    other = zlib.compress(module_text("gfx942").encode())
+    planted = fc.artifact_state(artifact_bytes(ir_text=module_text("gfx950"), ir_zlib=other))
+    assert planted is not None
+    assert "ir_text and ir_zlib are different modules" in fc.artifact_problem(planted, "gfx950")
+    assert fc.artifact_problem(planted, "gfx942") is not None
+    broken = fc.artifact_state(artifact_bytes(ir_text=module_text("gfx950"), ir_zlib=b"not zlib"))
+    assert fc.artifact_problem(broken, "gfx950") == "not a FlyDSL artifact (no compiled module)"
+    same = fc.artifact_state(artifact_bytes(ir_text=module_text("gfx950")))  # ir_zlib: the same module
+    assert fc.artifact_problem(same, "gfx950") is None
+    # an entry from before 0.4.2: ir_text alone (the key renamed in the pickle, same length)
+    text_only = fc.artifact_state(artifact_bytes(ir_text=module_text()).replace(b"ir_zlib", b"ir_zlia"))
+    assert text_only is not None and fc.artifact_problem(text_only, "gfx950") is None
 
 
 def test_a_compressed_module_past_the_cap_is_not_inflated(monkeypatch):
