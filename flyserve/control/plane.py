@@ -163,7 +163,7 @@ class ControlPlane:
         assumed_steps_per_s: float = ASSUMED_STEPS_PER_S,
     ) -> None:
         self.state_dir = StateDir(state_dir if state_dir is not None else default_state_dir())
-        self.store = Store(self.state_dir, history_keep=history_keep)
+        self.store = Store(self.state_dir, history_keep=history_keep, own_profile=profile)
         self.profile = profile
         self.config_file = str(config_file) if config_file is not None else None
         self.step_margin = int(step_margin)

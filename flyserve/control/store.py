@@ -25,6 +25,7 @@ from typing import Any
 from flyserve.control.audit_files import AuditRotation, read_log_tail, rotate_if_due
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import MAX_VERSION, StateDir, history_version, make_private_dir
+from flyserve.control.profile_trust import stored_profile_refusal
 from flyserve.control.reports import CLOCK_SKEW_S, RankReport, parse_report, process_confirmed
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.version_trust import believed, ceiling_for, credible_max
@@ -208,11 +209,15 @@ class Store:
         history_keep: int = 50,
         audit_rotation: AuditRotation | None = None,
         check_profile: bool = True,
+        own_profile: str | None = None,
     ) -> None:
         self.dir = StateDir(state_dir)
         # Whether snapshots read here must load their profile (snapshot.check_layers): the plane's
         # stores do; a rank's does not (it may lack the profile file the plane was given).
         self.check_profile = check_profile
+        # The profile this process was given (ControlPlane's ``profile``): a stored snapshot naming
+        # another profile *path* is believed only where control.profile_trust says so.
+        self.own_profile = own_profile
         self.history_keep = max(1, int(history_keep))
         # When audit.jsonl rotates and how many rotated files are kept (flyserve.control.audit_files);
         # $FLYSERVE_AUDIT_MAX_BYTES / $FLYSERVE_AUDIT_KEEP unless given.
@@ -311,6 +316,7 @@ class Store:
             raise ControlIOError(f"cannot read the current snapshot: {exc}", path=str(path)) from exc
         if data is None:
             return None
+        self._check_stored_profile(data, path, "current snapshot rejected")
         try:
             snap = ConfigSnapshot.from_dict(data, source=str(path), check_profile=self.check_profile)
         except ThresholdsError as exc:
@@ -333,10 +339,20 @@ class Store:
             raise ControlIOError(f"cannot read history: {exc}", path=str(path)) from exc
         if data is None:
             return None
+        self._check_stored_profile(data, path, "history entry rejected")
         try:
             return ConfigSnapshot.from_dict(data, source=str(path), check_profile=self.check_profile)
         except ThresholdsError as exc:
             raise ControlIOError(f"history entry rejected: {exc}", path=str(path)) from exc
+
+    def _check_stored_profile(self, data: Any, path: Path, what: str) -> None:
+        """Refuse, before anything loads it, a stored profile path the operator could not have given
+        (control.profile_trust); a rank never loads the profile and skips this."""
+        if not self.check_profile or not isinstance(data, dict):
+            return
+        reason = stored_profile_refusal(data.get("profile"), own_profile=self.own_profile, state_dir=self.dir.path)
+        if reason is not None:
+            raise ControlIOError(f"{what}: profile: {reason}", path=str(path))
 
     def history_versions(self) -> list[int]:
         try:
