@@ -16,12 +16,18 @@ something was there. A field is cut at a bound (the cut says how much was left o
 value cannot fill the screen. The sequence's other characters (``]52;c;...``) are left as text:
 without its ESC no terminal reads them as anything but text.
 
+Log lines are text bound for a terminal too (an operator's, a journal that one reads): the message
+of a ``flyserve`` log record may carry a config key, a file's name or a rank report's words, so
+``install_log_filter`` escapes the records of flyserve's loggers as ``printable`` does, once, when a
+record is emitted (a logger whose level drops it never makes one).
+
 This module imports nothing of flyserve (tests/unit/test_layout.py), so every command may use it,
 arms included; rich only where a rich object is asked for.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -82,3 +88,58 @@ def printable_text(value: object, limit: int | None = FIELD_LIMIT, style: str | 
     from rich.text import Text
 
     return Text(printable(value, limit), style=style or "")
+
+
+LOGGER = "flyserve"
+"""The root of flyserve's loggers; vLLM's, uvicorn's and everyone else's records pass untouched."""
+_LOGGERS = ("flyserve.control", "flyserve.sidecar", "flyserve.startup", "flyserve.telemetry", "flyserve.vllm")
+"""The loggers flyserve's modules log to (tests/unit/test_log_lines_are_printable.py checks the list):
+made here, so one imported after install_log_filter already has the filter."""
+_DONE = "_flyserve_printable"
+
+
+def _is_flyserve(name: str) -> bool:
+    return name == LOGGER or name.startswith(LOGGER + ".")
+
+
+class PrintableLogFilter(logging.Filter):
+    """Makes a flyserve log record printable-safe: the message, its arguments merged in, becomes one
+    line (``printable``: a newline in an argument would forge a log line) of at most LINE_LIMIT
+    characters; a traceback and a stack keep their lines (``printable_block``). In place, so every
+    handler after this one sees the escaped record, and once (a record marked done passes as is).
+    Never drops a record; one whose arguments do not fit its format is left for the handler to
+    report, as logging does."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, _DONE, False) or not _is_flyserve(record.name):
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - any argument's __str__: the handler reports it, as logging does
+            return True
+        record.msg, record.args = printable(message, LINE_LIMIT), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = printable_block(record.exc_text)
+        if record.stack_info:
+            record.stack_info = printable_block(record.stack_info)
+        setattr(record, _DONE, True)
+        return True
+
+
+LOG_FILTER = PrintableLogFilter()
+
+
+def install_log_filter(*handlers: logging.Handler) -> None:
+    """LOG_FILTER on flyserve's loggers and on ``handlers`` (those flyserve set up). Both: a logger's
+    filter sees only the records logged to that very logger, not its children's, so it goes on
+    ``flyserve`` and every ``flyserve.*`` logger made so far (escaped before any handler, a test's
+    or a site's included); a handler's sees every record it writes, one of a logger made later too.
+    Idempotent. Costs nothing per call of a logger whose level drops the record."""
+    manager = logging.Logger.manager
+    names = {LOGGER, *_LOGGERS, *(n for n in list(manager.loggerDict) if _is_flyserve(n))}
+    for name in sorted(names):
+        logging.getLogger(name).addFilter(LOG_FILTER)
+    for handler in handlers:
+        handler.addFilter(LOG_FILTER)

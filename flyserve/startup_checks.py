@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from flyserve.printable import LOG_FILTER
+
 log = logging.getLogger("flyserve.startup")
 
 
@@ -50,6 +52,7 @@ class _StderrHandler(logging.StreamHandler):
     def __init__(self) -> None:
         super().__init__()
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self.addFilter(LOG_FILTER)  # the line names a profile as given: escaped
 
     @property  # type: ignore[override]
     def stream(self):  # logging reads this attribute

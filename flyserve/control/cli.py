@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from flyserve.printable import printable, printable_block, printable_text
+from flyserve.printable import install_log_filter, printable, printable_block, printable_text
 
 thresholds_app = typer.Typer(
     name="thresholds",
@@ -453,14 +453,6 @@ def audit(
         typer.echo(json.dumps(e, sort_keys=True, default=str))
 
 
-class _PrintableFormatter(logging.Formatter):
-    """Log lines of `watch` name the config file's fields and the state directory's files: printed
-    through flyserve.printable like every other line of these commands."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return printable_block(super().format(record))
-
-
 @thresholds_app.command("watch")
 def watch(
     config: Path | None = ConfigOpt,
@@ -485,7 +477,9 @@ def watch(
     log = logging.getLogger("flyserve.control")
     log.setLevel(logging.INFO)
     handler = logging.StreamHandler()
-    handler.setFormatter(_PrintableFormatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    # its lines name the config file's fields and the state directory's files: escaped
+    install_log_filter(handler)
     log.addHandler(handler)
     # A long-running publisher, like the sidecar: it initialises its state directory.
     plane = _writer(_state(state_dir, write=True, create=True), profile=profile, config_file=config)

@@ -7,19 +7,25 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from flyserve.printable import printable
+
 MAX_ERRORS_SHOWN = 5
 """A document with 10,000 unknown keys gets a message naming five, not a 10,000-line one."""
 
 MAX_MESSAGE_CHARS = 1000
 
-_NAME = re.compile(r"^[A-Za-z_<>][A-Za-z0-9_.<>-]{0,47}$")
+_NAME = re.compile(r"[A-Za-z_<>][A-Za-z0-9_.<>-]{0,47}", re.ASCII)
+_PLACEHOLDER = re.compile(r"<[A-Za-z0-9_ .-]{1,46}>", re.ASCII)
+"""flyserve's own placeholders (``<document>``, ``<unknown key of 12 chars>``): a strict charset, so
+an ESC, a bidi override or rich markup between angle brackets is not one of them."""
 
 
 def redact_field(name: object) -> str:
-    """A field name as an error may show it: names that look like names are shown; anything else
-    (a line of a secrets file parsed as a key) only by its length."""
+    """A field name as an error may show it: names that look like names (ASCII letters, digits,
+    ``_.<>-``) and flyserve's ``<...>`` placeholders are shown; anything else (a line of a secrets
+    file parsed as a key, a key carrying an escape sequence) only by its length."""
     s = str(name)
-    if _NAME.match(s) or (s.startswith("<") and s.endswith(">") and len(s) <= 48):
+    if _NAME.fullmatch(s) or _PLACEHOLDER.fullmatch(s):
         return s
     return f"<key of {len(s)} chars>"
 
@@ -53,13 +59,14 @@ class ThresholdsError(ValueError):
     """
 
     def __init__(self, errors: list[tuple[str, str]], *, source: str | None = None) -> None:
-        errors = [(redact_field(f), str(r)[:300]) for f, r in (errors or [("<document>", "invalid")])]
+        # reasons may quote a file or a request (a YAML problem, a path): escaped and bounded too
+        errors = [(redact_field(f), printable(r, 300)) for f, r in (errors or [("<document>", "invalid")])]
         self.errors = errors[:MAX_ERRORS_SHOWN] + (
             [("<document>", f"and {len(errors) - MAX_ERRORS_SHOWN} more errors")]
             if len(errors) > MAX_ERRORS_SHOWN
             else []
         )
-        self.source = source if source is None or len(source) <= 300 else source[:300] + "..."
+        self.source = None if source is None else printable(source, 300)
         self.field, self.reason = self.errors[0]
         where = f"{self.source}: " if self.source else ""
         detail = "; ".join(f"field '{f}': {r}" for f, r in self.errors)

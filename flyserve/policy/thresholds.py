@@ -18,6 +18,7 @@ from flyserve.policy.errors import ThresholdsError, describe_value
 from flyserve.policy.profile_paths import is_path_like, profile_path
 from flyserve.policy.safe_read import SafeReadError, read_bytes
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES, parse_mapping
+from flyserve.printable import printable
 
 __all__ = [
     "FIELDS",
@@ -227,18 +228,23 @@ def read_yaml_file(path: Path) -> dict[str, Any]:
     return parse_mapping(raw, source=str(path))
 
 
-_PLAIN_KEY = re.compile(r"^[a-z_][a-z0-9_]{0,31}$")
+_PLAIN_KEY = re.compile(r"[a-z_][a-z0-9_]{0,31}", re.ASCII)
 
 
 def unknown_key_error(key: str) -> tuple[str, str]:
     """(field, reason) for a key that is not a threshold. The key is shown only when it is a likely
-    typo of a known one; otherwise only its length: an unknown key may be a line of whatever file the
-    config path points at (a symlink to a secrets file), and errors land in logs and the audit log."""
+    typo of a known one (escaped and bounded: a typo may carry an ESC or a bidi override, and
+    ThresholdsError names a field with one only by its length) or a plain one (_PLAIN_KEY); otherwise
+    only its length: an unknown key may be a line of whatever file the config path points at (a
+    symlink to a secrets file), and errors land in logs and the audit log. The match suggested is one
+    of FIELDS, never text of the key."""
     import difflib
 
-    close = difflib.get_close_matches(str(key)[:64], FIELDS, n=1, cutoff=0.75)
+    raw = str(key)
+    known = f"unknown key (known keys: {', '.join(FIELDS)})"
+    close = difflib.get_close_matches(raw[:64], FIELDS, n=1, cutoff=0.75)
     if close:
-        return (str(key), f"unknown key (did you mean {close[0]!r}?)")
-    if _PLAIN_KEY.match(str(key)):
-        return (str(key), f"unknown key (known keys: {', '.join(FIELDS)})")
-    return (f"<unknown key of {len(str(key))} chars>", f"unknown key (known keys: {', '.join(FIELDS)})")
+        return (printable(raw, 64), f"unknown key (did you mean {close[0]!r}?)")
+    if _PLAIN_KEY.fullmatch(raw):
+        return (raw, known)
+    return (f"<unknown key of {len(raw)} chars>", known)

@@ -20,6 +20,34 @@ from flyserve.printable import printable, printable_block
 DEFAULT_URL = "http://127.0.0.1:9400"
 
 
+PATCH_METHODS = ("PATCH", "PUT")
+PATCH_PATH = "/thresholds"
+
+
+class ForgedPatch(ValueError):
+    """The advice's ``patch`` is not a PATCH or PUT of /thresholds: never printed as a command."""
+
+
+def curl_command(url: str, patch: dict[str, Any]) -> str:
+    """The curl line that applies ``patch``, for an operator to paste into a shell. Whatever answers at
+    --url wrote the patch, so only a PATCH or PUT of /thresholds is printed (ForgedPatch otherwise) and
+    every part of it is one shell word (shlex.quote): no ``;``, ``$(...)`` or quote in it runs."""
+    method, path = patch.get("method"), patch.get("path")
+    if method not in PATCH_METHODS or path != PATCH_PATH:
+        raise ForgedPatch(
+            f"the advice's apply command is not a PATCH or PUT of {PATCH_PATH} (method "
+            f"{printable(method, 40)}, path {printable(path, 80)}): not printed; the answer at --url "
+            "is not a flyserve sidecar's"
+        )
+    body = json.dumps(patch["body"], separators=(",", ":"))
+    return (
+        f"curl -X {shlex.quote(method)} {shlex.quote(url.rstrip('/') + path)} "
+        f"-H {shlex.quote('If-Match: ' + str(patch['headers']['If-Match']))} "
+        '-H "Authorization: Bearer $FLYSERVE_SIDECAR_TOKEN" '
+        f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
+    )
+
+
 def _ratio(w: dict[str, Any], key: str = "routed_over_oracle") -> str:
     v = w.get(key)
     return "-" if v is None else f"{v:.4f}"
@@ -49,16 +77,9 @@ def render(adv: dict[str, Any], url: str, shapes: int) -> str:
         width = max(len(k) for k in changes)
         for k, (old, new) in changes.items():
             lines.append(f"  {k:<{width}}  {old} -> {new}")
-        p = adv["patch"]
-        body = json.dumps(p["body"], separators=(",", ":"))
         lines += [
             "apply (an operator action; 409 if the thresholds changed since):",
-            (
-                f"  curl -X {p['method']} {shlex.quote(url.rstrip('/') + p['path'])} "
-                f"-H {shlex.quote('If-Match: ' + p['headers']['If-Match'])} "
-                '-H "Authorization: Bearer $FLYSERVE_SIDECAR_TOKEN" '
-                f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
-            ),
+            f"  {curl_command(url, adv['patch'])}",
         ]
     lines += render_restart(adv.get("restart") or [])
     listed = adv["shapes"][-shapes:] if shapes else []
@@ -166,6 +187,9 @@ def advise(
     try:
         adv = r.json()
         shown = json.dumps(adv, indent=1) if as_json else printable_block(render(adv, url, shapes))
+    except ForgedPatch as exc:
+        typer.echo(f"error: {printable(endpoint)}: {exc}", err=True)
+        raise typer.Exit(1) from None
     except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
         raise _not_advice(endpoint, exc) from None
     typer.echo(shown)

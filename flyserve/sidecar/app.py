@@ -23,11 +23,14 @@ from starlette.routing import Match
 
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.control.paths import make_private_dir
+from flyserve.policy.errors import MAX_ERRORS_SHOWN, MAX_MESSAGE_CHARS, redact_field
 from flyserve.policy.thresholds import ThresholdsError
+from flyserve.printable import printable
 from flyserve.sidecar.actor import actor_id
 from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.compactor import MetricsCompactor
+from flyserve.sidecar.fingerprint import fingerprint_of
 from flyserve.sidecar.middleware import (
     AdmissionMiddleware,
     BodyLimitMiddleware,
@@ -92,7 +95,8 @@ def update_ignored_files(control: ControlPlane) -> int:
 
 
 def update_rank_gauges(views: list[RankView]) -> None:
-    """flyserve_rank_up / _report_age_seconds / flyserve_ranks_agree from the ranks' reports."""
+    """flyserve_rank_up / _report_age_seconds / flyserve_ranks_agree / flyserve_thresholds_fingerprint
+    from the ranks' reports."""
     for v in views:
         tm.RANK_UP.labels(str(v.rank)).set(0.0 if v.stale else 1.0)
         if v.age_s is not None:
@@ -102,6 +106,7 @@ def update_rank_gauges(views: list[RankView]) -> None:
     # No live rank: NaN, not 1 ("agree") - there is nobody to agree; an alert on == 0 stays quiet
     # and the dashboard shows no value.
     tm.RANKS_AGREE.set(float("nan") if agree is None else 1.0 if agree else 0.0)
+    tm.THRESHOLDS_FINGERPRINT.set(fingerprint_of(views))  # which content, comparable across replicas
 
 
 def _repair_state_dir(control: ControlPlane) -> None:
@@ -120,7 +125,17 @@ def _repair_state_dir(control: ControlPlane) -> None:
 
 
 def _error(status: int, detail: str, field: str | None = None, errors: list[dict[str, str]] | None = None):
-    return JSONResponse({"detail": detail, "field": field, "errors": errors or []}, status_code=status)
+    """An error body: its words may echo a request's field names and a file's (a state directory's
+    path, a config key), so the detail is escaped and bounded (flyserve.printable) and a field is
+    shown as ThresholdsError shows one (redact_field): a client that prints it prints no ESC."""
+    return JSONResponse(
+        {
+            "detail": printable(detail, MAX_MESSAGE_CHARS),
+            "field": None if field is None else redact_field(field),
+            "errors": errors or [],
+        },
+        status_code=status,
+    )
 
 
 DROP_REASONS = ("head_timeout", "request_timeout", "evicted", "refused")
@@ -259,9 +274,13 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
         errors = []
-        for e in exc.errors():
+        found = exc.errors()
+        for e in found[:MAX_ERRORS_SHOWN]:  # a body with 10,000 bad keys gets five named
             loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "header", "path")]
-            errors.append({"field": ".".join(loc) or "<body>", "reason": str(e.get("msg", "invalid"))})
+            field = redact_field(".".join(loc) or "<body>")  # a key of the request, escapes and all
+            errors.append({"field": field, "reason": printable(e.get("msg", "invalid"), 300)})
+        if len(found) > MAX_ERRORS_SHOWN:
+            errors.append({"field": "<body>", "reason": f"and {len(found) - MAX_ERRORS_SHOWN} more errors"})
         first = errors[0] if errors else {"field": "<request>", "reason": "invalid"}
         detail = "; ".join(f"field '{x['field']}': {x['reason']}" for x in errors) or "invalid request"
         return _error(422, detail, first["field"], errors)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flyserve.printable import printable_block
+from flyserve.printable import install_log_filter, printable_block
 
 
 def sidecar(
@@ -196,6 +196,8 @@ def sidecar(
     from flyserve.startup_checks import StartupError, check_profile
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # flyserve's records name config keys, state files and rank reports' words: escaped (uvicorn's not)
+    install_log_filter(*logging.getLogger().handlers)
 
     def err(message: str, err: bool = False) -> None:
         """Startup lines: the token file's, the cost table's and the state directory's words are in

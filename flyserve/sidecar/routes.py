@@ -20,7 +20,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from flyserve.control import ChangeResult, ControlPlane
+from flyserve.policy.errors import MAX_MESSAGE_CHARS
 from flyserve.policy.thresholds import Thresholds, ThresholdsError
+from flyserve.printable import printable
 from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.auth import require_token
 from flyserve.sidecar.live_costs import REGRET_WINDOWS, AdviceResult, RegretSummary
@@ -433,7 +435,9 @@ async def get_advice(
         )
     if isinstance(got.error, UncorroboratedSamples):
         ev = got.error.evidence
-        return JSONResponse({"detail": ev.reason, "field": "samples", "samples": ev.to_json()}, status_code=409)
+        # the ranks' refusals quote what their shape files and reports hold: escaped and bounded
+        detail = None if ev.reason is None else printable(ev.reason, MAX_MESSAGE_CHARS)
+        return JSONResponse({"detail": detail, "field": "samples", "samples": ev.to_json()}, status_code=409)
     if isinstance(got.error, ValueError):
         return _conflict(str(got.error), "window")
     if got.error is not None or got.value is None:
@@ -455,7 +459,7 @@ async def get_advice(
 
 
 def _conflict(detail: str, field: str) -> JSONResponse:
-    return JSONResponse({"detail": detail, "field": field}, status_code=409)
+    return JSONResponse({"detail": printable(detail, MAX_MESSAGE_CHARS), "field": field}, status_code=409)
 
 
 def _window_view(s: RegretSummary) -> RegretWindow:

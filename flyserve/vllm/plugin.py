@@ -22,7 +22,11 @@ def enabled() -> bool:
 def show_logs() -> None:
     """Send the ``flyserve`` loggers to stderr in vLLM's processes (vLLM configures only its own
     ``vllm`` logger, so without this the rank's start line, the mode in force and every applied
-    version would be dropped). Level: $FLYSERVE_LOG_LEVEL, default INFO. Idempotent."""
+    version would be dropped). Level: $FLYSERVE_LOG_LEVEL, default INFO. Idempotent. The records are
+    escaped (flyserve.printable.install_log_filter): they quote state files and the engine channel;
+    vLLM's own loggers are left as vLLM formats them."""
+    from flyserve.printable import install_log_filter
+
     root = logging.getLogger("flyserve")
     if any(getattr(h, "_flyserve", False) for h in root.handlers):
         return
@@ -31,6 +35,7 @@ def show_logs() -> None:
     handler.setFormatter(
         logging.Formatter(f"(flyserve pid={os.getpid()}) %(levelname)s %(asctime)s [%(name)s] %(message)s")
     )
+    install_log_filter(handler)
     root.addHandler(handler)
     root.setLevel((os.environ.get(LOG_LEVEL_ENV) or "INFO").upper())
 
