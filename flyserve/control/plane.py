@@ -24,7 +24,7 @@ from flyserve.control.reports import Liveness, RankReport, liveness
 from flyserve.control.signals import signals_deferred
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
-from flyserve.control.version_trust import MAX_VERSION_STEP, ceiling_for
+from flyserve.control.version_trust import MAX_VERSION_STEP, anchored_ceiling, confirmed_anchor
 from flyserve.policy import safe_read
 from flyserve.policy.errors import describe_value
 from flyserve.policy.profiles import load_profile
@@ -186,7 +186,7 @@ class ControlPlane:
         above every version ranks have seen.
 
         A current.json whose version does not continue the sequence on record (control.version_trust)
-        counts as damaged: with ``reports``, the highest version the confirmed live ranks applied
+        counts as damaged: with ``reports``, the lowest version the confirmed live ranks applied
         is the record (what they themselves believe), else the chain of history names.
         """
         anchor = self._confirmed_applied(reports)
@@ -221,7 +221,7 @@ class ControlPlane:
     def _ceiling(anchor: int | None) -> int | None:
         """The highest version the plane may stand on when confirmed ranks run (None: none run, no
         bound): one below the highest they believe, so the next version is one they believe too."""
-        return None if anchor is None else ceiling_for(anchor) - 1
+        return anchored_ceiling(anchor)
 
     def _floor(self, anchor: int | None) -> int:
         """The version floor of history names (Store.version_floor), up to what the confirmed ranks
@@ -229,19 +229,18 @@ class ControlPlane:
         return self.store.version_floor(at_most=self._ceiling(anchor))
 
     def _confirmed_applied(self, reports: Iterable[RankReport] | None) -> int | None:
-        """The highest version a live rank the process table confirms has applied, or None (no
+        """The lowest version a live rank the process table confirms has applied, or None (no
         reports given, or none confirmed with a version): the anchor a change is numbered from
-        when ranks run, so the plane never believes a version its ranks refuse."""
+        when ranks run, so the plane never believes a version one of its ranks refuses
+        (control.version_trust.confirmed_anchor, which a starting rank and the pusher ask too)."""
         if reports is None:
             return None
-        now = self._clock()
-        applied = [
-            r.applied_version
-            for r in reports
-            if r.applied_version
-            and liveness(r, now=now, stale_after_s=self.rank_stale_after_s) is Liveness.CONFIRMED
-        ]
-        return max(applied, default=None)
+        return confirmed_anchor(
+            reports,
+            now=self._clock(),
+            stale_after_s=self.rank_stale_after_s,
+            record=self.store.version_floor(),
+        )
 
     def history(self, limit: int | None = None) -> list[ConfigSnapshot]:
         """Kept versions, oldest first."""

@@ -23,7 +23,7 @@ from flyserve.control.paths import StateDir, default_state_dir
 from flyserve.control.reports import HOST, PIDNS, own_proc_start
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
-from flyserve.control.version_trust import believed
+from flyserve.control.version_trust import anchored_ceiling, believed, confirmed_anchor
 from flyserve.policy.profiles import load_profile
 
 log = logging.getLogger("flyserve.control")
@@ -34,6 +34,9 @@ MIN_RATE_WINDOW_S = 1.0
 MIN_RATE_STEPS = 16
 """... and once the engine has taken this many steps (before: null, the publisher assumes a high rate)."""
 RATE_PEAK_REPORTS = 30
+PEER_STALE_AFTER_S = 30.0
+"""A peer's report older than this is not a live rank a starting rank anchors on (the control
+plane's default rank_stale_after_s)."""
 
 FILE_POLLING = "file polling"
 ENGINE_CHANNEL = "engine channel"
@@ -84,7 +87,14 @@ class RankControl:
         # The prefill kernel as found at start (kernel, revision, off_reason), set by the vLLM
         # composite once; reported so /dispatch-stats shows which FlyDSL runs, or why none does.
         self.prefill_kernel: dict[str, Any] | None = None
-        self._known_version = 0  # nothing applied yet: the first read is judged by the history chain
+        self._known_version = 0  # nothing applied yet: the first read is judged by the live peers
+        # What the live ranks it joins applied (control.version_trust.confirmed_anchor), read once:
+        # until this rank applies a version of its own, it believes only what they believe. A
+        # forged chain of history names stepping by at most MAX_VERSION_STEP looks credible by its
+        # names alone; a rank that took it at start reported it applied, became the plane's anchor
+        # and made the running ranks refuse every later change. None: no live confirmed peer, the
+        # chain of history names decides.
+        self._start_anchor = self._peer_anchor()
         snap = self._read_current_quiet()
         if snap is None and self.state_dir.current_json.exists():
             # Damaged or forged: start where the control plane stands (ControlPlane.snapshot), not
@@ -162,8 +172,8 @@ class RankControl:
         engine channel for good: versions the file poll had queued are dropped and it stops queueing
         (two sources of one version would apply it at two steps). ``snap=None`` only switches.
         Returns (applied, why): why is "applied", "switched", "already applied", "lower version",
-        "implausible version" (more than MAX_VERSION_STEP above the applied one:
-        control.version_trust), "same version, other content" or "unordered executor" (this rank
+        "implausible version" (more than MAX_VERSION_STEP above the applied one, or, before this rank
+        applied any, above what its live peers applied at its start: control.version_trust), "same version, other content" or "unordered executor" (this rank
         keeps file polling).
         """
         with self._lock:
@@ -177,7 +187,8 @@ class RankControl:
             cur = self._snapshot.version
             if snap.version < cur:
                 return False, "lower version"
-            if cur > 0 and not believed(snap.version, cur):
+            anchor = cur if cur > 0 else self._start_anchor  # nothing applied: what its peers run
+            if anchor and not believed(snap.version, anchor):
                 return False, "implausible version"
             if snap.version == cur:
                 same = snap.sha256 == self._snapshot.sha256
@@ -235,10 +246,11 @@ class RankControl:
         """current.json if this rank believes it, else None (logged once per file content seen).
 
         A version is believed only where it continues what this rank applied (at most
-        MAX_VERSION_STEP above it; before it applied anything, the chain of history names decides:
-        control.version_trust): a forged current.json numbered near the numeric limit, taken as
-        fact, once pinned every later change out of reach."""
-        anchor = self._known_version if self._known_version > 0 else None
+        MAX_VERSION_STEP above it; before it applied anything, above what the live confirmed ranks
+        applied when it started, and with none the chain of history names: control.version_trust):
+        a forged current.json numbered near the numeric limit, taken as fact, once pinned every
+        later change out of reach."""
+        anchor = self._known_version if self._known_version > 0 else self._start_anchor
         try:
             return self.store.read_current(anchor=anchor)
         except ControlIOError as exc:
@@ -247,9 +259,23 @@ class RankControl:
             self._refused_stat = stat_key
             return None
 
+    def _peer_anchor(self) -> int | None:
+        """The highest version the live, confirmed ranks report as applied (one look at ranks/), or
+        None with none (or when ranks/ cannot be read)."""
+        try:
+            return confirmed_anchor(
+                self.store.reports(now=time.time()),
+                now=time.time(),
+                stale_after_s=PEER_STALE_AFTER_S,
+                record=self.store.version_floor(),
+            )
+        except (OSError, ControlIOError) as exc:
+            log.error("rank %d: cannot read the other ranks' reports: %s", self.rank, exc)
+            return None
+
     def _newest_history_quiet(self) -> ConfigSnapshot | None:
         try:
-            return self.store.newest_credible_history()
+            return self.store.newest_credible_history(at_most=anchored_ceiling(self._start_anchor))
         except ControlIOError as exc:
             log.error("rank %d: %s; starting on the profile", self.rank, exc)
             return None

@@ -10,10 +10,13 @@ bounded by MAX_VERSION_STEP); a reader believes a version only where it continue
 can see:
 
 * a running rank: at most MAX_VERSION_STEP above the version it applied (its own memory);
-* the control plane, repair, and a rank that starts: at most MAX_VERSION_STEP above the highest
-  number of the *credible chain* of history file names (credible_max) - the lowest name at most
-  FIRST_VERSION_CEILING, each next name at most MAX_VERSION_STEP above the one before; with
-  confirmed live ranks, at most MAX_VERSION_STEP above the highest version they applied.
+* the control plane, repair, a rank that starts and the engine-channel pusher before its first
+  push: with confirmed live ranks (confirmed_anchor), at most MAX_VERSION_STEP above the lowest
+  version they applied (what every one of them believes); with none, at most MAX_VERSION_STEP above the highest number of the
+  *credible chain* of history file names (credible_max) - the lowest name at most
+  FIRST_VERSION_CEILING, each next name at most MAX_VERSION_STEP above the one before. A forged
+  chain stepping by at most MAX_VERSION_STEP looks credible by its names alone; the live ranks'
+  versions are what refute it, so a reader that starts beside running ranks anchors on them.
 
 A forger who can write the directory can still publish a *valid* change (so can anyone who can run
 ``flyserve thresholds set``): what a forgery can no longer do is jump the sequence out of reach.
@@ -26,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from flyserve.control.paths import MAX_VERSION
+from flyserve.control.reports import Liveness, RankReport, liveness
 
 MAX_VERSION_STEP = 1_000_000
 """The largest jump a reader believes above a version it can see. The plane climbs by one per
@@ -67,3 +71,31 @@ def believed(version: int, anchor: int) -> bool:
 def ceiling_for(anchor: int) -> int:
     """The highest version believed above ``anchor`` (for messages and caps)."""
     return min(FIRST_VERSION_CEILING if anchor <= 0 else anchor + MAX_VERSION_STEP, MAX_VERSION)
+
+
+def confirmed_anchor(
+    reports: Iterable[RankReport], *, now: float, stale_after_s: float, record: int
+) -> int | None:
+    """The anchor a reader believes from while ranks run: the lowest version a live rank the
+    process table confirms (Liveness.CONFIRMED) has applied, or None with none. The lowest, not the
+    highest: a version at most MAX_VERSION_STEP above it is one *every* confirmed rank believes, so
+    one rank that took a forged version (or a forged-but-valid history entry above the others) does
+    not lift the plane out of the others' reach; the ranks of a real sequence differ by the few
+    versions a lagging rank has not applied yet. Only a report whose own version is believed after
+    ``record`` (the credible chain of history names, Store.version_floor) counts. One look at the
+    reports; the plane, repair, a starting rank and the engine-channel pusher all ask this."""
+    applied = [
+        r.applied_version
+        for r in reports
+        if r.applied_version
+        and believed(r.applied_version, record)
+        and liveness(r, now=now, stale_after_s=stale_after_s) is Liveness.CONFIRMED
+    ]
+    return min(applied, default=None)
+
+
+def anchored_ceiling(anchor: int | None) -> int | None:
+    """The highest version a reader anchored on ``anchor`` stands on from history (None: no
+    anchor, no bound): one below the highest believed above it, so the next version the plane
+    numbers above it is believed too."""
+    return None if anchor is None else ceiling_for(anchor) - 1

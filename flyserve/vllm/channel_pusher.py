@@ -44,6 +44,7 @@ from flyserve.control.paths import StateDir
 from flyserve.control.rank import ENGINE_CHANNEL
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store, atomic_write
+from flyserve.control.version_trust import confirmed_anchor
 from flyserve.vllm.engine_channel import MAX_DOCS, METHOD
 
 log = logging.getLogger("flyserve.vllm")
@@ -63,6 +64,9 @@ REPORT_EVERY_S = 2.0
 RETRY_MAX_S = 5.0
 MAX_ENGINES = 1024
 MAX_WORKERS_PER_ENGINE = 256
+PEER_STALE_AFTER_S = 30.0
+"""A rank report older than this is no live rank the pusher anchors on before its first push (the
+control plane's default rank_stale_after_s)."""
 
 
 def channel_dir(state_dir: StateDir) -> Path:
@@ -213,6 +217,9 @@ class ChannelPusher:
         self.errors = 0
         self.last_error = ""
         self._seen: tuple[int, int, int] | None = None
+        self._refused: tuple[int, int, int] | None = None  # the last current.json refused (logged once)
+        self._start_anchor: int | None = None  # what live ranks applied, read once before the first push
+        self._start_anchor_read = False
         self._status_at = 0.0
         self.engines: tuple[int, ...] | None = tuple(sorted(set(engines))) if engines else None
         self.report_rpc = report_rpc
@@ -236,12 +243,35 @@ class ChannelPusher:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def _to_push(self) -> list[ConfigSnapshot] | None:
-        """Versions above the last pushed one, oldest first; None if the store cannot be read now."""
+    def _anchor(self) -> int | None:
+        """The version current.json must continue (control.version_trust): the last one pushed once
+        there is one (a forged jump is never pushed to the engines); before, the highest version the
+        live confirmed ranks applied (read once), and with none the chain of history names (None)."""
+        if self.pushed_version > 0:
+            return self.pushed_version
+        if not self._start_anchor_read:
+            self._start_anchor_read = True
+            try:
+                now = time.time()
+                self._start_anchor = confirmed_anchor(
+                    self.store.reports(now=now),
+                    now=now,
+                    stale_after_s=PEER_STALE_AFTER_S,
+                    record=self.store.version_floor(),
+                )
+            except (OSError, ControlIOError) as exc:
+                log.error("flyserve engine channel: cannot read the rank reports: %s", exc)
+        return self._start_anchor
+
+    def _to_push(self, key: tuple[int, int, int] | None = None) -> list[ConfigSnapshot] | None:
+        """Versions above the last pushed one, oldest first; None if the store cannot be read now or
+        current.json is not believed (logged once per ``key``, the file's stat)."""
         try:
-            cur = self.store.read_current()
+            cur = self.store.read_current(anchor=self._anchor())
         except ControlIOError as exc:
-            log.error("flyserve engine channel: %s; pushing nothing this round", exc)
+            if key is None or key != self._refused:
+                log.error("flyserve engine channel: %s; pushing nothing this round", exc)
+            self._refused = key
             return None
         if cur is None or cur.version <= self.pushed_version:
             return []
@@ -269,7 +299,7 @@ class ChannelPusher:
         key = self._current_key()
         if self.pushed_version >= 0 and key == self._seen:
             return 0
-        snaps = await asyncio.to_thread(self._to_push)  # file reads stay off the server's loop
+        snaps = await asyncio.to_thread(self._to_push, key)  # file reads stay off the server's loop
         if snaps is None:
             return 0
         if self.pushed_version < 0 and not snaps:
