@@ -3,14 +3,19 @@
 # with the extra) for `flyserve flydsl compile`. Everything goes under .flydsl/ (ignored by git):
 #   .flydsl/venv/            torch 2.13.0 (CPU), numpy, flydsl 0.4.2, flyserve (editable, no extras)
 #   .flydsl/venv-<version>/  the same with another flydsl (FLYDSL_VERSION=0.5.0: .flydsl/venv-0.5.0)
-#   .flydsl/FlyDSL-<rev>/    `git archive` of each FlyDSL revision (the kernels/ package the wheel lacks)
+#   .flydsl/FlyDSL-<rev>/    each FlyDSL revision's kernels/ package (the flydsl wheel lacks it): a copy of
+#                            third_party/flydsl/<rev>/ (vendored in this repository: the files flyserve's
+#                            call imports, with PROVENANCE.json; checked by sha256 before use), or with
+#                            FLYDSL_GIT, or for a revision not vendored, `git archive` of the whole tree
 #   .flydsl/rocm/            ROCM_PATH for the compiler: amdgcn/bitcode (Debian's rocm-device-libs,
 #                            unpacked with dpkg -x, not installed) and llvm/bin/ld.lld (Debian's lld-22)
 #   .flydsl/env.sh           the environment `flyserve flydsl compile` needs (source it); with
 #                            FLYDSL_VERSION set to another version, .flydsl/env-<version>.sh
 # Usage: scripts/flydsl-compile-setup.sh [FLYDSL_GIT]
-#   FLYDSL_GIT (argument or environment): a git directory or clone of ROCm/FlyDSL holding the revisions;
-#   without it, https://github.com/ROCm/FlyDSL is cloned (bare) into .flydsl/FlyDSL.git.
+#   FLYDSL_GIT (argument or environment): a git directory or clone of ROCm/FlyDSL holding the revisions,
+#   for whole trees; without it, the vendored copy is used where third_party/flydsl/ has the revision
+#   (no network: CI cannot reach github.com), else https://github.com/ROCm/FlyDSL is cloned (bare)
+#   into .flydsl/FlyDSL.git. A tree already under .flydsl/ is kept as it is.
 #   FLYDSL_REVS (environment): the revisions, default "943152de 11c4174d" (PR #1056 and main 2026-08-21).
 #   FLYDSL_VERSION (environment): the flydsl wheel, default 0.4.2; flyserve is tested with 0.4.2 and 0.5.0.
 #     The trees, the bitcode and lld are shared by every venv.
@@ -41,7 +46,33 @@ if ! "$VENV/bin/python" -c 'import flydsl, torch, numpy' 2>/dev/null; then
 fi
 pip show -q flyserve >/dev/null 2>&1 || { say "installing flyserve (editable)"; pip install -q -e .; }
 
+# A vendored copy is used only if every file its PROVENANCE.json lists has its sha256 and its commit
+# is the revision asked for: one that does not match is refused, not used (flyserve would label it
+# with a commit it is not). Prints what is wrong; status 1 then.
+vendored_problem() {
+  PYTHONPATH=$PWD "$VENV/bin/python" - "$1" "$2" <<'PY'
+import sys
+from flyserve.vllm.flydsl_tree import provenance_problem
+record, why = provenance_problem(sys.argv[1])
+if why is None and not record["commit"].startswith(sys.argv[2]):
+    why = f"its commit is {record['commit']}, not {sys.argv[2]}"
+if why:
+    print(why)
+    sys.exit(1)
+PY
+}
 for rev in $REVS; do
+  vendored=third_party/flydsl/${rev:0:8}
+  if [ ! -d "$ROOT/FlyDSL-$rev/kernels/attention" ] && [ -z "$GITDIR" ] && [ -f "$vendored/PROVENANCE.json" ]; then
+    if ! why=$(vendored_problem "$vendored" "$rev"); then
+      printf '%s: %s; refusing it (scripts/flydsl_vendor.py rewrites it from a FlyDSL clone)\n' "$vendored" "$why" >&2
+      exit 1
+    fi
+    say "FlyDSL $rev -> .flydsl/FlyDSL-$rev (copy of $vendored, vendored: the files flyserve's call imports)"
+    rm -rf "$ROOT/FlyDSL-$rev.part"
+    cp -R "$vendored" "$ROOT/FlyDSL-$rev.part"
+    mv "$ROOT/FlyDSL-$rev.part" "$ROOT/FlyDSL-$rev"
+  fi
   if [ ! -d "$ROOT/FlyDSL-$rev/kernels/attention" ]; then
     if [ -z "$GITDIR" ]; then
       GITDIR=$ROOT/FlyDSL.git

@@ -67,21 +67,21 @@ def tier_of(path: Path) -> int:
 
 
 def require_flydsl_checkout(root: Path, revision: str) -> Path:
-    """The FlyDSL checkout ``root/FlyDSL-<revision>`` (scripts/flydsl-compile-setup.sh makes it), or a
-    skip - under FLYSERVE_CI too.
+    """The FlyDSL checkout ``root/FlyDSL-<revision>``, or fail under CI / skip elsewhere.
 
-    The one documented exception to the rule above: CI has no FlyDSL checkout (FlyDSL's kernels/
-    package is not in the flydsl wheel, and CI does not clone FlyDSL), so the compile check with
-    FlyDSL's real compiler (tests/integration/test_flydsl_compile_live.py) cannot run there, and says
-    so by name instead of failing every CI run. Only the checkout's absence skips: with a checkout
-    present, a missing compiler environment goes through ``_missing`` (a failure under CI).
+    scripts/flydsl-compile-setup.sh makes it: a copy of the revision's vendored files
+    (third_party/flydsl/<revision>/, what flyserve's call imports: FlyDSL's kernels/ package is not
+    in the flydsl wheel and CI cannot reach github.com), or a ``git archive`` of a whole tree.
+    .ci/run runs it (FLYDSL_VERSION=0.5.0), so under CI a missing checkout is a failure like any
+    other missing dependency.
     """
     tree = root / f"FlyDSL-{revision}"
     if not (tree / "kernels" / "attention").is_dir():
-        pytest.skip(
-            f"no FlyDSL checkout {tree.name}/ under {root.name}/ (CI has none; FLYSERVE_CI does not turn this skip "
-            "into a failure): run scripts/flydsl-compile-setup.sh to compile flyserve's call with FlyDSL's compiler",
-            allow_module_level=True,
+        _missing(
+            f"the FlyDSL checkout {tree.name}/",
+            "run scripts/flydsl-compile-setup.sh (FLYDSL_VERSION=0.5.0 for the 0.5.0 venv; .ci/run does) to "
+            "compile flyserve's call with FlyDSL's compiler",
+            f"none under {root.name}/",
         )
     return tree
 

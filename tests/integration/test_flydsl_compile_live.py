@@ -1,19 +1,26 @@
-"""`flyserve flydsl compile` with FlyDSL's real compiler (flydsl 0.4.2, and 0.5.0 where its venv is),
-for gfx950, on this CPU.
+"""`flyserve flydsl compile` with FlyDSL's real compiler (flydsl 0.4.2 and 0.5.0), for gfx950, on
+this CPU, for both pinned FlyDSL revisions.
 
-Runs wherever scripts/flydsl-compile-setup.sh made .flydsl/ (or $FLYSERVE_FLYDSL_ROOT): a venv with
-flydsl + CPU torch, FlyDSL checkouts, a ROCM_PATH with the device bitcode and ld.lld. The 0.4.2 venv
-(.flydsl/venv) is required; the 0.5.0 one (.flydsl/venv-0.5.0, FLYDSL_VERSION=0.5.0 with the same
-script) runs the same test where it exists and is skipped by name where it does not. CI has no
-FlyDSL checkout: there this module SKIPS, by name, the one documented exception to FLYSERVE_CI's
-"a missing dependency fails" (tests/_support.py, require_flydsl_checkout). With a checkout present
-and the rest missing it fails under CI.
+Runs wherever scripts/flydsl-compile-setup.sh made .flydsl/ (or $FLYSERVE_FLYDSL_ROOT): a venv per
+flydsl release with CPU torch (.flydsl/venv for 0.4.2, .flydsl/venv-0.5.0 with FLYDSL_VERSION=0.5.0),
+the FlyDSL trees .flydsl/FlyDSL-943152de and FlyDSL-11c4174d (copies of the vendored
+third_party/flydsl/<rev>/ unless a FlyDSL git directory was given), a ROCM_PATH with the device
+bitcode and ld.lld. CI (.ci/run) runs the setup with FLYDSL_VERSION=0.5.0, so under FLYSERVE_CI a
+missing tree, bitcode, lld or 0.5.0 venv FAILS; the 0.4.2 venv is required where CI_VERSIONS names
+it and is skipped by name otherwise (docs/vllm.md, "Compile check in CI"). Elsewhere anything
+missing skips, saying which setup makes it.
 
-One run shows the warm start end to end (about a minute on 2 cores): the warm-up's two LPT
-variants compile into a FlyDSL cache; then, in FlyDSL's run-only mode (FLYDSL_RUNTIME_RUN_ONLY=1:
-a cache miss raises instead of compiling), the serving batches on vLLM's strided cache views load
-from it - the strides are not in the cache key, the warm-up's compile covers serving - and the
-deliberately wrong calls are rejected by FlyDSL with its own messages.
+Two checks:
+* the warm start end to end (about a minute per flydsl on 2 cores, FlyDSL 943152de, page 64): the
+  warm-up's two LPT variants compile into a FlyDSL cache; then, in FlyDSL's run-only mode
+  (FLYDSL_RUNTIME_RUN_ONLY=1: a cache miss raises instead of compiling), the serving batches on
+  vLLM's strided cache views load from it - the strides are not in the cache key, the warm-up's
+  compile covers serving - and the deliberately wrong calls are rejected by FlyDSL with its own
+  messages;
+* every variant a deployment runs, under flydsl 0.5.0 (what `pip install 'flyserve[rocm]'`
+  resolves to), for both revisions: Llama-3.1-8B at TP 8 with --wrong-calls, the command of
+  results/flydsl/README.md, each code object's facts equal to the ones recorded there (15
+  variants on 943152de, 8 on 11c4174d; 2.5 and 1.5 minutes here).
 """
 
 from __future__ import annotations
@@ -24,17 +31,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _support import _missing, require_flydsl_checkout
+from _support import _missing, require_flydsl_checkout, under_ci
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = Path(os.environ.get("FLYSERVE_FLYDSL_ROOT") or REPO / ".flydsl")
-TREE = require_flydsl_checkout(ROOT, "943152de")
-PY = ROOT / "venv" / "bin" / "python"
+REVISIONS = {  # the pinned two (scripts/flydsl-compile-setup.sh FLYDSL_REVS, third_party/flydsl/)
+    "943152de": "943152de799bf9983ab2028629c6e523abd199a7",
+    "11c4174d": "11c4174d82b7491c2d08d5828a254183f2a8b959",
+}
+TREES = {rev: require_flydsl_checkout(ROOT, rev) for rev in REVISIONS}
+TREE = TREES["943152de"]
 ROCM = ROOT / "rocm"
-if not PY.exists():
-    _missing(
-        "the FlyDSL compile venv", "run scripts/flydsl-compile-setup.sh", f"no {PY.relative_to(ROOT.parent)}"
-    )
 if not (ROCM / "amdgcn" / "bitcode" / "ockl.bc").exists() or not (ROCM / "llvm" / "bin" / "ld.lld").exists():
     _missing(
         "ROCM_PATH for the compiler",
@@ -43,30 +50,45 @@ if not (ROCM / "amdgcn" / "bitcode" / "ockl.bc").exists() or not (ROCM / "llvm" 
     )
 
 GEOMETRY = ["--num-heads", "4", "--num-kv-heads", "1", "--head-size", "128", "--page-size", "64"]
+LLAMA_TP8 = ["--model-config", "tests/data/hf_configs/llama-3.1-8b-instruct.json", "--tp", "8"]
+RESULTS = REPO / "results" / "flydsl"
+# The code-object facts that must equal results/flydsl/<rev>.json's (recorded with flydsl 0.4.2;
+# 0.5.0 builds the same code objects)
+FACTS = ("symbol", "target", "code_object_bytes", "vgprs", "agprs", "sgprs", "lds_bytes", "scratch_bytes",
+         "vgpr_spills", "sgpr_spills", "wavefront_size")  # fmt: skip
+
+VENVS = {"0.4.2": ROOT / "venv" / "bin" / "python", "0.5.0": ROOT / "venv-0.5.0" / "bin" / "python"}
+CI_VERSIONS = ("0.5.0",)  # the venvs .ci/run sets up: under FLYSERVE_CI these must exist
 
 
-VENVS = {"0.4.2": PY, "0.5.0": ROOT / "venv-0.5.0" / "bin" / "python"}
+def venv_python(version: str) -> Path:
+    """The venv of one flydsl release, or fail (under CI, for CI_VERSIONS) / skip by name."""
+    py = VENVS[version]
+    if not py.exists():
+        setup = f"FLYDSL_VERSION={version} scripts/flydsl-compile-setup.sh"
+        if under_ci() and version not in CI_VERSIONS:
+            pytest.skip(
+                f"no flydsl {version} venv: CI sets up {', '.join(CI_VERSIONS)} only (.ci/run); {setup}"
+            )
+        _missing(f"the flydsl {version} compile venv", f"run {setup}", f"no {py.relative_to(ROOT.parent)}")
+    return py
 
 
 @pytest.fixture(params=sorted(VENVS))
 def flydsl_python(request) -> Path:
-    """The venv of one flydsl release (0.5.0's is optional: FLYDSL_VERSION=0.5.0 setup makes it)."""
-    py = VENVS[request.param]
-    if not py.exists():
-        pytest.skip(
-            f"no flydsl {request.param} venv: FLYDSL_VERSION={request.param} scripts/flydsl-compile-setup.sh"
-        )
-    return py
+    return venv_python(request.param)
 
 
-def compile_check(py: Path, *args: str, timeout: float = 400) -> tuple[int, dict, str]:
+def compile_check(
+    py: Path, *args: str, tree: Path = TREE, geometry: list[str] = GEOMETRY, timeout: float = 400
+) -> tuple[int, dict, str]:
     env = {
         **os.environ,
-        "VLLM_FLYDSL_KERNELS_PATH": str(TREE),
+        "VLLM_FLYDSL_KERNELS_PATH": str(tree),
         "ROCM_PATH": str(ROCM),
         "PYTHONPATH": str(REPO),
     }
-    proc = subprocess.run([str(py), "-m", "flyserve.cli", "flydsl", "compile", *GEOMETRY, *args, "--json"],
+    proc = subprocess.run([str(py), "-m", "flyserve.cli", "flydsl", "compile", *geometry, *args, "--json"],
                           capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO, check=False)  # fmt: skip
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
@@ -114,3 +136,24 @@ def test_warm_up_compiles_into_the_cache_and_serving_then_only_loads(tmp_path, f
     assert all(r["status"] == "ok" and r["outcome"] == "raised" for r in wrong.values())
     assert "got 16" in wrong["wrong-page16"]["message"]
     assert "unexpected keyword argument 'softmax_scale'" in wrong["wrong-extra-keyword"]["message"]
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("revision", sorted(REVISIONS))
+def test_every_variant_compiles_under_flydsl_050_as_recorded(revision):
+    """The deployment's whole set (results/flydsl/README.md's command), flydsl 0.5.0, one revision."""
+    py = venv_python("0.5.0")
+    tree = TREES[revision]
+    rc, rep, err = compile_check(py, "--wrong-calls", tree=tree, geometry=LLAMA_TP8, timeout=1500)
+    assert rc == 0, err[-4000:]
+    assert rep["flydsl_version"] == "0.5.0" and rep["key"]["layout"] == "function-folders"
+    if (tree / "PROVENANCE.json").is_file() and not (tree / ".git").exists():  # the vendored copy
+        assert rep["revision"]["commit"] == REVISIONS[revision]
+    recorded = json.loads((RESULTS / f"{revision}.json").read_text())["variants"]
+    assert [r["variant"]["name"] for r in rep["variants"]] == [r["variant"]["name"] for r in recorded]
+    for got, want in zip(rep["variants"], recorded, strict=True):
+        name = got["variant"]["name"]
+        assert got["status"] == "ok" and got["outcome"] == want["outcome"], (name, got["summary"])
+        assert [{f: k[f] for f in FACTS} for k in got["kernels"]] == [
+            {f: k[f] for f in FACTS} for k in want["kernels"]
+        ], name
