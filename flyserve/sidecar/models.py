@@ -97,6 +97,11 @@ class RankView(_Frozen):
     step: int | None
     applied_version: int | None
     applied_step: int | None
+    applied_sha256: str | None = Field(
+        None,
+        description="The content hash of the applied version (64 lowercase hex digits, as `flyserve "
+        "thresholds show` prints it); null when the report has none or a malformed one.",
+    )
     circuit_open: bool | None = None
     control_mode: str | None = Field(
         None, description='How the rank learns of versions: "engine channel" or "file polling".'

@@ -102,6 +102,15 @@ def thresholds_view(snap: ConfigSnapshot) -> ThresholdsView:
     )
 
 
+def _sha256_or_none(x: Any) -> str | None:
+    """A report's applied_sha256 if it is one (64 lowercase hex digits), else None: the report is a
+    file anyone who can write ranks/ controls."""
+    return x if isinstance(x, str) and len(x) == 64 and all(c in _HEX for c in x) else None
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
 def _int_or_none(x: Any) -> int | None:
     try:
         return None if x is None else int(x)
@@ -163,6 +172,7 @@ def rank_views(
                 step=_int_or_none(d.get("step")),
                 applied_version=_int_or_none(d.get("applied_version")),
                 applied_step=_int_or_none(d.get("applied_step")),
+                applied_sha256=_sha256_or_none(d.get("applied_sha256")),
                 circuit_open=d.get("circuit_open") if isinstance(d.get("circuit_open"), bool) else None,
                 control_mode=d.get("control_mode") if d.get("control_mode") in CONTROL_MODES else None,
                 prefill_kernel=_prefill_kernel_or_none(d.get("prefill_kernel")),

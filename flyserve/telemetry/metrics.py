@@ -288,6 +288,15 @@ RANKS_AGREE: Final = FlyGauge(
     registry=None,
     scope=SIDECAR,
 )
+THRESHOLDS_FINGERPRINT: Final = FlyGauge(
+    "flyserve_thresholds_fingerprint",
+    "The thresholds content the live ranks route with, as a number comparable across replicas: the "
+    "first 13 hex digits (52 bits, exact in a float) of the sha256 of the version they applied; -1 when "
+    "live ranks applied different contents, NaN with no live rank. Version numbers count one "
+    "replica's changes; equal contents have equal fingerprints on every replica.",
+    registry=None,
+    scope=SIDECAR,
+)
 SIDECAR_IGNORED_FILES: Final = FlyGauge(
     "flyserve_sidecar_ignored_files",
     "Files the sidecar did not use: kind=metrics (metric files skipped as corrupt or foreign, "
@@ -370,6 +379,7 @@ SIDECAR_METRICS: Final = (
     RANK_UP,
     RANK_REPORT_AGE,
     RANKS_AGREE,
+    THRESHOLDS_FINGERPRINT,
     SIDECAR_IGNORED_FILES,
     SIDECAR_COMPACTED_FILES,
     SIDECAR_METRICS_FILES,

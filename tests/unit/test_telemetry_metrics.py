@@ -50,6 +50,7 @@ def test_metric_names_are_the_agreed_ones() -> None:
         "flyserve_rank_up",
         "flyserve_rank_report_age_seconds",
         "flyserve_ranks_agree",
+        "flyserve_thresholds_fingerprint",
         "flyserve_sidecar_ignored_files",
         "flyserve_sidecar_compacted_files_total",
         "flyserve_sidecar_metrics_files",
