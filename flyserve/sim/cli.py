@@ -45,7 +45,9 @@ def simulate(
     workload: Annotated[
         str,
         typer.Option(
-            "--workload", help="Named workload: seed-{8k,32k,60k}-c{8,32} (flyserve.lab.workloads)."
+            "--workload",
+            help="Named workload: seed-{8k,32k,60k}-c{8,32} (flyserve.lab.workloads), or a recorded shape "
+            "log (a .jsonl file).",
         ),
     ] = "seed-8k-c8",
     steps: Annotated[
@@ -82,6 +84,15 @@ def simulate(
             "times, a planted drift for the drift alert. Needs --costs.",
         ),
     ] = None,
+    kernel_timer_every: Annotated[
+        int,
+        typer.Option(
+            "--kernel-timer-every",
+            min=0,
+            help="With --costs: one step in N also puts its modelled kernel time into "
+            "flyserve_kernel_seconds, as the GPU kernel timer would (0: off). A model, not a measurement.",
+        ),
+    ] = 0,
     quiet: Annotated[
         bool,
         typer.Option(
@@ -121,6 +132,7 @@ def simulate(
         engines=engines,
         restart_every_s=restart_every,
         max_restarts=max_restarts,
+        kernel_timer_every=kernel_timer_every,
     )
     try:
         code = run(

@@ -27,7 +27,12 @@ and the path it ran. Kernel times are not measured: there is no kernel here, so 
 /dispatch-stats stays at count 0. With ``--costs NAME`` each sample carries a kernel time from that
 cost model, times ``--drift PATH=FACTOR`` if given: a planted, known drift, so the sidecar's drift
 check and its alert can be exercised end to end without a GPU (it is labelled a model, not a
-measurement, in docs/operations.md).
+measurement, in docs/operations.md). With ``--kernel-timer-every N`` as well, one step in N also
+puts that modelled time into ``flyserve_kernel_seconds{path,rank}``, where the GPU kernel timer puts
+its measured one on a real engine: the fleet's kernel time per token (docs/fleet.md) then has data,
+a model's, without a GPU.
+
+``--workload`` also takes a recorded shape log (a JSONL file, flyserve.lab.workloads.load_trace).
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class SimulateArgs:
     engines: int = 1
     restart_every_s: float = 0.0
     max_restarts: int = 0
+    kernel_timer_every: int = 0
 
     @property
     def total_ranks(self) -> int:
@@ -80,7 +86,7 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float, *, join: bool = Fal
     ``join``: a restarted rank; it starts at the step its engine's schedule is at now, not at 0,
     as a replaced worker finds its engine mid-run."""
     from flyserve.control import RankControl, StateDir
-    from flyserve.lab.workloads import workload
+    from flyserve.lab.workloads import trace_from
     from flyserve.policy import NO_PREFILL_ROWS, PREFILL, UNIFIED, BatchShape, decide, decision_for
     from flyserve.policy.vocabulary import CIRCUIT_OPEN
     from flyserve.telemetry import metrics
@@ -98,7 +104,7 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float, *, join: bool = Fal
 
     state = StateDir(args.state_dir)
     metrics.setup_multiprocess(state.metrics_dir)  # the parent wiped dead files before starting us
-    trace = workload(args.workload)
+    trace = trace_from(args.workload)
     control = RankControl(state, rank, engine=args.engine, profile=args.profile).start()
     recorder = DispatchRecorder(rank)
     shapes = ShapeSampleWriter(state.path, rank=rank, engine=args.engine, capacity=SAMPLE_CAPACITY)
@@ -110,6 +116,8 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float, *, join: bool = Fal
         model = CostModel(table)
         shapes.set_layer(head_size=table.meta.get("head_size"), block_size=model.block_size)
     drift = dict(args.drift)
+    timed_every = args.kernel_timer_every if model is not None else 0
+    kernel_hist = {p: metrics.KERNEL_SECONDS.labels(p, str(rank)) for p in (UNIFIED, PREFILL)}
     circuit = decision_for(UNIFIED, CIRCUIT_OPEN)
     circuit_state: bool | None = None  # what flyserve_circuit_open{rank} says now
     n = len(trace)
@@ -143,6 +151,8 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float, *, join: bool = Fal
             kernel_s = None
             if model is not None:  # the modelled kernel time of the path this step ran
                 kernel_s = model.predict(ts.query_lens, ts.seq_lens, d.path) * drift.get(d.path, 1.0)
+                if timed_every and step % timed_every == 0:  # what the GPU timer observes, modelled
+                    kernel_hist[d.path].observe(kernel_s)
             shapes.add(
                 step, ts.query_lens, ts.max_seq_len, heads, True, ts.seq_lens, d.path, time.time(), kernel_s
             )
@@ -180,6 +190,7 @@ def _rank_main(argv: list[str]) -> int:
     p.add_argument("--drift", action="append", default=[])
     p.add_argument("--engine", type=int, default=0)
     p.add_argument("--join", action="store_true")
+    p.add_argument("--kernel-timer-every", type=int, default=0)
     a = p.parse_args(argv)
     args = SimulateArgs(
         a.state_dir,
@@ -192,6 +203,7 @@ def _rank_main(argv: list[str]) -> int:
         engine=a.engine,
         costs=a.costs,
         drift=parse_drift(a.drift),
+        kernel_timer_every=a.kernel_timer_every,
     )
     return run_rank(args, a.rank, a.start_at, join=a.join)
 
@@ -223,7 +235,7 @@ def parse_drift(items: list[str]) -> tuple[tuple[str, float], ...]:
 
 def validate(args: SimulateArgs) -> None:
     """Refuse bad arguments before any process starts; raises ValueError naming the option."""
-    from flyserve.lab.workloads import workload_names
+    from flyserve.lab.workloads import TraceError, load_trace, workload_names
     from flyserve.policy.profiles import load_profile
     from flyserve.policy.thresholds import ThresholdsError
 
@@ -247,9 +259,20 @@ def validate(args: SimulateArgs) -> None:
     if args.num_heads < 1:
         raise ValueError(f"--num-heads must be >= 1 (got {args.num_heads})")
     if args.workload not in workload_names():
-        raise ValueError(
-            f"--workload: unknown workload {args.workload!r} (known: {', '.join(workload_names())})"
-        )
+        if not args.workload.endswith(".jsonl"):
+            raise ValueError(
+                f"--workload: unknown workload {args.workload!r} (known: {', '.join(workload_names())}, "
+                "or a shape log ending in .jsonl)"
+            )
+        try:
+            if not len(load_trace(args.workload)):
+                raise TraceError(f"{Path(args.workload).name}: no steps")
+        except TraceError as exc:
+            raise ValueError(f"--workload: {exc}") from None
+    if args.kernel_timer_every < 0:
+        raise ValueError(f"--kernel-timer-every must be >= 0 (got {args.kernel_timer_every})")
+    if args.kernel_timer_every and args.costs is None:
+        raise ValueError("--kernel-timer-every needs --costs (the timings are the cost model's)")
     try:
         load_profile(args.profile)
     except ThresholdsError as exc:  # names the profile
@@ -295,6 +318,7 @@ def rank_command(
         "--num-heads", str(args.num_heads), "--start-at", repr(start_at),
         *(["--costs", args.costs] if args.costs is not None else []),
         *(a for path, f in args.drift for a in ("--drift", f"{path}={f!r}")),
+        *(["--kernel-timer-every", str(args.kernel_timer_every)] if args.kernel_timer_every else []),
     ]  # fmt: skip
 
 
@@ -348,6 +372,11 @@ def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -
         f"every {args.step_interval_s}s, profile {args.profile}, {args.num_heads} heads; state {args.state_dir}"
         + (f"; kernel times from cost table {args.costs}" if args.costs else "")
         + (f", drift {', '.join(f'{p}={f}' for p, f in args.drift)}" if args.drift else "")
+        + (
+            f", 1 step in {args.kernel_timer_every} into flyserve_kernel_seconds"
+            if args.kernel_timer_every and args.costs
+            else ""
+        )
         + (
             f"; a rank killed and restarted every {args.restart_every_s:g}s, at most {args.max_restarts}"
             if args.restart_every_s > 0 and args.max_restarts > 0
