@@ -47,6 +47,7 @@ _COMMAND_MODULES = (
     "flyserve.sim.cli",  # simulate
     "flyserve.explain_cli",  # explain
     "flyserve.top.cli",  # top
+    "flyserve.fleet.cli",  # fleet status|rules|queries
     "flyserve.dashboards_cli",  # dashboards build
     "flyserve.lab.cli",  # calibrate, replay
     "flyserve.arms.cli",  # arms compare

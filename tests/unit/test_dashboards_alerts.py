@@ -148,9 +148,9 @@ def test_promtool_unit_tests_notice_a_changed_rule(tmp_path, alert, old, new):
     assert f"alertname: {alert}" in r.stdout + r.stderr
 
 
-def test_prometheus_config_scrapes_the_sidecar_and_loads_the_alerts():
+def test_prometheus_config_scrapes_the_sidecar_and_loads_the_alerts_and_fleet_rules():
     cfg = yaml.safe_load((CONFIG / "prometheus.yml").read_text())
-    assert cfg["rule_files"] == ["alerts.yml"]
+    assert cfg["rule_files"] == ["alerts.yml", "fleet_rules.yml"]
     (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "flyserve"]
     assert job["metrics_path"] == "/metrics"
     assert job["static_configs"][0]["targets"] == ["127.0.0.1:9400"]
