@@ -68,9 +68,13 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+SUPERVISE_CM = "flyserve-sidecar-supervise"
+
+
 @pytest.fixture(scope="module")
 def resources(rendered: Path) -> dict[str, dict[str, Any]]:
-    """kind -> the one rendered document of that kind."""
+    """kind -> the one rendered document of that kind; "ConfigMap" is the thresholds one, and
+    "ConfigMap/supervise" the sidecar's supervisor script (its name carries a content hash)."""
     kust = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     assert kust["kind"] == "Kustomization"
     assert sorted(kust["resources"]) == sorted(
@@ -78,9 +82,21 @@ def resources(rendered: Path) -> dict[str, dict[str, Any]]:
     )
     out: dict[str, dict[str, Any]] = {}
     for d in _docs(rendered):
-        assert d["kind"] not in out, f"two {d['kind']}s"
-        out[d["kind"]] = d
-    assert set(out) == {"ConfigMap", "Secret", "Deployment", "Service", "PodMonitor", "NetworkPolicy"}
+        kind = d["kind"]
+        if kind == "ConfigMap" and d["metadata"]["name"].startswith(SUPERVISE_CM + "-"):
+            kind = "ConfigMap/supervise"
+        assert kind not in out, f"two {kind}s"
+        out[kind] = d
+    assert set(out) == {
+        "ConfigMap",
+        "ConfigMap/supervise",
+        "Secret",
+        "Deployment",
+        "Service",
+        "PodMonitor",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+    }
     return out
 
 
@@ -130,6 +146,11 @@ def _mounts(container: dict[str, Any]) -> dict[str, str]:
     return {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
 
 
+def _all_containers(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod's containers and its init containers (the sidecar is a restartable init container)."""
+    return [*pod_spec["containers"], *pod_spec.get("initContainers", [])]
+
+
 def _mounted_volume(container: dict[str, Any], path: str) -> tuple[str, str]:
     """(volume name, path inside it) for a file path in the container."""
     for mount, name in _mounts(container).items():
@@ -141,7 +162,7 @@ def _mounted_volume(container: dict[str, Any], path: str) -> tuple[str, str]:
 def test_the_pod_wires_vllm_sidecar_state_config_and_token_together(resources):
     pod = resources["Deployment"]["spec"]["template"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    containers = {c["name"]: c for c in _all_containers(pod["spec"])}
     vllm, sidecar = containers["vllm"], containers["flyserve-sidecar"]
 
     env = _env(vllm)
@@ -186,10 +207,12 @@ def test_sidecar_args_are_flags_the_sidecar_has(resources):
     from flyserve.cli import app
 
     pod = resources["Deployment"]["spec"]["template"]["spec"]
-    (sidecar,) = [c for c in pod["containers"] if c["name"] == "flyserve-sidecar"]
-    assert sidecar["command"] == ["flyserve"] and sidecar["args"][0] == "sidecar"
+    (sidecar,) = [c for c in pod["initContainers"] if c["name"] == "flyserve-sidecar"]
+    # the supervisor runs the command its arguments name (deploy/base/sidecar-supervise.sh)
+    assert sidecar["command"] == ["/bin/sh", "/etc/flyserve-supervise/sidecar-supervise.sh"]
+    assert sidecar["args"][:2] == ["flyserve", "sidecar"]
     help_text = CliRunner().invoke(app, ["sidecar", "--help"], env={"COLUMNS": "200"}).output
-    for a in sidecar["args"][1:]:
+    for a in sidecar["args"][2:]:
         if a.startswith("--"):
             assert re.search(rf"{re.escape(a)}\b", help_text), a
 
@@ -197,17 +220,22 @@ def test_sidecar_args_are_flags_the_sidecar_has(resources):
 def test_service_podmonitor_and_networkpolicy_point_at_the_pod(resources):
     pod = resources["Deployment"]["spec"]["template"]
     labels = pod["metadata"]["labels"]
-    ports = {p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    ports = {p["name"]: p["containerPort"] for c in _all_containers(pod["spec"]) for p in c.get("ports", [])}
 
     def selects(sel: dict[str, str]) -> bool:
         return all(labels.get(k) == v for k, v in sel.items())
 
     assert selects(resources["Deployment"]["spec"]["selector"]["matchLabels"])
     svc = resources["Service"]["spec"]
-    assert selects(svc["selector"]) and {p["targetPort"] for p in svc["ports"]} <= set(ports)
+    assert selects(svc["selector"])
+    for p in svc["ports"]:  # by name (a container's port) or by number (the sidecar's: an init container's)
+        assert p["targetPort"] in ports or p["targetPort"] in ports.values(), p
+    assert {p["name"]: p["targetPort"] for p in svc["ports"]}["flyserve"] == ports["flyserve"]
     pm = resources["PodMonitor"]["spec"]
     assert selects(pm["selector"]["matchLabels"])
     assert [(e["port"], e["path"]) for e in pm["podMetricsEndpoints"]] == [("flyserve", "/metrics")]
+    pdb = resources["PodDisruptionBudget"]["spec"]
+    assert selects(pdb["selector"]["matchLabels"]) and pdb["maxUnavailable"] == 1
     np = resources["NetworkPolicy"]["spec"]
     assert selects(np["podSelector"]["matchLabels"])
     guarded = [r for r in np["ingress"] if any(p["port"] == ports["flyserve"] for p in r["ports"])]
@@ -235,27 +263,38 @@ def _pod(resources: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return resources["Deployment"]["spec"]["template"]["spec"]
 
 
-def _containers(resources: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {c["name"]: c for c in _pod(resources)["containers"]}
-
-
 def test_serving_never_waits_on_the_sidecar(resources):
     """Only vLLM's readiness decides Service membership. A sidecar readinessProbe (/readyz: 503 while
     no rank reports, or under a flood) took vLLM's port out of the Service; a startupProbe would hold
-    the pod NotReady until the sidecar answered. Liveness on /healthz only, with a timeout that fits
-    a loaded sidecar (the default 1 s did not) and a window longer than the sidecar's request timeout
-    (a flood of half-open connections lasts at most that long, docs/operations.md)."""
-    c = _containers(resources)
-    sidecar, vllm = c["flyserve-sidecar"], c["vllm"]
-    assert "readinessProbe" not in sidecar and "startupProbe" not in sidecar
+    the pod NotReady until the sidecar answered; and any restart of the sidecar's container (a crash,
+    a liveness probe's kill) does too, for seconds or, backing off, minutes: kubelet counts a
+    restartable init container that is not running as not ready (docs/deploy.md, "Why the sidecar is
+    supervised"). So: a native sidecar with no probe at all, its process restarted inside the
+    container by sidecar-supervise.sh, whose /healthz watchdog stands in for the liveness probe, with
+    a timeout that fits a loaded sidecar (1 s did not) and a window longer than the sidecar's request
+    timeout (a flood of half-open connections lasts at most that long, docs/operations.md).
+    tests/unit/test_rollout_manifests.py runs the supervisor."""
+    pod = _pod(resources)
+    assert [c["name"] for c in pod["containers"]] == ["vllm"]
+    (sidecar,) = pod["initContainers"]
+    vllm = pod["containers"][0]
+    assert sidecar["name"] == "flyserve-sidecar" and sidecar["restartPolicy"] == "Always"
+    for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
+        assert probe not in sidecar, probe
     assert vllm["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    live = sidecar["livenessProbe"]
-    assert live["httpGet"] == {"path": "/healthz", "port": "flyserve"}
-    assert live["timeoutSeconds"] >= 3
-    assert 2 <= live["failureThreshold"] <= 10
+    env = _env(sidecar)
+    assert env["FLYSERVE_SUPERVISE_HEALTHZ"] == "http://127.0.0.1:9400/healthz"
+    script = (BASE / "sidecar-supervise.sh").read_text()
+    defaults = dict(re.findall(r"\$\{FLYSERVE_SUPERVISE_(\w+):-(\d+)\}", script))
+    for name in ("PERIOD_S", "MISSES", "GRACE_S"):
+        assert f"FLYSERVE_SUPERVISE_{name}" not in env  # the script's defaults are the ones in force
+    period, misses = int(defaults["PERIOD_S"]), int(defaults["MISSES"])
+    assert "timeout=5" in script  # each /healthz try
+    assert 2 <= misses <= 10
     request_timeout_s = 10  # flyserve sidecar --request-timeout default
-    assert live["periodSeconds"] * live["failureThreshold"] > request_timeout_s
+    assert period * misses > request_timeout_s
     assert "--request-timeout" not in sidecar["args"]  # so the default above is the one in force
+    assert resources["ConfigMap/supervise"]["data"]["sidecar-supervise.sh"] == script
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert vllm[probe]["timeoutSeconds"] >= 3
 
@@ -290,7 +329,7 @@ def test_security_contexts_are_hardened(resources):
     assert psc["runAsNonRoot"] is True and psc["runAsUser"] >= 10000 and psc["fsGroup"] >= 10000
     assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["automountServiceAccountToken"] is False
-    containers = _containers(resources)
+    containers = {c["name"]: c for c in _all_containers(pod)}
     for c in containers.values():
         sc = c["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False, c["name"]
@@ -319,16 +358,16 @@ def test_the_audit_log_is_on_a_disk_volume_its_rotation_keeps_under_the_limit(re
 
     pod = _pod(resources)
     volumes = {v["name"]: v for v in pod["volumes"]}
-    dirs = {_env(c).get(AUDIT_DIR_ENV) for c in pod["containers"]}
+    dirs = {_env(c).get(AUDIT_DIR_ENV) for c in _all_containers(pod)}
     assert len(dirs) == 1 and None not in dirs  # the same directory for every writer and reader
     (audit_dir,) = dirs
-    names = {_mounted_volume(c, audit_dir + "/audit.jsonl")[0] for c in pod["containers"]}
+    names = {_mounted_volume(c, audit_dir + "/audit.jsonl")[0] for c in _all_containers(pod)}
     assert len(names) == 1
     vol = volumes[names.pop()]["emptyDir"]
     assert vol.get("medium") != "Memory"
     limit = vol["sizeLimit"]
     assert limit.endswith("Mi") and int(limit[:-2]) << 20 >= 2 * AuditRotation().bound_bytes
-    for c in pod["containers"]:  # the rotation settings are the defaults in both (readers follow keep)
+    for c in _all_containers(pod):  # the rotation settings are the defaults in both (readers follow keep)
         assert not {"FLYSERVE_AUDIT_MAX_BYTES", "FLYSERVE_AUDIT_KEEP"} & set(_env(c)), c["name"]
     state = _env(pod["containers"][0])["FLYSERVE_STATE_DIR"]
     assert not audit_dir.startswith(state.rstrip("/") + "/")
@@ -359,26 +398,51 @@ def _waivers() -> dict[tuple[str, str], str]:
     return out
 
 
+OVERLAYS = ("example",)
+"""deploy/overlays/: what operators apply (the Argo Rollouts and Flagger ones add deploy/rollouts/)."""
+
+_GENERATED = re.compile(r"^(.*\.(?:flyserve-sidecar-supervise|flyserve-thresholds-versioned))-[a-z0-9]{10}$")
+
+
+def _resource_id(resource: str) -> str:
+    """checkov's Kind.namespace.name, with a generated name's content hash as <hash> (the waivers
+    must not change with every edit of the script or the thresholds)."""
+    return _GENERATED.sub(r"\1-<hash>", resource)
+
+
 @pytest.fixture(scope="module")
 def checkov_report(rendered: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One checkov run over the rendered base and a weakened copy of its Deployment (the scanner
-    must see what the hardening removes), in one directory."""
+    """One checkov run over the rendered base, every overlay, and a weakened copy of the base's
+    Deployment (the scanner must see what the hardening removes), in one directory."""
     scan = tmp_path_factory.mktemp("checkov")
     shutil.copy(rendered, scan / "base.yaml")
+    deploy = tmp_path_factory.mktemp("deploy-all") / "deploy"
+    shutil.copytree(REPO / "deploy", deploy, ignore=shutil.ignore_patterns(TOKEN_FILE))
+    (deploy / "base" / TOKEN_FILE).write_text(TEST_TOKEN + "\n")
+    for overlay in OVERLAYS:
+        out = _kustomize(deploy / "overlays" / overlay)
+        assert out.returncode == 0, out.stderr[-2000:]
+        (scan / f"overlay-{overlay}.yaml").write_text(out.stdout)
     (dep,) = [d for d in _docs(rendered) if d["kind"] == "Deployment"]
     dep["metadata"]["name"] = "weakened"
     pod = dep["spec"]["template"]["spec"]
     del pod["securityContext"]["seccompProfile"]
-    for c in pod["containers"]:
+    for c in _all_containers(pod):
         c["securityContext"]["allowPrivilegeEscalation"] = True
         del c["securityContext"]["capabilities"]
     (scan / "weakened.yaml").write_text(yaml.safe_dump(dep))
+    (side,) = [d for d in _docs(rendered) if d["kind"] == "Deployment"]
+    side["metadata"]["name"] = "weakened-sidecar"
+    for c in side["spec"]["template"]["spec"]["initContainers"]:
+        c["securityContext"]["allowPrivilegeEscalation"] = True
+        del c["securityContext"]["capabilities"]
+    (scan / "weakened-sidecar.yaml").write_text(yaml.safe_dump(side))
     return _checkov(scan)
 
 
 def _failed(report: dict[str, Any], file_name: str) -> set[tuple[str, str]]:
     return {
-        (c["check_id"], c["resource"])
+        (c["check_id"], _resource_id(c["resource"]))
         for c in report["results"]["failed_checks"]
         if c["file_path"].endswith("/" + file_name)
     }
@@ -388,16 +452,27 @@ def test_checkov_finds_nothing_but_the_waived(checkov_report):
     """A real policy scanner (checkov, from PyPI, in .venv-checkov) on what `kubectl apply -k` would
     apply: every failed check is waived in deploy/checkov-waivers.yaml with its reason, and every
     waiver still matches a finding (a stale one would hide the next real one)."""
-    failed = _failed(checkov_report, "base.yaml")
+    files = ["base.yaml", *(f"overlay-{o}.yaml" for o in OVERLAYS)]
     waived = _waivers()
-    assert failed - set(waived) == set(), "unwaived checkov findings"
-    assert set(waived) - failed == set(), "waivers that match no finding: remove them"
+    every = set()
+    for name in files:
+        failed = _failed(checkov_report, name)
+        assert failed - set(waived) == set(), f"unwaived checkov findings in {name}"
+        every |= failed
+    assert set(waived) - every == set(), "waivers that match no finding: remove them"
     high = [
         c
         for c in checkov_report["results"]["failed_checks"]
-        if c["file_path"].endswith("/base.yaml") and (c.get("severity") or "").upper() in ("HIGH", "CRITICAL")
+        if c["file_path"].rsplit("/", 1)[-1] in files
+        and (c.get("severity") or "").upper() in ("HIGH", "CRITICAL")
     ]
-    assert all((c["check_id"], c["resource"]) in waived for c in high)
+    assert all((c["check_id"], _resource_id(c["resource"])) in waived for c in high)
+    # the overlays pin their images by digest: the placeholders' two findings stay in the base
+    for o in OVERLAYS:
+        assert not {c for c, _ in _failed(checkov_report, f"overlay-{o}.yaml")} & {
+            "CKV_K8S_14",
+            "CKV_K8S_43",
+        }, o
     passed = {
         c["check_id"]
         for c in checkov_report["results"]["passed_checks"]
@@ -416,8 +491,15 @@ def test_checkov_finds_nothing_but_the_waived(checkov_report):
 
 
 def test_checkov_really_flags_what_the_hardening_removes(checkov_report):
+    """Including the sidecar's: checkov checks init containers too."""
     weakened = {check for check, res in _failed(checkov_report, "weakened.yaml") if res.endswith(".weakened")}
     assert {"CKV_K8S_20", "CKV_K8S_31", "CKV_K8S_37"} <= weakened
+    init_only = {
+        check
+        for check, res in _failed(checkov_report, "weakened-sidecar.yaml")
+        if res.endswith(".weakened-sidecar")
+    }
+    assert {"CKV_K8S_20", "CKV_K8S_37"} <= init_only
 
 
 def test_the_sidecar_shares_the_ranks_pid_namespace(resources):
