@@ -111,8 +111,8 @@ def sidecar(
         typer.Option(
             "--max-streams",
             min=1,
-            help="Concurrent SSE streams. At the cap a new one takes the slot of the longest-stalled "
-            "(else furthest-behind, else oldest) stream.",
+            help="Concurrent SSE streams. At the cap a new one takes the slot of the most-stalled "
+            "stream (one not reading); with none stalled it gets 503 and Retry-After.",
         ),
     ] = 64,
     stream_write_timeout: Annotated[

@@ -152,8 +152,8 @@ async def dispatch_stats_stream(
     """Server-sent events: the /dispatch-stats payload every few seconds (never more often than the
     sidecar's --stream-min-interval; every client shares one computed payload per tick). Ends on
     shutdown or disconnect, or when the sidecar reclaims the slot of a client that does not read
-    (flyserve.sidecar.stream); at --max-streams a new stream takes the slot of the longest-stalled
-    or oldest one; 503 only when none can be taken."""
+    (flyserve.sidecar.stream); at --max-streams a new stream takes the slot of the most-stalled one
+    (not draining), and gets 503 with Retry-After when none is stalled: a reader keeps its slot."""
     settings = request.app.state.settings
     hub: StreamHub = request.app.state.stream_hub
     every = max(interval or settings.stream_interval_s, settings.stream_min_interval_s)

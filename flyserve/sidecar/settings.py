@@ -81,8 +81,8 @@ class SidecarSettings(BaseModel):
     max_streams: int = Field(
         64,
         ge=1,
-        description="Concurrent SSE streams. At the cap a new one takes the slot of the longest-stalled "
-        "(else furthest-behind, else oldest) stream (flyserve.sidecar.stream).",
+        description="Concurrent SSE streams. At the cap a new one takes the slot of the most-stalled "
+        "stream (one not reading); with none stalled it gets 503 and Retry-After (flyserve.sidecar.stream).",
     )
     stream_write_timeout_s: float = Field(
         10.0,

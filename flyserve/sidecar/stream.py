@@ -9,14 +9,18 @@ it, and the number of concurrent streams is capped.
 A cap alone let ``max_streams`` connections that never read hold every slot for good: each one's
 send blocks once its buffers are full, and nothing ends it. So slots are reclaimed:
 
-* a client whose write of an event has not completed within ``write_timeout_s`` is dropped
-  ("stalled"), and so is one with more than ``max_queued_events`` events' worth of bytes queued
-  and unsent on its connection ("backlog": the kernel's send buffer can hold megabytes, so a
-  non-reader's writes may keep completing for minutes);
-* at the cap, a new client evicts the longest-stalled stream, else the one furthest behind, else
-  the oldest ("evicted"), rather than being refused for as long as the others stay;
+* on every tick, with or without new clients, a client whose write of an event has not completed
+  within ``write_timeout_s`` is dropped ("stalled"), and so is one with more than
+  ``max_queued_events`` events' worth of bytes queued and unsent on its connection ("backlog": the
+  kernel's send buffer can hold megabytes, so a non-reader's writes may keep completing for minutes);
+* at the cap, a new client takes the slot of a client that is not draining sooner than that: one
+  whose write has waited over ``stall_s`` or with over ``lag_events`` events queued unsent, the
+  most stalled first ("stalled");
+* at the cap with no such client the new one is refused (StreamsFull: the route answers 503 with
+  Retry-After), counted as "full". A stream that reads is never ended for a newcomer: evicting the
+  oldest let a burst of new connections push out every healthy reader (``flyserve top`` starved);
 * a dropped client's connection is aborted (the server's ``Connection``), which also wakes a send
-  blocked on it, and the drop is counted (flyserve_sidecar_stream_reclaims_total).
+  blocked on it, and the drop (or refusal) is counted (flyserve_sidecar_stream_reclaims_total).
 
 Only slots taken with ``evictable=True`` are reclaimed: their holder ends itself once
 ``client.dropped`` is set (the route does). A slot taken without that is only ever given back.
@@ -41,7 +45,14 @@ DEFAULT_WRITE_TIMEOUT_S = 10.0
 DEFAULT_MAX_QUEUED_EVENTS = 16
 """Events' worth of bytes queued unsent for one client (32 s of events at the default 2 s interval):
 a reader this far behind is not keeping up; it is dropped and may reconnect."""
-RECLAIM_REASONS = ("stalled", "backlog", "evicted")
+DEFAULT_STALL_S = 1.0
+"""At the cap: a write waiting this long (never more than write_timeout_s) marks a client stalled,
+whose slot a new client may take. A reader's write completes at once: the kernel takes the bytes."""
+DEFAULT_LAG_EVENTS = 2
+"""At the cap: more events' worth of bytes than this queued unsent (never more than
+max_queued_events) marks a client stalled. A reader's queue is empty between events."""
+RECLAIM_REASONS = ("stalled", "backlog", "full")
+"""stalled, backlog: a stream ended to free its slot; full: a new stream refused (503), none stalled."""
 RECLAIM_LOG_EVERY_S = 10.0
 
 
@@ -97,6 +108,8 @@ class StreamHub:
         max_streams: int,
         write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         max_queued_events: int = DEFAULT_MAX_QUEUED_EVENTS,
+        stall_s: float = DEFAULT_STALL_S,
+        lag_events: float = DEFAULT_LAG_EVENTS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._compute = compute
@@ -104,6 +117,8 @@ class StreamHub:
         self.max_streams = int(max_streams)
         self.write_timeout_s = float(write_timeout_s)
         self.max_queued_events = int(max_queued_events)
+        self.stall_s = min(float(stall_s), self.write_timeout_s)
+        self.lag_events = min(float(lag_events), float(self.max_queued_events))
         self._clock = clock
         self._slots: list[StreamClient] = []
         self.computed = 0  # payloads computed since start (benchmarks and tests read it)
@@ -124,15 +139,16 @@ class StreamHub:
     # ------------------------------------------------------------------ slots
 
     def subscribe(self, connection: Connection | None = None, *, evictable: bool = False) -> StreamClient:
-        """Take a stream slot. At the cap, reclaim one (module docstring); raise StreamsFull when
-        none can be. ``connection``: what a drop aborts; ``evictable``: the holder ends itself
-        once ``dropped`` is set, so the slot may be taken from it."""
+        """Take a stream slot. At the cap, take a stalled client's (module docstring); raise
+        StreamsFull (counted "full") when none is stalled. ``connection``: what a drop aborts;
+        ``evictable``: the holder ends itself once ``dropped`` is set, so the slot may be taken."""
         self.reap()
         if len(self._slots) >= self.max_streams:
             victim = self._victim()
             if victim is None:
-                raise StreamsFull(f"{self.max_streams} streams already open")
-            self._drop(victim, "evicted")
+                self._count("full")
+                raise StreamsFull(f"{self.max_streams} streams already open, none of them stalled")
+            self._drop(victim, "stalled")
         client = StreamClient(opened_at=self._clock(), evictable=evictable, connection=connection)
         self._slots.append(client)
         loop = asyncio.get_running_loop()
@@ -182,24 +198,28 @@ class StreamHub:
         return dropped
 
     def _victim(self) -> StreamClient | None:
-        """The slot to take at the cap: the longest-stalled write, else the most events behind,
-        else the oldest stream; None when no slot is evictable."""
+        """The slot a new client may take at the cap: of the evictable clients that are stalled (a
+        write waiting over ``stall_s``, or over ``lag_events`` queued unsent), the longest-waiting
+        write, then the most events behind; None when none is stalled (a reader is never taken)."""
         now = self._clock()
-        candidates = [c for c in self._slots if c.evictable]
-        if not candidates:
-            return None
-        return max(candidates, key=lambda c: (c.stalled_for(now), c.queued_events(), now - c.opened_at))
+        scored = [(c.stalled_for(now), c.queued_events(), c) for c in self._slots if c.evictable]
+        stalled = [t for t in scored if t[0] > self.stall_s or t[1] > self.lag_events]
+        return max(stalled, key=lambda t: (t[0], t[1]))[2] if stalled else None
 
     def _drop(self, client: StreamClient, reason: str) -> None:
         """End ``client``'s stream: its slot is free at once, its connection aborted, the drop counted."""
         client.dropped = reason
         if client in self._slots:
             self._slots.remove(client)
-        self.reclaimed[reason] += 1
-        tm.SIDECAR_STREAM_RECLAIMS.labels(reason).inc()
         if client.connection is not None:
             with contextlib.suppress(Exception):
                 client.connection.abort()
+        self._count(reason)
+
+    def _count(self, reason: str) -> None:
+        """Count a drop or a refusal (flyserve_sidecar_stream_reclaims_total) and maybe log it."""
+        self.reclaimed[reason] += 1
+        tm.SIDECAR_STREAM_RECLAIMS.labels(reason).inc()
         self._log_reclaim(reason)
 
     def _log_reclaim(self, reason: str) -> None:
@@ -211,7 +231,11 @@ class StreamHub:
         self._logged_at = now
         summary = ", ".join(f"{n} {r}" for r, n in self._unlogged.items() if n)
         self._unlogged = dict.fromkeys(RECLAIM_REASONS, 0)
-        log.warning("sidecar: stream slots reclaimed (%s): clients that do not read their stream?", summary)
+        log.warning(
+            "sidecar: stream slots reclaimed or new streams refused (%s): clients that do not read "
+            "their stream, or more readers than --max-streams?",
+            summary,
+        )
 
     # ------------------------------------------------------------------ payloads
 

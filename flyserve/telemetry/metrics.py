@@ -260,10 +260,11 @@ SIDECAR_SHED_REQUESTS: Final = FlyCounter(
 )
 SIDECAR_STREAM_RECLAIMS: Final = FlyCounter(
     "flyserve_sidecar_stream_reclaims",
-    "SSE streams (/dispatch-stats/stream) the sidecar ended to free their slot: reason=stalled (an "
-    "event's write did not complete within --stream-write-timeout), backlog (more than "
-    "--stream-max-queued events' worth of bytes queued unsent for the client), evicted (at "
-    "--max-streams, the longest-stalled, else furthest-behind, else oldest stream made room for a new one).",
+    "SSE streams (/dispatch-stats/stream) the sidecar ended to free their slot, or refused: "
+    "reason=stalled (an event's write did not complete within --stream-write-timeout, or at "
+    "--max-streams a new stream took the slot of one not draining: a write waiting over 1 s or over "
+    "2 events queued unsent), backlog (more than --stream-max-queued events' worth of bytes queued "
+    "unsent for the client), full (at --max-streams with no stream stalled, a new one got 503).",
     ["reason"],
     registry=None,
     scope=SIDECAR,

@@ -7,12 +7,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,28 +183,148 @@ def test_10_a_tiny_stream_interval_is_floored(tmp_path: Path, stopper: list) -> 
     assert min(gaps) >= 0.45, gaps  # a lower bound: a slow machine only makes the gaps longer
 
 
-def test_10_a_stream_over_the_cap_takes_the_oldest_streams_slot(tmp_path: Path, stopper: list) -> None:
-    """At --max-streams a new stream is not refused while a slot can be taken (streams that never
-    read once held every slot for good): it takes the oldest stream's (none here is stalled or
-    behind), whose connection the server resets; the other stream stays, /healthz answers."""
+_RECLAIMS = re.compile(r'^flyserve_sidecar_stream_reclaims_total\{reason="(\w+)"\} (\S+)$', re.MULTILINE)
+
+
+def stream_reclaims(url: str) -> dict[str, float]:
+    """flyserve_sidecar_stream_reclaims_total by reason."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {m.group(1): float(m.group(2)) for m in _RECLAIMS.finditer(text)}
+
+
+class StreamReader:
+    """A stream client that reads every event, in a thread, until stop() (or an error)."""
+
+    def __init__(self, url: str, interval: float) -> None:
+        self.url, self.interval = url, interval
+        self.events = 0
+        self.status: int | None = None
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True, name="stream-reader")
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            params = {"interval": str(self.interval)}
+            with httpx.stream("GET", self.url + "/dispatch-stats/stream", params=params, timeout=30) as r:
+                self.status = r.status_code
+                for line in r.iter_lines():  # an event every interval: the stop flag is seen within one
+                    if line.startswith("event: stats"):
+                        self.events += 1
+                    if self._stop.is_set():
+                        return
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def open_non_reader(port: int) -> socket.socket:
+    """A stream request from a client that never reads (its receive buffer set small first)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(5)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /dispatch-stats/stream?interval=0.05 HTTP/1.1\r\nHost: stalled\r\n\r\n")
+    return s
+
+
+def closed_by_peer(s: socket.socket) -> bool:
+    """The server reset or closed the connection (TCP_INFO's state: TCP_CLOSE or TCP_CLOSE_WAIT)."""
+    try:
+        return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)[0] in (7, 8)
+    except OSError:
+        return True
+
+
+def test_10_a_stream_over_the_cap_is_refused_while_every_stream_reads(tmp_path: Path, stopper: list) -> None:
+    """At --max-streams with no stream stalled, a new stream gets 503 with Retry-After (counted as
+    "full"); no reading stream is ended for it (evicting the oldest let new connections push out
+    every reader); /healthz answers; slots come back when the streams end."""
     sc = start_sidecar(tmp_path, "--max-streams", "2")
     stopper.append(sc)
     with httpx.Client(timeout=30) as c:
-        with c.stream("GET", sc.url + "/dispatch-stats/stream") as a:
-            assert a.status_code == 200
-            time.sleep(0.2)  # a is the older of the two
-            with c.stream("GET", sc.url + "/dispatch-stats/stream") as b:
-                assert b.status_code == 200
-                assert read_events(sc.url, 1, {}) != []  # the third gets a slot and an event, no 503
-                with pytest.raises(httpx.HTTPError):  # a's connection was reset: reading it ends in an error
-                    for _ in a.iter_lines():
-                        pass
-                assert next(b.iter_lines(), None) is not None  # b still streams
-                assert c.get(sc.url + "/healthz").status_code == 200
-        metrics = c.get(sc.url + "/metrics").text
-        assert 'flyserve_sidecar_stream_reclaims_total{reason="evicted"} 1.0' in metrics
+        with (
+            c.stream("GET", sc.url + "/dispatch-stats/stream") as a,
+            c.stream("GET", sc.url + "/dispatch-stats/stream") as b,
+        ):
+            assert a.status_code == b.status_code == 200
+            with c.stream("GET", sc.url + "/dispatch-stats/stream") as third:  # status and headers only
+                assert third.status_code == 503 and "Retry-After" in third.headers, third.status_code
+            assert c.get(sc.url + "/healthz").status_code == 200
+            assert next(a.iter_lines(), None) is not None and next(b.iter_lines(), None) is not None
+        assert stream_reclaims(sc.url) == {"stalled": 0.0, "backlog": 0.0, "full": 1.0}
         # slots come back when the streams end
         wait_for(lambda: read_events(sc.url, 1, {}) != [], timeout=30, what="a stream slot after two closed")
+
+
+def test_10_a_burst_of_new_streams_at_the_cap_cannot_push_out_the_readers(
+    tmp_path: Path, stopper: list
+) -> None:
+    """Every slot held by a client that reads (flyserve top): a burst of new stream connections gets
+    503 with Retry-After, each counted as "full", and the readers keep receiving events throughout."""
+    sc = start_sidecar(tmp_path, "--max-streams", "2", "--stream-min-interval", "0.1")
+    stopper.append(sc)
+    readers = [StreamReader(sc.url, 0.1) for _ in range(2)]
+    try:
+        wait_for(lambda: all(r.events >= 2 for r in readers), timeout=30, what="both readers' events")
+
+        def newcomer(_: int) -> tuple[int, str | None]:
+            with httpx.stream("GET", sc.url + "/dispatch-stats/stream", timeout=30) as r:  # no body read
+                return r.status_code, r.headers.get("Retry-After")
+
+        seen = [r.events for r in readers]
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(newcomer, range(24)))
+        assert all(status == 503 and (after or "").isdigit() for status, after in answers), answers
+        wait_for(
+            lambda: all(r.events >= n + 5 for r, n in zip(readers, seen, strict=True)),
+            timeout=30,
+            what="the readers' events after the burst",
+        )
+        assert [r.error for r in readers] == [None, None]
+        assert stream_reclaims(sc.url) == {"stalled": 0.0, "backlog": 0.0, "full": 24.0}
+    finally:
+        for r in readers:
+            r.stop()
+
+
+def test_10_at_the_cap_a_new_stream_takes_the_slot_of_the_one_that_does_not_read(
+    tmp_path: Path, stopper: list
+) -> None:
+    """One slot held by a reader, one by a client that never reads. With the tick's own bounds out
+    of reach (the hub never drops it by itself here), a new stream is refused while the non-reader
+    still drains, and once its queue stops draining the new stream takes its slot: the non-reader's
+    connection is reset and counted as "stalled", the reader keeps its slot and its events."""
+    args = ("--max-streams", "2", "--stream-min-interval", "0.05",
+            "--stream-write-timeout", "600", "--stream-max-queued", "1000000")  # fmt: skip
+    sc = start_sidecar(tmp_path, *args)
+    stopper.append(sc)
+    reader = StreamReader(sc.url, 0.05)
+    stuck: socket.socket | None = None
+    try:
+        wait_for(lambda: reader.events >= 2, timeout=30, what="the reader's events")
+        stuck = open_non_reader(sc.port)
+
+        def newcomer_gets_in() -> bool:
+            r = httpx.get(sc.url + "/dispatch-stats/stream", params={"max_events": "1"}, timeout=30)
+            assert r.status_code in (200, 503), r.text[:300]
+            return r.status_code == 200 and "event: stats" in r.text
+
+        wait_for(newcomer_gets_in, timeout=60, what="a new stream to take the non-reader's slot")
+        wait_for(lambda: closed_by_peer(stuck), timeout=10, what="the server to reset the non-reader")
+        seen = reader.events
+        wait_for(lambda: reader.events >= seen + 5, timeout=30, what="the reader's events after")
+        assert reader.error is None
+        got = stream_reclaims(sc.url)
+        assert (got["stalled"], got["backlog"]) == (1.0, 0.0), got
+    finally:
+        reader.stop()
+        if stuck is not None:
+            stuck.close()
 
 
 # ---------------------------------------------------------------- 7, 8, smaller: bad input

@@ -1,6 +1,7 @@
 """Stream slots held by clients that do not read come back: a stalled write or a backlog drops the
-client (its connection aborted, the drop counted), and at the cap a new client takes the slot of
-the longest-stalled, else furthest-behind, else oldest stream instead of being refused.
+client (its connection aborted, the drop counted); at the cap a new client takes the slot of the
+most-stalled client (a write waiting over stall_s, or over lag_events queued), and with none stalled
+it is refused (counted "full"): a client that reads is never ended for a newcomer.
 
 The same against the real server and raw sockets: tests/integration/test_sidecar_stalled_streams_live.py."""
 
@@ -105,54 +106,72 @@ def _full_hub(clock: Clock) -> tuple[StreamHub, list[StreamClient], list[FakeCon
     return hub, clients, conns
 
 
-def test_at_the_cap_a_new_client_evicts_the_longest_stalled_stream() -> None:
+def test_at_the_cap_a_new_client_takes_the_most_stalled_streams_slot() -> None:
     async def scenario() -> None:
         clock = Clock()
         hub, (oldest, mid, newest), conns = _full_hub(clock)
+        before = _reclaims("stalled")
         hub.sending(newest, 100)
         clock.t += 1.0
         hub.sending(mid, 100)  # stalled too, for less long
-        clock.t += 1.0
+        clock.t += 1.5  # both past stall_s (1 s), neither past write_timeout_s (5 s)
         fresh = hub.subscribe(FakeConnection(), evictable=True)
-        assert newest.dropped == "evicted" and conns[2].aborted == 1
+        assert newest.dropped == "stalled" and conns[2].aborted == 1
         assert oldest.dropped is None and mid.dropped is None and fresh.dropped is None
-        assert hub.clients == 3
+        assert hub.clients == 3 and _reclaims("stalled") == before + 1
 
     _run(scenario)
 
 
-def test_at_the_cap_with_no_write_pending_the_furthest_behind_then_the_oldest_goes() -> None:
+def test_at_the_cap_a_client_lagging_past_lag_events_is_stalled_and_the_most_behind_goes() -> None:
     async def scenario() -> None:
         clock = Clock()
         hub, (oldest, mid, newest), conns = _full_hub(clock)
         for c in (oldest, mid, newest):
             hub.sending(c, 100)
             hub.sent(c)
-        conns[1].queued = 300  # three events behind, under the backlog bound (4)
+        conns[0].queued, conns[1].queued = 250, 350  # 2.5 and 3.5 events behind: past lag_events (2)
         hub.subscribe(FakeConnection(), evictable=True)
-        assert mid.dropped == "evicted" and oldest.dropped is None
-        conns[1].queued = 0
-        hub.subscribe(FakeConnection(), evictable=True)
-        assert oldest.dropped == "evicted" and newest.dropped is None
+        assert mid.dropped == "stalled" and oldest.dropped is None and newest.dropped is None
 
     _run(scenario)
 
 
-def test_at_the_cap_only_slots_that_cannot_be_evicted_refuse_a_new_client() -> None:
+def test_at_the_cap_with_every_client_reading_a_new_client_is_refused_and_counted_full() -> None:
+    """The old policy evicted the oldest here: a burst of new clients pushed out every reader."""
+
     async def scenario() -> None:
         clock = Clock()
-        hub = _hub(clock, max_streams=2)
-        hub.subscribe()
-        evictable = hub.subscribe(FakeConnection(), evictable=True)
-        hub.subscribe(FakeConnection(), evictable=True)  # takes the evictable one's slot
-        assert evictable.dropped == "evicted"
-        hub.unsubscribe(evictable)
-        assert hub.clients == 2
-        # Now one unevictable slot and one evictable; make both unevictable: a new client is refused.
-        hub2 = _hub(clock, max_streams=1)
-        hub2.subscribe()
+        hub, clients, conns = _full_hub(clock)
+        for c in clients:
+            hub.sending(c, 100)
+            hub.sent(c)
+        conns[0].queued = 200  # two events not yet acknowledged: at lag_events, not past it
+        hub.sending(clients[1], 100)  # a write in progress, for under stall_s
+        clock.t += 0.9
+        before = _reclaims("full")
+        for _ in range(10):
+            with pytest.raises(StreamsFull):
+                hub.subscribe(FakeConnection(), evictable=True)
+        assert all(c.dropped is None for c in clients) and not any(c.aborted for c in conns)
+        assert hub.clients == 3 and hub.reclaimed["full"] == 10 and _reclaims("full") == before + 10
+        clock.t += 0.2  # clients[1]'s write has now waited past stall_s: its slot may be taken
+        hub.subscribe(FakeConnection(), evictable=True)
+        assert clients[1].dropped == "stalled" and hub.clients == 3
+
+    _run(scenario)
+
+
+def test_at_the_cap_slots_that_cannot_be_evicted_are_never_taken() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        hub = _hub(clock, max_streams=1)
+        held = hub.subscribe()
+        hub.sending(held, 100)
+        clock.t += 4.0  # stalled, but its holder does not end itself on ``dropped``
         with pytest.raises(StreamsFull):
-            hub2.subscribe(FakeConnection(), evictable=True)
+            hub.subscribe(FakeConnection(), evictable=True)
+        assert held.dropped is None
 
     _run(scenario)
 
