@@ -398,7 +398,7 @@ def _waivers() -> dict[tuple[str, str], str]:
     return out
 
 
-OVERLAYS = ("example",)
+OVERLAYS = ("example", "example-argo", "example-flagger")
 """deploy/overlays/: what operators apply (the Argo Rollouts and Flagger ones add deploy/rollouts/)."""
 
 _GENERATED = re.compile(r"^(.*\.(?:flyserve-sidecar-supervise|flyserve-thresholds-versioned))-[a-z0-9]{10}$")
