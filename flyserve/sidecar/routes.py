@@ -51,6 +51,8 @@ from flyserve.sidecar.stream import StreamHub, StreamsFull
 from flyserve.telemetry.shape_sample import read_shape_samples, routing_change
 
 T = TypeVar("T")
+STREAM_RETRY_AFTER_MAX_S = 10
+"""The longest Retry-After a refused stream is given, whatever interval it asked for."""
 
 router = APIRouter(
     responses={422: {"model": ErrorDetail, "description": "Invalid input: names the field and the reason."}}
@@ -164,7 +166,9 @@ async def dispatch_stats_stream(
         return JSONResponse(  # type: ignore[return-value]
             {"detail": f"too many streams: {exc}; retry later", "field": None, "errors": []},
             status_code=503,
-            headers={"Retry-After": str(max(1, int(every)))},
+            # A slot frees when a stream stalls (about a second) or ends: a client asking for
+            # ?interval=3600 is not told to wait an hour.
+            headers={"Retry-After": str(max(1, min(int(every), STREAM_RETRY_AFTER_MAX_S)))},
         )
 
     def ended() -> bool:
