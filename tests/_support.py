@@ -72,15 +72,14 @@ def require_flydsl_checkout(root: Path, revision: str) -> Path:
     scripts/flydsl-compile-setup.sh makes it: a copy of the revision's vendored files
     (third_party/flydsl/<revision>/, what flyserve's call imports: FlyDSL's kernels/ package is not
     in the flydsl wheel and CI cannot reach github.com), or a ``git archive`` of a whole tree.
-    .ci/run runs it (FLYDSL_VERSION=0.5.0), so under CI a missing checkout is a failure like any
-    other missing dependency.
+    .ci/run runs it (for flydsl 0.4.2 and 0.5.0), so under CI a missing checkout is a failure like
+    any other missing dependency.
     """
     tree = root / f"FlyDSL-{revision}"
     if not (tree / "kernels" / "attention").is_dir():
         _missing(
             f"the FlyDSL checkout {tree.name}/",
-            "run scripts/flydsl-compile-setup.sh (FLYDSL_VERSION=0.5.0 for the 0.5.0 venv; .ci/run does) to "
-            "compile flyserve's call with FlyDSL's compiler",
+            "run scripts/flydsl-compile-setup.sh (.ci/run does) to compile flyserve's call with FlyDSL's compiler",
             f"none under {root.name}/",
         )
     return tree
