@@ -23,7 +23,7 @@ def _build(
         ),
     ] = False,
 ) -> None:
-    """Generate the Grafana dashboards (Dispatch overview, Kernel paths, Control plane) as JSON."""
+    """Generate the Grafana dashboards (Dispatch overview, Kernel paths, Control plane, Fleet) as JSON."""
     from flyserve import dashboards
 
     if out.exists() and not out.is_dir():

@@ -84,11 +84,20 @@ def test_cli_refuses_a_file_as_out_dir(tmp_path):
     assert "not a directory" in r.output
 
 
-def test_three_dashboards_with_stable_uids(built):
+def test_four_dashboards_with_stable_uids(built):
     uids = {m["uid"] for m in built.values()}
-    assert uids == {"flyserve-dispatch", "flyserve-kernels", "flyserve-control"}
+    assert uids == {"flyserve-dispatch", "flyserve-kernels", "flyserve-control", "flyserve-fleet"}
     titles = {m["title"] for m in built.values()}
-    assert titles == {"flyserve / Dispatch overview", "flyserve / Kernel paths", "flyserve / Control plane"}
+    assert titles == {
+        "flyserve / Dispatch overview",
+        "flyserve / Kernel paths",
+        "flyserve / Control plane",
+        "flyserve / Fleet",
+    }
+
+
+FLEET = "flyserve-fleet.json"
+"""Its unit is the replica (one instance), not the rank: no rank variable, every query over instances."""
 
 
 @pytest.mark.parametrize("name", sorted(dashboards.DASHBOARDS))
@@ -140,7 +149,8 @@ def test_variables_datasource_instance_rank(built, name):
     by_name = {v["name"]: v for v in built[name]["templating"]["list"]}
     assert by_name["datasource"]["type"] == "datasource"
     assert by_name["datasource"]["query"] == "prometheus"
-    for var in ("instance", "rank"):
+    assert ("rank" in by_name) == (name != FLEET)
+    for var in ("instance", "rank") if name != FLEET else ("instance",):
         v = by_name[var]
         assert v["type"] == "query"
         assert v["query"].startswith("label_values(") and v["query"].endswith(f", {var})")
@@ -164,7 +174,7 @@ def test_every_query_honours_the_instance_and_rank_variables(built, name):
             assert selectors, f"{panel['title']!r}: no label selector in {expr!r}"
             for metric, matchers in selectors:
                 assert 'instance=~"$instance"' in matchers, f"{panel['title']!r}: {metric} ignores $instance"
-                if metric.startswith(rank_metrics):
+                if metric.startswith(rank_metrics) and name != FLEET:
                     assert 'rank=~"$rank"' in matchers, f"{panel['title']!r}: {metric} ignores $rank"
 
 
@@ -193,6 +203,33 @@ def test_the_panels_the_issue_asks_for(built):
         "Circuit breaker per rank",
         "Sidecar request latency",
     } <= titles["flyserve-control"]
+    assert {
+        "Replicas now",
+        "Kernel time per token per replica",
+        "Kernel time per token over the fleet median",
+        "Regret per replica",
+        "Thresholds version per replica",
+        "Replicas per content",
+        "Kernel time per token per content",
+    } <= titles["flyserve-fleet"]
+
+
+def test_the_fleet_dashboard_asks_what_fleet_status_asks(built):
+    """Its numbers are flyserve.fleet.promql's (the recording rules' and `fleet status`'s), over the
+    selected instances at Grafana's rate interval: it needs no recording rule loaded."""
+    from flyserve.fleet import promql
+
+    exprs = {t["expr"] for p in dashboards.iter_panels(built[FLEET]) for t in p["targets"]}
+    sel = 'instance=~"$instance"'
+    for expr in (
+        promql.kernel_us_per_token("$__rate_interval", sel),
+        promql.regret("$__rate_interval", sel),
+        promql.fallback_ratio("$__rate_interval", sel),
+        promql.thresholds_version(sel),
+        promql.fingerprint_value(sel),
+    ):
+        assert expr in exprs
+    assert not any("flyserve:" in e for e in exprs)  # no recording rule needed
 
 
 def test_prefill_ratio_panel_has_decision_and_token_views(built):
