@@ -34,11 +34,13 @@ from flyserve.policy.thresholds import FIELDS, START_ONLY_FIELDS, ThresholdsErro
 
 log = logging.getLogger("flyserve.control")
 
-UNCONFIRMED_VERSION_SLACK = MAX_VERSION_STEP
+UNCONFIRMED_VERSION_SLACK = MAX_VERSION_STEP - 1
 """How far above every recorded version an unconfirmed rank's applied_version is believed (the
 ranks' applied versions matter when current.json, history and audit are all lost; a real rank's
 version is a count of changes, far below this; a forged 10**18 - 1 would exhaust version numbers).
-The same step every reader allows (control.version_trust)."""
+One below the step every reader allows (control.version_trust): the next version is numbered one
+above it, and a claim of exactly MAX_VERSION_STEP above the record made that one a version every
+rank at the record refused ("implausible"), circuit open included."""
 
 DEFAULT_STEP_MARGIN = 8
 """The fewest steps between the ranks' current step and a new version's effective_step."""
@@ -274,6 +276,7 @@ class ControlPlane:
         10**18 - 1 would otherwise exhaust version numbers and refuse every later change - next
         to confirmed ranks (issue 22 item 3), and with none (ranks in another pid namespace, or
         stopped; issue 22 review)."""
+        reports = list(reports)
         by_state: dict[Liveness, list[int]] = {Liveness.CONFIRMED: [], Liveness.UNCONFIRMED: []}
         for r in reports:
             if r.applied_version is not None:
@@ -281,7 +284,18 @@ class ControlPlane:
                 if state is not Liveness.GONE:
                     by_state[state].append(r.applied_version)
         if by_state[Liveness.CONFIRMED]:
-            return max(by_state[Liveness.CONFIRMED])
+            # Confirmed only says a live process of a trusted uid is named: a report naming the
+            # forger's own process claimed 10**18 - 2 (or just past what the real ranks believe),
+            # the plane numbered the next change above it, every rank refused it ("implausible")
+            # and every later change, circuit open included, found its number "already in
+            # history". Counted only up to one below what every confirmed rank believes
+            # (anchored_ceiling of confirmed_anchor), as for the history names.
+            # With none believed, they count as unconfirmed ones do (below).
+            anchor = self._confirmed_applied(reports)
+            if anchor is not None:
+                ceiling = anchored_ceiling(anchor)
+                return max((v for v in by_state[Liveness.CONFIRMED] if v <= ceiling), default=0)
+            by_state[Liveness.UNCONFIRMED] += by_state[Liveness.CONFIRMED]
         if not by_state[Liveness.UNCONFIRMED]:
             return 0
         ceiling = self._recorded_version() + UNCONFIRMED_VERSION_SLACK
