@@ -51,6 +51,7 @@ _COMMAND_MODULES = (
     "flyserve.dashboards_cli",  # dashboards build
     "flyserve.lab.cli",  # calibrate, replay
     "flyserve.arms.cli",  # arms compare
+    "flyserve.autopilot.cli",  # autopilot trials
     "flyserve.demo",  # demo
     "flyserve.doctor.cli",  # doctor
 )

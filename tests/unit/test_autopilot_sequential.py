@@ -1,4 +1,4 @@
-"""The autopilot's anytime-valid paired test (flyserve/autopilot/sequential.py).
+"""The autopilot's anytime-valid paired test (flyserve/autopilot/sequential.py) and its trials command.
 
 Fast: every trial here is a bounded, seeded run of the real decision code on synthetic blocks
 (flyserve/autopilot/trials.py). The full table (>= 1000 A/A trials) is docs/autopilot.md's.
@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import math
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from flyserve.autopilot import sequential
 from flyserve.autopilot.sequential import (
@@ -210,3 +212,51 @@ def test_bad_config_is_refused_by_field_name(make, field):
 def test_a_bad_measurement_is_refused_by_name(cur, cand, name):
     with pytest.raises(ValueError, match=f"^{name}: "):
         SequentialState().update(SequentialConfig(), cur, cand)
+
+
+def test_the_trials_command_prints_json_with_the_rates():
+    from flyserve.cli import app
+
+    r = CliRunner().invoke(
+        app,
+        [
+            "autopilot",
+            "trials",
+            "--trials",
+            "8",
+            "--max-pairs",
+            "60",
+            "--effect",
+            "0.2",
+            "--json",
+            "--seed",
+            "3",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["config"]["max_pairs"] == 60 and doc["seed"] == 3
+    assert "--effect 0.2" in doc["command"]
+    aa, better = doc["scenarios"]
+    assert (aa["role"], aa["effect"], better["effect"]) == ("A/A", 0.0, 0.2)
+    for row in (aa, better):
+        assert row["trials"] == 8
+        assert row["promote"] + row["rollback"] + row["inconclusive"] == pytest.approx(1.0)
+        for key in ("pairs_median", "pairs_p90", "promote_ci95"):
+            assert key in row
+    assert aa["false_promotion"] == 0.0 and aa["power"] is None
+    assert better["power"] == 1.0 and better["false_rollback"] == 0.0
+    assert [t["met"] for t in doc["targets"]] == [None]  # 8 A/A trials prove nothing
+
+
+def test_the_trials_command_refuses_bad_input_by_flag():
+    from flyserve.cli import app
+
+    for args, flag in (
+        (["--cv", "-0.1"], "--cv"),
+        (["--effect", "nan"], "--effect"),
+        (["--max-pairs", "0"], "--max-pairs"),
+    ):
+        r = CliRunner().invoke(app, ["autopilot", "trials", "--trials", "2", *args])
+        assert r.exit_code == 2
+        assert f"error: {flag}: " in r.stderr

@@ -1,0 +1,245 @@
+"""`flyserve autopilot trials`: the autopilot's decision code on synthetic switchback trials.
+
+Registered from flyserve/cli.py's table of contents. The statistics are in flyserve.autopilot.sequential,
+the synthetic blocks in flyserve.autopilot.trials; docs/autopilot.md has the table this prints.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Annotated
+
+import typer
+
+from flyserve.printable import printable_block, printable_text
+
+autopilot_app = typer.Typer(
+    name="autopilot",
+    help="The autopilot: thresholds tuned by measurement (docs/autopilot.md).",
+    no_args_is_help=True,
+)
+
+_DEFAULT_EFFECTS = (0.02,)
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.secho(printable_block(f"error: {msg}"), fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def _flag(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def _scenario_name(effect: float) -> str:
+    if effect == 0:
+        return "A/A"
+    return f"{abs(effect) * 100:.4g}% {'better' if effect > 0 else 'worse'}"
+
+
+def _command_line(argv: dict[str, object]) -> str:
+    """The command line that reproduces this run (defaults spelled out)."""
+    parts = ["flyserve", "autopilot", "trials"]
+    for flag, value in argv.items():
+        if isinstance(value, bool):
+            if value:
+                parts.append(flag)
+        elif isinstance(value, list | tuple):
+            for v in value:
+                parts += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
+        else:
+            parts += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return shlex.join(parts)
+
+
+@autopilot_app.command("trials")
+def trials_cmd(
+    trials: Annotated[
+        int, typer.Option("--trials", help="Trials per scenario (A/A and each --effect).")
+    ] = 1000,
+    effect: Annotated[
+        list[float] | None,
+        typer.Option(
+            "--effect",
+            help="True relative speed-up of the candidate (0.02: 2% faster, -0.10: 10% slower); repeat for "
+            "more scenarios. An A/A scenario (effect 0) always runs. Default: 0.02.",
+        ),
+    ] = None,
+    cv: Annotated[
+        float, typer.Option("--cv", help="Block-to-block coefficient of variation of one arm's measurement.")
+    ] = 0.10,
+    noise: Annotated[
+        str, typer.Option("--noise", help="gpu (heavy tails, stalls, drift) or gaussian.")
+    ] = "gpu",
+    shape_r2: Annotated[
+        float,
+        typer.Option(
+            "--shape-r2",
+            help="Share of a block's variance from its batches' shape, which the covariate predicts (0-0.99).",
+        ),
+    ] = 0.0,
+    cuped: Annotated[
+        bool, typer.Option("--cuped/--no-cuped", help="Adjust by the covariate (CUPED).")
+    ] = False,
+    confidence: Annotated[float | None, typer.Option("--confidence", help="The test's confidence.")] = None,
+    min_effect: Annotated[
+        float | None, typer.Option("--min-effect", help="Speed-up needed for a promotion (0.005: 0.5%).")
+    ] = None,
+    max_pairs: Annotated[int | None, typer.Option("--max-pairs", help="Budget in block pairs.")] = None,
+    mixture_sd: Annotated[
+        float | None, typer.Option("--mixture-sd", help="The mixture's sd over the standardised effect.")
+    ] = None,
+    abort_margin: Annotated[
+        float | None, typer.Option("--abort-margin", help="Slowdown that aborts (0.10: 10% slower).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic blocks (>= 0).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    no_progress: Annotated[
+        bool, typer.Option("--no-progress", help="No progress bar (e.g. in CI logs).")
+    ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="Exit 1 when a target of issue 30 that this run covers is missed or unproven."
+        ),
+    ] = False,
+) -> None:
+    """Run the real decision code on synthetic paired blocks: false promotion (A/A), power and false
+    rollback (a faster candidate), blocks to decision.
+
+    Every trial is looked at after every pair of blocks, as the autopilot will. Exit codes: 0 done;
+    1 (--check) a target missed; 2 bad input."""
+    from dataclasses import asdict, fields
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flyserve.autopilot.sequential import SequentialConfig, SequentialConfigError
+    from flyserve.autopilot.trials import SyntheticBlocks, run_scenario, targets
+
+    if trials < 1:
+        _fail(f"--trials: must be >= 1, got {trials}")
+    if seed < 0:
+        _fail(f"--seed: must be >= 0, got {seed}")
+    overrides = {
+        "confidence": confidence,
+        "min_effect": min_effect,
+        "max_pairs": max_pairs,
+        "mixture_sd": mixture_sd,
+        "abort_margin": abort_margin,
+    }
+    try:
+        config = SequentialConfig(cuped=cuped, **{k: v for k, v in overrides.items() if v is not None})
+        effects = [0.0] + [e for e in dict.fromkeys(effect or _DEFAULT_EFFECTS) if e != 0]
+        scenarios = [SyntheticBlocks(effect=e, cv=cv, noise=noise, shape_r2=shape_r2) for e in effects]
+    except SequentialConfigError as exc:
+        _fail(f"{_flag(exc.field)}: {str(exc).split(': ', 1)[1]}")
+
+    err = Console(stderr=True)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        disable=no_progress,
+    )
+    results = []
+    try:
+        with bar:
+            for s in scenarios:
+                task = bar.add_task(_scenario_name(s.effect), total=trials)
+                results.append(
+                    run_scenario(config, s, trials, seed, progress=lambda k, t=task: bar.advance(t, k))
+                )
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+
+    cfg = {f.name: getattr(config, f.name) for f in fields(config)}
+    command = _command_line(
+        {
+            "--trials": trials,
+            "--effect": [e for e in effects if e != 0] or [0.0],
+            "--cv": cv,
+            "--noise": noise,
+            "--shape-r2": shape_r2,
+            "--cuped": cuped,
+            **{_flag(k): cfg[k] for k in overrides},
+            "--seed": seed,
+        }
+    )
+    rows = [r.to_dict(config) for r in results]
+    checked = targets(results)
+    if as_json:
+        doc = {
+            "command": command,
+            "config": cfg,
+            "blocks": {k: v for k, v in asdict(scenarios[0]).items() if k != "effect"},
+            "seed": seed,
+            "scenarios": rows,
+            "targets": checked,
+        }
+        typer.echo(json.dumps(doc, indent=2, allow_nan=False))
+    else:
+        _print_table(Console(), rows, checked, command, config)
+    if check and not all(t["met"] is True for t in checked):
+        raise typer.Exit(1)
+
+
+def _num(v: float) -> str:
+    """A share as a percentage number: 1 decimal, 100 and 0 without."""
+    return "100" if v == 1 else ("0" if v == 0 else f"{v * 100:.1f}")
+
+
+def _pct(v: float) -> str:
+    return _num(v) + "%"
+
+
+def _print_table(console, rows, checked, command, config) -> None:  # type: ignore[no-untyped-def]
+    from rich import box
+    from rich.table import Table
+
+    first = rows[0]
+    t = Table(
+        title=f"autopilot trials: {first['trials']} per scenario, CV {first['cv']:g}, {first['noise']} noise, "
+        f"shape r2 {first['shape_r2']:g}, cuped {'on' if config.cuped else 'off'}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        caption="95% CI: of the promote rate (Wilson); p50, p90: block pairs to the decision",
+        caption_justify="left",
+    )
+    for col in ("scenario", "promote", "95% CI", "rollback", "abort", "inconcl.", "p50", "p90"):
+        t.add_column(col, justify="left" if col == "scenario" else "right", no_wrap=True)
+    for r in rows:
+        lo, hi = r["promote_ci95"]
+        t.add_row(
+            _scenario_name(r["effect"]),
+            _pct(r["promote"]),
+            f"{_num(lo)}-{_pct(hi)}",
+            _pct(r["rollback"]),
+            _pct(r["abort"]),
+            _pct(r["inconclusive"]),
+            f"{r['pairs_median']:g}",
+            f"{r['pairs_p90']:g}",
+        )
+    console.print(t)
+    console.print(
+        printable_text(
+            f"confidence {config.confidence:g}, min effect {config.min_effect:g}, budget {config.max_pairs} "
+            f"pairs, mixture sd {config.mixture_sd:g}, abort margin {config.abort_margin:g}",
+            None,
+        )
+    )
+    for c in checked:
+        mark = {True: "met", False: "MISSED", None: "unproven"}[c["met"]]
+        note = f" ({c['note']})" if c.get("note") else ""
+        console.print(
+            printable_text(f"{mark}: {c['target']}: {_pct(c['value'])}{note}", None),
+            style={True: None, False: "red", None: "yellow"}[c["met"]],
+        )
+    console.print(printable_text(f"rerun: {command}", None), soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(autopilot_app, name="autopilot")
