@@ -188,8 +188,11 @@ def trials_cmd(
 
 
 def _num(v: float) -> str:
-    """A share as a percentage number: 1 decimal, 100 and 0 without."""
-    return "100" if v == 1 else ("0" if v == 0 else f"{v * 100:.1f}")
+    """A share as a percentage number: 1 decimal; exactly 0 and 100 bare; never rounded to either."""
+    if v == 0 or v == 1:
+        return f"{v * 100:.0f}"
+    x = v * 100
+    return "<0.1" if x < 0.05 else (">99.9" if x >= 99.95 else f"{x:.1f}")
 
 
 def _pct(v: float) -> str:
@@ -220,8 +223,8 @@ def _print_table(console, rows, checked, command, config) -> None:  # type: igno
             _pct(r["rollback"]),
             _pct(r["abort"]),
             _pct(r["inconclusive"]),
-            f"{r['pairs_median']:g}",
-            f"{r['pairs_p90']:g}",
+            f"{r['pairs_median']:.0f}",
+            f"{r['pairs_p90']:.0f}",
         )
     console.print(t)
     console.print(

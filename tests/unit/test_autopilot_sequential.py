@@ -260,3 +260,17 @@ def test_the_trials_command_refuses_bad_input_by_flag():
         r = CliRunner().invoke(app, ["autopilot", "trials", "--trials", "2", *args])
         assert r.exit_code == 2
         assert f"error: {flag}: " in r.stderr
+
+
+def test_the_table_never_rounds_a_rate_to_0_or_100():
+    """1999 rollbacks in 2000 trials is not 100%: the table says >99.9%, and 1 in 2000 says <0.1%."""
+    from flyserve.autopilot.cli import _num
+
+    assert [_num(v) for v in (0.0, 0.0004, 0.001, 0.904, 0.9995, 1.0)] == [
+        "0",
+        "<0.1",
+        "0.1",
+        "90.4",
+        ">99.9",
+        "100",
+    ]
