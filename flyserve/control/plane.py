@@ -24,7 +24,7 @@ from flyserve.control.reports import Liveness, RankReport, liveness
 from flyserve.control.signals import signals_deferred
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
-from flyserve.control.version_trust import MAX_VERSION_STEP, anchored_ceiling, confirmed_anchor
+from flyserve.control.version_trust import MAX_VERSION_STEP, anchored_ceiling, live_anchor
 from flyserve.policy import safe_read
 from flyserve.policy.errors import describe_value
 from flyserve.policy.profiles import load_profile
@@ -234,10 +234,11 @@ class ControlPlane:
         """The lowest version a live rank the process table confirms has applied, or None (no
         reports given, or none confirmed with a version): the anchor a change is numbered from
         when ranks run, so the plane never believes a version one of its ranks refuses
-        (control.version_trust.confirmed_anchor, which a starting rank and the pusher ask too)."""
+        (control.version_trust.live_anchor, which a starting rank and the pusher ask too; with no
+        rank confirmed, the lowest fresh unconfirmed one)."""
         if reports is None:
             return None
-        return confirmed_anchor(
+        return live_anchor(
             reports,
             now=self._clock(),
             stale_after_s=self.rank_stale_after_s,
@@ -299,6 +300,11 @@ class ControlPlane:
         if not by_state[Liveness.UNCONFIRMED]:
             return 0
         ceiling = self._recorded_version() + UNCONFIRMED_VERSION_SLACK
+        # ...and no higher than every fresh report believes (live_anchor): the record's chain of
+        # history names may itself be forged.
+        lowest = self._confirmed_applied(reports)
+        if lowest is not None:
+            ceiling = min(ceiling, anchored_ceiling(lowest))
         believed = [v for v in by_state[Liveness.UNCONFIRMED] if v <= ceiling]
         if len(believed) < len(by_state[Liveness.UNCONFIRMED]):
             log.warning(

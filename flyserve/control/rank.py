@@ -23,7 +23,7 @@ from flyserve.control.paths import StateDir, default_state_dir
 from flyserve.control.reports import HOST, PIDNS, own_proc_start
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
-from flyserve.control.version_trust import anchored_ceiling, believed, confirmed_anchor
+from flyserve.control.version_trust import anchored_ceiling, believed, live_anchor
 from flyserve.policy.profiles import load_profile
 
 log = logging.getLogger("flyserve.control")
@@ -88,7 +88,7 @@ class RankControl:
         # composite once; reported so /dispatch-stats shows which FlyDSL runs, or why none does.
         self.prefill_kernel: dict[str, Any] | None = None
         self._known_version = 0  # nothing applied yet: the first read is judged by the live peers
-        # What the live ranks it joins applied (control.version_trust.confirmed_anchor), read once:
+        # What the live ranks it joins applied (control.version_trust.live_anchor), read once:
         # until this rank applies a version of its own, it believes only what they believe. A
         # forged chain of history names stepping by at most MAX_VERSION_STEP looks credible by its
         # names alone; a rank that took it at start reported it applied, became the plane's anchor
@@ -263,7 +263,7 @@ class RankControl:
         """The highest version the live, confirmed ranks report as applied (one look at ranks/), or
         None with none (or when ranks/ cannot be read)."""
         try:
-            return confirmed_anchor(
+            return live_anchor(
                 self.store.reports(now=time.time()),
                 now=time.time(),
                 stale_after_s=PEER_STALE_AFTER_S,

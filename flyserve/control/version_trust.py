@@ -94,6 +94,28 @@ def confirmed_anchor(
     return min(applied, default=None)
 
 
+def live_anchor(reports: Iterable[RankReport], *, now: float, stale_after_s: float, record: int) -> int | None:
+    """confirmed_anchor, or, where no rank is confirmed (ranks in another pid namespace, or on
+    another host), the lowest version a fresh unconfirmed report has applied and the chain
+    believes. Without it three planted history names 1,000,000 apart (even empty ``*.bad`` files)
+    lifted the chain's floor: ``circuit open`` was published as 3000001, every rank (at 3) refused
+    it and every later change, and ``repair`` found nothing to do. A forged unconfirmed claim can
+    only lower this anchor, which bounds the plane at 1,000,000 above it: no real sequence is that
+    long. With no report at all, None: the chain of history names decides."""
+    reports = list(reports)
+    anchor = confirmed_anchor(reports, now=now, stale_after_s=stale_after_s, record=record)
+    if anchor is not None:
+        return anchor
+    applied = [
+        r.applied_version
+        for r in reports
+        if r.applied_version
+        and believed(r.applied_version, record)
+        and liveness(r, now=now, stale_after_s=stale_after_s) is Liveness.UNCONFIRMED
+    ]
+    return min(applied, default=None)
+
+
 def anchored_ceiling(anchor: int | None) -> int | None:
     """The highest version a reader anchored on ``anchor`` stands on from history (None: no
     anchor, no bound): one below the highest believed above it, so the next version the plane

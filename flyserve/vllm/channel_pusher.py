@@ -44,7 +44,7 @@ from flyserve.control.paths import StateDir
 from flyserve.control.rank import ENGINE_CHANNEL
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store, atomic_write
-from flyserve.control.version_trust import confirmed_anchor
+from flyserve.control.version_trust import live_anchor
 from flyserve.vllm.engine_channel import MAX_DOCS, METHOD
 
 log = logging.getLogger("flyserve.vllm")
@@ -253,7 +253,7 @@ class ChannelPusher:
             self._start_anchor_read = True
             try:
                 now = time.time()
-                self._start_anchor = confirmed_anchor(
+                self._start_anchor = live_anchor(
                     self.store.reports(now=now),
                     now=now,
                     stale_after_s=PEER_STALE_AFTER_S,

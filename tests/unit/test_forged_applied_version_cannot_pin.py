@@ -69,3 +69,22 @@ def test_an_unconfirmed_claim_one_step_above_the_record(plane: ControlPlane) -> 
     rc.current(1)
     forge_report(plane, 3 + MAX_VERSION_STEP, local=False)
     assert_changes_reach(plane, rc)
+
+
+def test_planted_history_names_do_not_lift_the_plane_beside_ranks_it_cannot_confirm(plane: ControlPlane) -> None:
+    """Ranks in another pid namespace: their fresh reports are unconfirmed. Three planted names
+    1,000,000 apart (empty ``*.bad`` files: a credible chain of names) once lifted the plane's
+    floor to 3,000,000, so ``circuit open`` was published as 3000001, the rank at 3 refused it and
+    every later change, and ``repair`` found nothing to do. The lowest fresh report anchors now."""
+    rc = RankControl(plane.state_dir, rank=0, profile="gfx950", report=False)  # its report: below
+    rc.poll()
+    rc.current(1)
+    for name in ("01000002", "02000001", "03000000"):
+        (plane.state_dir.history_dir / f"{name}.json.bad").write_text("")
+    for open_ in (True, False, True):
+        forge_report(plane, rc.snapshot.version, local=False)  # the real rank, seen from elsewhere
+        res = plane.set_circuit(open_, actor="op", reason="test")
+        assert res.snapshot.version <= rc.snapshot.version + MAX_VERSION_STEP, res.snapshot.version
+        rc.poll()
+        rc.current(max(rc.step + 1, res.snapshot.step_for(0)))
+        assert (rc.snapshot.version, rc.snapshot.circuit_open) == (res.snapshot.version, open_)
