@@ -39,6 +39,12 @@ def status(
     window: Annotated[
         str, typer.Option("--window", help="Rate window of every number (30s, 5m, 1h): the rules use 5m.")
     ] = "5m",
+    seen: Annotated[
+        str,
+        typer.Option(
+            "--seen", help="List every replica that reported within this long (a stopped one as failing)."
+        ),
+    ] = "15m",
     margin: Annotated[
         float,
         typer.Option(
@@ -69,7 +75,7 @@ def status(
         typer.echo(printable_block(f"error: {exc}"), err=True)
         raise typer.Exit(2) from None
     try:
-        st = fleet_status(prom, window=window, matchers=match, margin=margin)
+        st = fleet_status(prom, window=window, matchers=match, margin=margin, seen_window=seen)
     except FleetError as exc:
         typer.echo(printable_block(f"error: {exc}"), err=True)
         raise typer.Exit(2) from None

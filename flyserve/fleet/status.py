@@ -36,6 +36,7 @@ MAX_REPLICAS: Final = 5_000
 """Replicas one status shows; more and the matchers should narrow the fleet."""
 WINDOW_RE: Final = re.compile(r"^[1-9][0-9]{0,5}(s|m|h)$")
 DEFAULT_MARGIN: Final = 0.10
+DEFAULT_SEEN: Final = "15m"
 NOT_JOINED: Final = frozenset({"__name__", "state", "path"})
 """Labels the expressions add beside the target labels a replica is known by."""
 
@@ -228,14 +229,22 @@ def _names(replicas: Iterable[Replica]) -> None:
 
 
 def fleet_status(
-    prom: Prometheus, *, window: str = "5m", matchers: str = "", margin: float = DEFAULT_MARGIN
+    prom: Prometheus,
+    *,
+    window: str = "5m",
+    matchers: str = "",
+    margin: float = DEFAULT_MARGIN,
+    seen_window: str = DEFAULT_SEEN,
 ) -> FleetStatus:
-    if not WINDOW_RE.match(window):
-        raise FleetError(f"--window must be a duration like 30s, 5m or 1h (got {window[:40]!r})")
+    """``window``: of every rate; ``seen_window``: a replica that reported within it is listed (a
+    stopped one as "scrape failing" or "not scraped", not left out)."""
+    for name, w in (("--window", window), ("--seen", seen_window)):
+        if not WINDOW_RE.match(w):
+            raise FleetError(f"{name} must be a duration like 30s, 5m or 1h (got {w[:40]!r})")
     if "{" in matchers or "}" in matchers:
         raise FleetError('--match takes label matchers without braces, e.g. namespace="prod"')
     m = matchers
-    seen = prom.query(q.seen(window, m))
+    seen = prom.query(q.seen(seen_window, m))
     by_key: dict[tuple[tuple[str, str], ...], Replica] = {}
     for s in seen:
         k = _key(s.labels)
@@ -249,7 +258,7 @@ def fleet_status(
             if r is not None:
                 yield r, s
 
-    for r, s in each(q.scrape_up(window, m)):
+    for r, s in each(q.scrape_up(seen_window, m)):
         r.scrape_up = s.value
     for r, s in each(q.ranks(m)):
         if math.isfinite(s.value):

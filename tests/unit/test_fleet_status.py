@@ -27,7 +27,7 @@ def _vec(*samples: tuple[dict, float]) -> dict:
     }
 
 
-def _fleet(window: str = "5m", m: str = "") -> dict[str, dict]:
+def _fleet(window: str = "5m", m: str = "", seen: str = "15m") -> dict[str, dict]:
     """Four replicas: r0-r2 good (one at another version number, same content), r3 on another
     content and twice as slow per token, r4 whose scrape now fails."""
     names = ["r0", "r1", "r2", "r3", "r4"]
@@ -36,10 +36,8 @@ def _fleet(window: str = "5m", m: str = "") -> dict[str, dict]:
     fp = {"r0": GOOD, "r1": GOOD, "r2": GOOD, "r3": BAD}
     kernel = {"r0": 1.0, "r1": 1.02, "r2": 0.98, "r3": 2.0}
     return {
-        q.seen(window, m): _vec(*((t[n], 1.0) for n in names)),
-        q.scrape_up(window, m): _vec(
-            *(({**t[n], "__name__": "up"}, 0.0 if n == "r4" else 1.0) for n in names)
-        ),
+        q.seen(seen, m): _vec(*((t[n], 1.0) for n in names)),
+        q.scrape_up(seen, m): _vec(*(({**t[n], "__name__": "up"}, 0.0 if n == "r4" else 1.0) for n in names)),
         q.ranks(m): _vec(
             *(s for n in live for s in (({**t[n], "state": "all"}, 2.0), ({**t[n], "state": "live"}, 2.0)))
         ),
