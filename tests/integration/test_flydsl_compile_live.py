@@ -11,7 +11,7 @@ skipped by name; docs/vllm.md, "Compile check in CI"). Elsewhere anything missin
 which setup makes it.
 
 Two checks:
-* the warm start end to end (about a minute per flydsl on 2 cores, FlyDSL 943152de, page 64): the
+* the warm start end to end (75-280 s per flydsl on 2 shared cores, FlyDSL 943152de, page 64): the
   warm-up's two LPT variants compile into a FlyDSL cache; then, in FlyDSL's run-only mode
   (FLYDSL_RUNTIME_RUN_ONLY=1: a cache miss raises instead of compiling), the serving batches on
   vLLM's strided cache views load from it - the strides are not in the cache key, the warm-up's
@@ -20,7 +20,7 @@ Two checks:
 * every variant a deployment runs, under flydsl 0.5.0 (what `pip install 'flyserve[rocm]'`
   resolves to), for both revisions: Llama-3.1-8B at TP 8 with --wrong-calls, the command of
   results/flydsl/README.md, each code object's facts equal to the ones recorded there (15
-  variants on 943152de, 8 on 11c4174d; 140 s and 54 s measured here on 2 shared cores).
+  variants on 943152de, 8 on 11c4174d; 137-201 s and 54-107 s measured here, docs/vllm.md).
 """
 
 from __future__ import annotations
