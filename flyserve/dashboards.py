@@ -936,8 +936,9 @@ def _control_ranks_row(d: dash.Dashboard) -> dash.Dashboard:
             "request_timeout, evicted at --max-connections, refused), and requests shed with 503 over "
             "the cap. A steady rate is a slow or half-open client flood; /healthz, /readyz and changes "
             "with the token keep being answered through it (operations.md, Failure modes). Also SSE "
-            "streams reclaimed from clients that do not read them (stalled, backlog) and new streams "
-            "refused at --max-streams with none stalled (full).",
+            "streams reclaimed from clients that do not read them (stalled, backlog) or past their "
+            "--stream-lease at the cap (lease), and new streams refused at --max-streams with none "
+            "stalled or past its lease (full).",
             [
                 _target(
                     f"sum by (reason) (rate({SIDECAR_DROPPED_CONNECTIONS}{{{INSTANCE_SEL}}}[$__rate_interval]))",

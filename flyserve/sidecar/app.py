@@ -239,6 +239,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
         max_streams=settings.max_streams,
         write_timeout_s=settings.stream_write_timeout_s,
         max_queued_events=settings.stream_max_queued_events,
+        lease_s=settings.stream_lease_s,
     )
     app.state.metrics_cache = TtlCache(
         _exposition, settings.metrics_ttl_s, max_stale_s=settings.metrics_ttl_s + MAX_LATE_S

@@ -112,9 +112,19 @@ def sidecar(
             "--max-streams",
             min=1,
             help="Concurrent SSE streams. At the cap a new one takes the slot of the most-stalled "
-            "stream (one not reading); with none stalled it gets 503 and Retry-After.",
+            "stream (one not reading), else of the oldest stream open over --stream-lease; with "
+            "neither it gets 503 and Retry-After.",
         ),
     ] = 64,
+    stream_lease: Annotated[
+        float,
+        typer.Option(
+            "--stream-lease",
+            help="Seconds (> 0) a stream holds its slot for sure: at --max-streams with no stream "
+            "stalled, a new one takes the slot of the oldest stream open longer than this (that "
+            "stream ends; flyserve top reconnects), so slow readers cannot hold every slot.",
+        ),
+    ] = 120.0,
     stream_write_timeout: Annotated[
         float,
         typer.Option(
@@ -213,6 +223,9 @@ def sidecar(
         # its range check (nan compares False both ways), so the range is checked here too.
         err("error: --switch-interval-ms: 0 (Python's own) or 0.1-100 ms", err=True)
         raise typer.Exit(2)
+    if not stream_lease > 0:  # nan too
+        err(f"error: --stream-lease: must be more than 0 seconds, got {stream_lease:g}", err=True)
+        raise typer.Exit(2)
     try:
         token = read_token(token_file)
     except TokenError as exc:
@@ -260,6 +273,7 @@ def sidecar(
         stream_min_interval_s=stream_min_interval,
         max_streams=max_streams,
         stream_write_timeout_s=stream_write_timeout,
+        stream_lease_s=stream_lease,
         stream_max_queued_events=stream_max_queued,
         stale_after_s=stale_after,
         step_margin=step_margin,

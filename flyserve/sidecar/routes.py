@@ -155,7 +155,8 @@ async def dispatch_stats_stream(
     sidecar's --stream-min-interval; every client shares one computed payload per tick). Ends on
     shutdown or disconnect, or when the sidecar reclaims the slot of a client that does not read
     (flyserve.sidecar.stream); at --max-streams a new stream takes the slot of the most-stalled one
-    (not draining), and gets 503 with Retry-After when none is stalled: a reader keeps its slot."""
+    (not draining), else of the oldest one open over --stream-lease (that stream ends: its client
+    reconnects), and gets 503 with Retry-After when there is neither."""
     settings = request.app.state.settings
     hub: StreamHub = request.app.state.stream_hub
     every = max(interval or settings.stream_interval_s, settings.stream_min_interval_s)

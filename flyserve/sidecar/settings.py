@@ -82,7 +82,15 @@ class SidecarSettings(BaseModel):
         64,
         ge=1,
         description="Concurrent SSE streams. At the cap a new one takes the slot of the most-stalled "
-        "stream (one not reading); with none stalled it gets 503 and Retry-After (flyserve.sidecar.stream).",
+        "stream (one not reading), else of the oldest one open over stream_lease_s; with neither it gets "
+        "503 and Retry-After (flyserve.sidecar.stream).",
+    )
+    stream_lease_s: float = Field(
+        120.0,
+        gt=0,
+        description="At --max-streams with no stream stalled, a new stream takes the slot of the oldest "
+        "one open longer than this (its client reconnects): slow readers (?interval=3600) cannot hold "
+        "every slot for an hour.",
     )
     stream_write_timeout_s: float = Field(
         10.0,

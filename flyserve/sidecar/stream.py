@@ -16,9 +16,14 @@ send blocks once its buffers are full, and nothing ends it. So slots are reclaim
 * at the cap, a new client takes the slot of a client that is not draining sooner than that: one
   whose write has waited over ``stall_s`` or with over ``lag_events`` events queued unsent, the
   most stalled first ("stalled");
-* at the cap with no such client the new one is refused (StreamsFull: the route answers 503 with
-  Retry-After), counted as "full". A stream that reads is never ended for a newcomer: evicting the
-  oldest let a burst of new connections push out every healthy reader (``flyserve top`` starved);
+* at the cap with no stalled client, a new client takes the slot of the oldest client that has held
+  its slot for over ``lease_s`` ("lease"): clients that read but ask for ``?interval=3600`` (or do not
+  read behind a large receive buffer) never look stalled, and would otherwise hold every slot for up
+  to an hour. The ended client's stream closes; ``flyserve top`` reconnects (once a second);
+* at the cap with no stalled client and none past its lease the new one is refused (StreamsFull:
+  the route answers 503 with Retry-After), counted as "full". A stream within its lease that reads
+  is never ended for a newcomer: evicting the oldest at once let a burst of new connections push out
+  every healthy reader (``flyserve top`` starved);
 * a dropped client's connection is aborted (the server's ``Connection``), which also wakes a send
   blocked on it, and the drop (or refusal) is counted (flyserve_sidecar_stream_reclaims_total).
 
@@ -51,8 +56,12 @@ whose slot a new client may take. A reader's write completes at once: the kernel
 DEFAULT_LAG_EVENTS = 2
 """At the cap: more events' worth of bytes than this queued unsent (never more than
 max_queued_events) marks a client stalled. A reader's queue is empty between events."""
-RECLAIM_REASONS = ("stalled", "backlog", "full")
-"""stalled, backlog: a stream ended to free its slot; full: a new stream refused (503), none stalled."""
+DEFAULT_LEASE_S = 120.0
+"""At the cap with no stalled client: a slot held longer than this may be taken by a new client
+(the oldest first), so clients that read slowly (``?interval=3600``) cannot hold every slot for good."""
+RECLAIM_REASONS = ("stalled", "backlog", "lease", "full")
+"""stalled, backlog, lease: a stream ended to free its slot; full: a new stream refused (503), none
+stalled and none past its lease."""
 RECLAIM_LOG_EVERY_S = 10.0
 
 
@@ -110,6 +119,7 @@ class StreamHub:
         max_queued_events: int = DEFAULT_MAX_QUEUED_EVENTS,
         stall_s: float = DEFAULT_STALL_S,
         lag_events: float = DEFAULT_LAG_EVENTS,
+        lease_s: float = DEFAULT_LEASE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._compute = compute
@@ -119,6 +129,9 @@ class StreamHub:
         self.max_queued_events = int(max_queued_events)
         self.stall_s = min(float(stall_s), self.write_timeout_s)
         self.lag_events = min(float(lag_events), float(self.max_queued_events))
+        if not float(lease_s) > 0:  # nan too
+            raise ValueError(f"lease_s must be > 0 seconds, got {lease_s!r}")
+        self.lease_s = float(lease_s)
         self._clock = clock
         self._slots: list[StreamClient] = []
         self.computed = 0  # payloads computed since start (benchmarks and tests read it)
@@ -139,16 +152,22 @@ class StreamHub:
     # ------------------------------------------------------------------ slots
 
     def subscribe(self, connection: Connection | None = None, *, evictable: bool = False) -> StreamClient:
-        """Take a stream slot. At the cap, take a stalled client's (module docstring); raise
-        StreamsFull (counted "full") when none is stalled. ``connection``: what a drop aborts;
+        """Take a stream slot. At the cap, take a stalled client's, else the oldest one's past its
+        lease (module docstring); raise StreamsFull (counted "full") when there is neither.
+        ``connection``: what a drop aborts;
         ``evictable``: the holder ends itself once ``dropped`` is set, so the slot may be taken."""
         self.reap()
         if len(self._slots) >= self.max_streams:
-            victim = self._victim()
+            victim, reason = self._victim(), "stalled"
+            if victim is None:
+                victim, reason = self._lease_victim(), "lease"
             if victim is None:
                 self._count("full")
-                raise StreamsFull(f"{self.max_streams} streams already open, none of them stalled")
-            self._drop(victim, "stalled")
+                raise StreamsFull(
+                    f"{self.max_streams} streams already open, none of them stalled or open over "
+                    f"{self.lease_s:g} s"
+                )
+            self._drop(victim, reason)
         client = StreamClient(opened_at=self._clock(), evictable=evictable, connection=connection)
         self._slots.append(client)
         loop = asyncio.get_running_loop()
@@ -205,6 +224,13 @@ class StreamHub:
         scored = [(c.stalled_for(now), c.queued_events(), c) for c in self._slots if c.evictable]
         stalled = [t for t in scored if t[0] > self.stall_s or t[1] > self.lag_events]
         return max(stalled, key=lambda t: (t[0], t[1]))[2] if stalled else None
+
+    def _lease_victim(self) -> StreamClient | None:
+        """The slot a new client may take at the cap when none is stalled: the evictable client that
+        has held its slot the longest, if that is over ``lease_s``; None otherwise."""
+        now = self._clock()
+        expired = [c for c in self._slots if c.evictable and now - c.opened_at > self.lease_s]
+        return min(expired, key=lambda c: c.opened_at) if expired else None
 
     def _drop(self, client: StreamClient, reason: str) -> None:
         """End ``client``'s stream: its slot is free at once, its connection aborted, the drop counted."""

@@ -264,7 +264,9 @@ SIDECAR_STREAM_RECLAIMS: Final = FlyCounter(
     "reason=stalled (an event's write did not complete within --stream-write-timeout, or at "
     "--max-streams a new stream took the slot of one not draining: a write waiting over 1 s or over "
     "2 events queued unsent), backlog (more than --stream-max-queued events' worth of bytes queued "
-    "unsent for the client), full (at --max-streams with no stream stalled, a new one got 503).",
+    "unsent for the client), lease (at --max-streams with none stalled, a new stream took the slot of "
+    "the oldest one open over --stream-lease), full (at --max-streams with no stream stalled and none "
+    "past its lease, a new one got 503).",
     ["reason"],
     registry=None,
     scope=SIDECAR,

@@ -258,7 +258,7 @@ def test_10_a_stream_over_the_cap_is_refused_while_every_stream_reads(tmp_path: 
                 assert 1 <= int(third.headers["Retry-After"]) <= 10, third.headers
             assert c.get(sc.url + "/healthz").status_code == 200
             assert next(a.iter_lines(), None) is not None and next(b.iter_lines(), None) is not None
-        assert stream_reclaims(sc.url) == {"stalled": 0.0, "backlog": 0.0, "full": 1.0}
+        assert stream_reclaims(sc.url) == {"stalled": 0.0, "backlog": 0.0, "lease": 0.0, "full": 1.0}
         # slots come back when the streams end
         wait_for(lambda: read_events(sc.url, 1, {}) != [], timeout=30, what="a stream slot after two closed")
 
@@ -288,7 +288,7 @@ def test_10_a_burst_of_new_streams_at_the_cap_cannot_push_out_the_readers(
             what="the readers' events after the burst",
         )
         assert [r.error for r in readers] == [None, None]
-        assert stream_reclaims(sc.url) == {"stalled": 0.0, "backlog": 0.0, "full": 24.0}
+        assert stream_reclaims(sc.url) == {"stalled": 0.0, "backlog": 0.0, "lease": 0.0, "full": 24.0}
     finally:
         for r in readers:
             r.stop()
@@ -327,6 +327,38 @@ def test_10_at_the_cap_a_new_stream_takes_the_slot_of_the_one_that_does_not_read
         reader.stop()
         if stuck is not None:
             stuck.close()
+
+
+def test_10_slow_readers_at_the_cap_give_their_slot_up_once_past_the_lease(
+    tmp_path: Path, stopper: list
+) -> None:
+    """Every slot held by a client that reads but asks for ?interval=3600: never stalled, it would
+    hold its slot for an hour and a real `flyserve top` would get 503 all that time. With
+    --stream-lease 2 a newcomer that retries gets in within seconds, taking the oldest slot (that
+    stream ends; counted as "lease")."""
+    sc = start_sidecar(tmp_path, "--max-streams", "2", "--stream-lease", "2")
+    stopper.append(sc)
+    readers = [StreamReader(sc.url, 3600) for _ in range(2)]
+    try:
+        wait_for(lambda: all(r.events >= 1 for r in readers), timeout=30, what="both readers' first event")
+        statuses: list[int] = []
+
+        def newcomer_gets_in() -> bool:
+            r = httpx.get(sc.url + "/dispatch-stats/stream", params={"max_events": "1"}, timeout=30)
+            assert r.status_code in (200, 503), r.text[:300]
+            statuses.append(r.status_code)
+            return r.status_code == 200 and "event: stats" in r.text
+
+        wait_for(newcomer_gets_in, timeout=10, what="a new stream to take a slot past its lease", every=0.25)
+        got = stream_reclaims(sc.url)
+        assert got["lease"] >= 1.0 and (got["stalled"], got["backlog"]) == (0.0, 0.0), got
+        assert got["full"] == statuses.count(503), (got, statuses)
+        # the stream whose slot was taken has ended (its client, flyserve top, reconnects)
+        wait_for(lambda: any(not r._thread.is_alive() for r in readers), timeout=10, what="a reader's end")
+    finally:
+        stop(sc)  # first: the slow readers' reads then end at once
+        for r in readers:
+            r.stop()
 
 
 # ---------------------------------------------------------------- 7, 8, smaller: bad input

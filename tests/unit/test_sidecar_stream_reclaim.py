@@ -1,7 +1,8 @@
 """Stream slots held by clients that do not read come back: a stalled write or a backlog drops the
 client (its connection aborted, the drop counted); at the cap a new client takes the slot of the
 most-stalled client (a write waiting over stall_s, or over lag_events queued), and with none stalled
-it is refused (counted "full"): a client that reads is never ended for a newcomer.
+it takes the slot of the oldest client open over lease_s (counted "lease"); with neither it is
+refused (counted "full"): a client that reads is never ended for a newcomer within its lease.
 
 The same against the real server and raw sockets: tests/integration/test_sidecar_stalled_streams_live.py."""
 
@@ -206,3 +207,95 @@ def test_a_connection_that_cannot_say_its_queue_is_judged_by_its_writes_alone() 
         hub.unsubscribe(c)
 
     _run(scenario)
+
+
+def _reading(hub: StreamHub, clients: list[StreamClient]) -> None:
+    """Every client's last write completed and nothing queued: none of them is stalled."""
+    for c in clients:
+        hub.sending(c, 100)
+        hub.sent(c)
+
+
+def test_at_the_cap_with_none_stalled_the_oldest_stream_past_its_lease_is_taken_counted_lease() -> None:
+    """Readers at ?interval=3600 never look stalled: without a lease they held every slot for an hour."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        hub = _hub(clock, max_streams=3, lease_s=60.0)
+        conns = [FakeConnection() for _ in range(3)]
+        oldest = hub.subscribe(conns[0], evictable=True)
+        clock.t += 10.0
+        mid = hub.subscribe(conns[1], evictable=True)
+        clock.t += 10.0
+        newest = hub.subscribe(conns[2], evictable=True)
+        _reading(hub, [oldest, mid, newest])
+        clock.t += 50.5  # oldest open 70.5 s, mid 60.5 s: both past the lease; newest 50.5 s
+        before, full_before = _reclaims("lease"), _reclaims("full")
+        first = hub.subscribe(FakeConnection(), evictable=True)
+        assert oldest.dropped == "lease" and conns[0].aborted == 1
+        assert mid.dropped is None and newest.dropped is None and first.dropped is None
+        second = hub.subscribe(FakeConnection(), evictable=True)  # the next oldest past its lease
+        assert mid.dropped == "lease" and conns[1].aborted == 1 and newest.dropped is None
+        assert hub.clients == 3 and hub.reclaimed["lease"] == 2 and hub.reclaimed["stalled"] == 0
+        assert _reclaims("lease") == before + 2 and _reclaims("full") == full_before
+        # newest (50.5 s) and the two newcomers (0 s) are within their lease: the next one is refused
+        with pytest.raises(StreamsFull):
+            hub.subscribe(FakeConnection(), evictable=True)
+        assert newest.dropped is None and first.dropped is None and second.dropped is None
+
+    _run(scenario)
+
+
+def test_streams_within_their_lease_are_never_taken_the_newcomer_is_refused_full() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        hub = _hub(clock, max_streams=2, lease_s=60.0)
+        conns = [FakeConnection(), FakeConnection()]
+        clients = [hub.subscribe(c, evictable=True) for c in conns]
+        _reading(hub, clients)
+        clock.t += 60.0  # exactly the lease: not past it
+        before = _reclaims("full")
+        for _ in range(5):
+            with pytest.raises(StreamsFull, match="60 s"):
+                hub.subscribe(FakeConnection(), evictable=True)
+        assert all(c.dropped is None for c in clients) and not any(c.aborted for c in conns)
+        assert hub.reclaimed["full"] == 5 and hub.reclaimed["lease"] == 0 and _reclaims("full") == before + 5
+
+    _run(scenario)
+
+
+def test_a_stalled_client_is_taken_before_one_past_its_lease() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        hub = _hub(clock, max_streams=2, lease_s=60.0)
+        old_conn, young_conn = FakeConnection(), FakeConnection()
+        old = hub.subscribe(old_conn, evictable=True)
+        _reading(hub, [old])
+        clock.t += 100.0
+        young = hub.subscribe(young_conn, evictable=True)
+        hub.sending(young, 100)  # its write waits past stall_s, not past write_timeout_s
+        clock.t += 2.0
+        hub.subscribe(FakeConnection(), evictable=True)
+        assert young.dropped == "stalled" and old.dropped is None and old_conn.aborted == 0
+        assert hub.reclaimed["stalled"] == 1 and hub.reclaimed["lease"] == 0
+
+    _run(scenario)
+
+
+def test_slots_that_cannot_be_evicted_are_never_taken_for_their_lease() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        hub = _hub(clock, max_streams=1, lease_s=1.0)
+        held = hub.subscribe()
+        clock.t += 3600.0
+        with pytest.raises(StreamsFull):
+            hub.subscribe(FakeConnection(), evictable=True)
+        assert held.dropped is None
+
+    _run(scenario)
+
+
+@pytest.mark.parametrize("lease", [0.0, -1.0, float("nan")])
+def test_a_lease_that_is_not_positive_is_refused(lease: float) -> None:
+    with pytest.raises(ValueError, match="lease_s must be > 0"):
+        StreamHub(lambda: b"", tick_s=0.1, max_streams=1, lease_s=lease)
