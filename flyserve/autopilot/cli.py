@@ -209,6 +209,7 @@ def _print_table(console, rows, checked, command, config) -> None:  # type: igno
         f"shape r2 {first['shape_r2']:g}, cuped {'on' if config.cuped else 'off'}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
+        pad_edge=False,
         caption="95% CI: of the promote rate (Wilson); p50, p90: block pairs to the decision",
         caption_justify="left",
     )
