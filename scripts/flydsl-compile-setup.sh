@@ -71,6 +71,7 @@ for rev in $REVS; do
     say "FlyDSL $rev -> .flydsl/FlyDSL-$rev (copy of $vendored, vendored: the files flyserve's call imports)"
     rm -rf "$ROOT/FlyDSL-$rev.part"
     cp -R "$vendored" "$ROOT/FlyDSL-$rev.part"
+    rm -rf "$ROOT/FlyDSL-$rev"  # an interrupted earlier run's partial tree: mv would nest the copy in it
     mv "$ROOT/FlyDSL-$rev.part" "$ROOT/FlyDSL-$rev"
   fi
   if [ ! -d "$ROOT/FlyDSL-$rev/kernels/attention" ]; then

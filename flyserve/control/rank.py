@@ -92,8 +92,8 @@ class RankControl:
         # until this rank applies a version of its own, it believes only what they believe. A
         # forged chain of history names stepping by at most MAX_VERSION_STEP looks credible by its
         # names alone; a rank that took it at start reported it applied, became the plane's anchor
-        # and made the running ranks refuse every later change. None: no live confirmed peer, the
-        # chain of history names decides.
+        # and made the running ranks refuse every later change. None: no live peer report, the chain
+        # of history names decides.
         self._start_anchor = self._peer_anchor()
         snap = self._read_current_quiet()
         if snap is None and self.state_dir.current_json.exists():
@@ -260,8 +260,9 @@ class RankControl:
             return None
 
     def _peer_anchor(self) -> int | None:
-        """The highest version the live, confirmed ranks report as applied (one look at ranks/), or
-        None with none (or when ranks/ cannot be read)."""
+        """The lowest version the live ranks report as applied (confirmed ones; with none confirmed,
+        fresh unconfirmed ones: control.version_trust.live_anchor), one look at ranks/; None with
+        none (or when ranks/ cannot be read)."""
         try:
             return live_anchor(
                 self.store.reports(now=time.time()),

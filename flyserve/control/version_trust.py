@@ -11,8 +11,9 @@ can see:
 
 * a running rank: at most MAX_VERSION_STEP above the version it applied (its own memory);
 * the control plane, repair, a rank that starts and the engine-channel pusher before its first
-  push: with confirmed live ranks (confirmed_anchor), at most MAX_VERSION_STEP above the lowest
-  version they applied (what every one of them believes); with none, at most MAX_VERSION_STEP above the highest number of the
+  push: with live ranks (live_anchor: the confirmed ones, else fresh unconfirmed reports), at most
+  MAX_VERSION_STEP above the lowest version they applied (what every one of them believes); with
+  no report, at most MAX_VERSION_STEP above the highest number of the
   *credible chain* of history file names (credible_max) - the lowest name at most
   FIRST_VERSION_CEILING, each next name at most MAX_VERSION_STEP above the one before. A forged
   chain stepping by at most MAX_VERSION_STEP looks credible by its names alone; the live ranks'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated
 
 import typer
@@ -69,6 +70,11 @@ def status(
     agreeing; 1: some disagree or are unhealthy; 2: Prometheus could not be asked."""
     from flyserve.fleet.status import FleetError, Prometheus, fleet_status
 
+    # click's range check lets NaN through (NaN fails every comparison)
+    for flag, value in (("--margin", margin), ("--timeout", timeout)):
+        if not math.isfinite(value):
+            typer.echo(f"error: {flag}: must be a finite number, got {value}", err=True)
+            raise typer.Exit(2)
     try:
         prom = Prometheus(prometheus, timeout_s=timeout)
     except FleetError as exc:

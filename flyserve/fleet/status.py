@@ -302,6 +302,7 @@ def fleet_status(
             r.disagrees.append(f"content: {r.content}, the fleet's most common is {majority}")
         if (
             median is not None
+            and median > 0  # a fleet of idle replicas: nothing to be a multiple of
             and r.kernel_us_per_token is not None
             and r.kernel_us_per_token > median * (1 + margin)
         ):

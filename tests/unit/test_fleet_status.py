@@ -200,3 +200,22 @@ def test_the_queries_command_prints_each_engine():
     assert r.exit_code == 2 and "argo, flagger" in r.output
     r = CliRunner().invoke(app, ["fleet", "rules"])
     assert r.exit_code == 0 and r.output.startswith("# flyserve fleet recording rules")
+
+
+def test_an_idle_fleet_with_a_zero_median_is_no_division_by_zero():
+    answers = _fleet()
+    kernel = answers[q.kernel_us_per_token("5m", "")]["data"]["result"]
+    for i, v in enumerate((0.0, 0.0, 0.0, 2.0)):
+        kernel[i]["value"][1] = repr(v)
+    st = fleet_status(_prom(answers))
+    assert st.median_kernel_us_per_token == 0.0
+    assert all(not w.startswith("kernel") for r in st.replicas for w in r.disagrees)
+
+
+@pytest.mark.parametrize("flag", ["--margin", "--timeout"])
+def test_a_nan_option_is_refused_by_name(flag):
+    from flyserve.cli import app
+
+    r = CliRunner().invoke(app, ["fleet", "status", "--prometheus", "http://127.0.0.1:1", flag, "nan"])
+    # refused by click's range check or, where a click lets NaN through it, by the command itself
+    assert r.exit_code == 2 and flag in r.output and "cannot reach" not in r.output, r.output
