@@ -188,11 +188,15 @@ def test_the_filter_costs_nothing_for_a_record_never_made(
     monkeypatch.setattr(pr.PrintableLogFilter, "filter", lambda self, r: calls.append(r) or True)
     log = logging.getLogger("flyserve.vllm")
     monkeypatch.setattr(log, "level", logging.INFO)
+    # whatever earlier tests left: a dictConfig that disabled existing loggers, logging.disable()
+    monkeypatch.setattr(log, "disabled", False)
+    monkeypatch.setattr(logging.root.manager, "disable", logging.NOTSET)
+    log._cache.clear()  # isEnabledFor's cache, filled under the state before
     for _ in range(1000):
         log.debug("step %d", 1)  # the per-step hot path at the default level
     assert calls == []
     log.warning("emitted")
-    assert len(calls) == 1
+    assert calls  # the filter is reached once per handler or logger it is on
 
 
 def test_every_flyserve_logger_gets_the_filter_at_install() -> None:
