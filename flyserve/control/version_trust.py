@@ -85,14 +85,7 @@ def confirmed_anchor(
     versions a lagging rank has not applied yet. Only a report whose own version is believed after
     ``record`` (the credible chain of history names, Store.version_floor) counts. One look at the
     reports; the plane, repair, a starting rank and the engine-channel pusher all ask this."""
-    applied = [
-        r.applied_version
-        for r in reports
-        if r.applied_version
-        and believed(r.applied_version, record)
-        and liveness(r, now=now, stale_after_s=stale_after_s) is Liveness.CONFIRMED
-    ]
-    return min(applied, default=None)
+    return _lowest_applied(reports, Liveness.CONFIRMED, now=now, stale_after_s=stale_after_s, record=record)
 
 
 def live_anchor(reports: Iterable[RankReport], *, now: float, stale_after_s: float, record: int) -> int | None:
@@ -107,12 +100,19 @@ def live_anchor(reports: Iterable[RankReport], *, now: float, stale_after_s: flo
     anchor = confirmed_anchor(reports, now=now, stale_after_s=stale_after_s, record=record)
     if anchor is not None:
         return anchor
+    return _lowest_applied(reports, Liveness.UNCONFIRMED, now=now, stale_after_s=stale_after_s, record=record)
+
+
+def _lowest_applied(
+    reports: Iterable[RankReport], state: Liveness, *, now: float, stale_after_s: float, record: int
+) -> int | None:
+    """The lowest applied version among reports in ``state`` whose version the chain believes."""
     applied = [
         r.applied_version
         for r in reports
         if r.applied_version
         and believed(r.applied_version, record)
-        and liveness(r, now=now, stale_after_s=stale_after_s) is Liveness.UNCONFIRMED
+        and liveness(r, now=now, stale_after_s=stale_after_s) is state
     ]
     return min(applied, default=None)
 
