@@ -163,7 +163,20 @@ def test_the_analysis_flags_the_bad_version_passes_the_good_and_gives_no_data_fo
                 tmp_path / f"simulate-{r}.log",
             )
         write_config("r1", FLEET_FILE)  # the ConfigMap update reaches r1
-        _wait("r1 at version 2", lambda: applied("r1") == 2, 30)
+        try:  # the watcher publishes in about a second; the deadline is for a loaded CI machine
+            r1_log = tmp_path / "sidecar-r1.log"
+            _wait("r1 at version 2", lambda: applied("r1") == 2, 60, procs["sidecar-r1"], r1_log)
+        except TimeoutError as exc:  # say where it stopped: published or not, applied or not
+            seen = {}
+            for what in ("thresholds", "dispatch-stats"):
+                try:
+                    seen[what] = httpx.get(f"http://127.0.0.1:{ports['r1']}/{what}", timeout=5).json()
+                except (httpx.HTTPError, ValueError) as err:
+                    seen[what] = repr(err)
+            ranks = seen["dispatch-stats"].get("ranks") if isinstance(seen["dispatch-stats"], dict) else None
+            th = seen["thresholds"]
+            th = {k: th.get(k) for k in ("version", "source", "values")} if isinstance(th, dict) else th
+            raise AssertionError(f"{exc}\nthresholds: {th}\nranks: {ranks}") from exc
         timings["versions applied"] = time.monotonic() - t_start
         for r in REPLICAS:  # what each runs: the h200 profile under its file
             th = httpx.get(f"http://127.0.0.1:{ports[r]}/thresholds", timeout=2).json()
