@@ -45,14 +45,14 @@ _COMMAND_MODULES = (
     "flyserve.control.cli",  # thresholds show|set|unset|rollback|history
     "flyserve.sidecar.cli",  # sidecar
     "flyserve.sim.cli",  # simulate
-    "flyserve.explain_cli",  # explain
+    "flyserve.explain.cli",  # explain
     "flyserve.top.cli",  # top
     "flyserve.fleet.cli",  # fleet status|rules|queries
-    "flyserve.dashboards_cli",  # dashboards build
+    "flyserve.dashboards.cli",  # dashboards build
     "flyserve.lab.cli",  # calibrate, replay
     "flyserve.arms.cli",  # arms compare
     "flyserve.autopilot.cli",  # autopilot trials
-    "flyserve.demo",  # demo
+    "flyserve.demo.cli",  # demo
     "flyserve.doctor.cli",  # doctor
 )
 

@@ -37,7 +37,7 @@ from _dashboards_live import (
     substitute,
 )
 
-from flyserve import dashboards
+from flyserve.dashboards import build as dashboards
 
 STEP_S = 1.0
 PALETTE = [

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flyserve.printable import printable_text
+from flyserve.terminal.printable import printable_text
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -242,7 +242,7 @@ def run_compare_cli(
 
 def _error(exc: object) -> Text:
     """An error line: the message may hold a server's or a file's words, so it is Text (never
-    markup) through flyserve.printable."""
+    markup) through flyserve.terminal.printable."""
     from rich.text import Text
 
     return Text.assemble(("error", "red"), ": ", printable_text(exc, 4096))

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from flyserve.printable import printable
+from flyserve.terminal.printable import printable
 
 
 def _pct(x: float | None) -> str:

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from flyserve.printable import printable_block, printable_text
+from flyserve.terminal.printable import printable_block, printable_text
 
 autopilot_app = typer.Typer(
     name="autopilot",

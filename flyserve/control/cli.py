@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from flyserve.printable import install_log_filter, printable, printable_block, printable_text
+from flyserve.terminal.printable import install_log_filter, printable, printable_block, printable_text
 
 thresholds_app = typer.Typer(
     name="thresholds",
@@ -100,7 +100,7 @@ _METRICS_MIN_FREE_BYTES = 4 << 20
 
 def _echo(message: str, *, err: bool = False) -> None:
     """A line (or lines) of text for a person: the values in it come from the state directory and
-    the operator's files, so no escape sequence in them reaches the terminal (flyserve.printable)."""
+    the operator's files, so no escape sequence in them reaches the terminal (flyserve.terminal.printable)."""
     typer.echo(printable_block(message), err=err)
 
 

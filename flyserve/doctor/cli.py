@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from flyserve.doctor.checks import Check, platform_kind, run_checks
-from flyserve.printable import printable_block
+from flyserve.terminal.printable import printable_block
 
 MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
 

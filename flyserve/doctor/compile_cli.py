@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from flyserve.doctor import compile as cc
-from flyserve.printable import printable_block
+from flyserve.terminal.printable import printable_block
 
 flydsl_app = typer.Typer(
     help="FlyDSL (ROCm gfx950 prefill kernel): checks that need no GPU.", no_args_is_help=True

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from flyserve.printable import printable, printable_block, printable_text
+from flyserve.terminal.printable import printable, printable_block, printable_text
 
 fleet_app = typer.Typer(
     help="Many replicas through Prometheus: status, the recording rules, the rollout analysis queries.",

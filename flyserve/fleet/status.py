@@ -10,7 +10,7 @@ joins them by target labels and decides which replicas disagree with the rest:
 
 Whatever answers at --prometheus is the network: every answer is read with a size cap and one
 deadline for the whole read, checked for the shape of a Prometheus vector, and every label printed
-goes through flyserve.printable (cli.py).
+goes through flyserve.terminal.printable (cli.py).
 """
 
 from __future__ import annotations

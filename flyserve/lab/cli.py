@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from flyserve.lab.workloads import DEFAULT_MAX_NUM_BATCHED_TOKENS, workload_names
-from flyserve.printable import printable, printable_block, printable_text
+from flyserve.terminal.printable import printable, printable_block, printable_text
 
 ALL = "all"
 

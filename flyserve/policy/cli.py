@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from flyserve.printable import printable, printable_text
+from flyserve.terminal.printable import printable, printable_text
 
 
 def check_config(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flyserve.printable import printable
+from flyserve.terminal.printable import printable
 
 MAX_ERRORS_SHOWN = 5
 """A document with 10,000 unknown keys gets a message naming five, not a 10,000-line one."""

@@ -18,7 +18,7 @@ from flyserve.policy.errors import ThresholdsError, describe_value
 from flyserve.policy.profile_paths import is_path_like, profile_path
 from flyserve.policy.safe_read import SafeReadError, read_bytes
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES, parse_mapping
-from flyserve.printable import printable
+from flyserve.terminal.printable import printable
 
 __all__ = [
     "FIELDS",

@@ -3,7 +3,7 @@
 Advice lives in the sidecar because the window of priced live shapes does (flyserve.sidecar.live_costs);
 this command is a reader of GET /thresholds/advice that prints it for a person. It changes nothing:
 applying the advice is the PATCH it prints, an operator action guarded by If-Match. What it prints
-comes from whatever answers at --url: every line goes out through flyserve.printable, and an answer
+comes from whatever answers at --url: every line goes out through flyserve.terminal.printable, and an answer
 that is not advice is an error, not a traceback.
 """
 
@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flyserve.printable import printable, printable_block
+from flyserve.terminal.printable import printable, printable_block
 
 DEFAULT_URL = "http://127.0.0.1:9400"
 

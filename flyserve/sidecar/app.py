@@ -25,7 +25,6 @@ from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.control.paths import make_private_dir
 from flyserve.policy.errors import MAX_ERRORS_SHOWN, MAX_MESSAGE_CHARS, redact_field
 from flyserve.policy.thresholds import ThresholdsError
-from flyserve.printable import printable
 from flyserve.sidecar.actor import actor_id
 from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.cache import TtlCache
@@ -44,6 +43,7 @@ from flyserve.sidecar.settings import SidecarSettings
 from flyserve.sidecar.stream import RECLAIM_REASONS, StreamHub
 from flyserve.telemetry import metrics as tm
 from flyserve.telemetry.files_exposition import FilesExposition
+from flyserve.terminal.printable import printable
 
 log = logging.getLogger("flyserve.sidecar")
 
@@ -126,7 +126,7 @@ def _repair_state_dir(control: ControlPlane) -> None:
 
 def _error(status: int, detail: str, field: str | None = None, errors: list[dict[str, str]] | None = None):
     """An error body: its words may echo a request's field names and a file's (a state directory's
-    path, a config key), so the detail is escaped and bounded (flyserve.printable) and a field is
+    path, a config key), so the detail is escaped and bounded (flyserve.terminal.printable) and a field is
     shown as ThresholdsError shows one (redact_field): a client that prints it prints no ESC."""
     return JSONResponse(
         {

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flyserve.printable import install_log_filter, printable_block
+from flyserve.terminal.printable import install_log_filter, printable_block
 
 
 def sidecar(
@@ -203,7 +203,7 @@ def sidecar(
     from flyserve.sidecar.listen import BindError, bind
     from flyserve.sidecar.server import server_config
     from flyserve.sidecar.settings import SidecarSettings, TokenError, read_token
-    from flyserve.startup_checks import StartupError, check_profile
+    from flyserve.startup.checks import StartupError, check_profile
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # flyserve's records name config keys, state files and rank reports' words: escaped (uvicorn's not)
@@ -211,7 +211,7 @@ def sidecar(
 
     def err(message: str, err: bool = False) -> None:
         """Startup lines: the token file's, the cost table's and the state directory's words are in
-        some of them, so through flyserve.printable."""
+        some of them, so through flyserve.terminal.printable."""
         typer.echo(printable_block(message), err=err)
 
     try:  # first: a bad profile is the first (and only) line, before anything starts

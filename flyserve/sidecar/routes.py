@@ -22,7 +22,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from flyserve.control import ChangeResult, ControlPlane
 from flyserve.policy.errors import MAX_MESSAGE_CHARS
 from flyserve.policy.thresholds import Thresholds, ThresholdsError
-from flyserve.printable import printable
 from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.auth import require_token
 from flyserve.sidecar.live_costs import REGRET_WINDOWS, AdviceResult, RegretSummary
@@ -49,6 +48,7 @@ from flyserve.sidecar.server import stream_connection
 from flyserve.sidecar.service import StatsService, thresholds_view
 from flyserve.sidecar.stream import StreamHub, StreamsFull
 from flyserve.telemetry.shape_sample import read_shape_samples, routing_change
+from flyserve.terminal.printable import printable
 
 T = TypeVar("T")
 STREAM_RETRY_AFTER_MAX_S = 10

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flyserve.printable import printable_block
+from flyserve.terminal.printable import printable_block
 
 
 def simulate(
@@ -104,7 +104,7 @@ def simulate(
     from flyserve.control.initialise import implicit_note, resolve
     from flyserve.sim.simulate import SimulateArgs, parse_drift
     from flyserve.sim.simulate import simulate as run
-    from flyserve.startup_checks import StartupError, check_profile
+    from flyserve.startup.checks import StartupError, check_profile
 
     try:  # first: a bad profile is the first (and only) line, before any rank starts
         check_profile(profile, setting="--profile")

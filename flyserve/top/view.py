@@ -6,7 +6,7 @@ A field the payload leaves null is shown with why (``regret: not priced: the sid
 
 The payload comes from whatever answers on the port: every value is read by type (a string where a
 number belongs shows as "?", a list where an object belongs as nothing), every string reaches the
-screen through flyserve.printable (no escape sequence, no rich markup, bounded), long tables are
+screen through flyserve.terminal.printable (no escape sequence, no rich markup, bounded), long tables are
 cut, and a section that still cannot be drawn says so in place of itself: the view never dies of a
 payload.
 """
@@ -23,7 +23,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from flyserve.printable import printable, printable_text
+from flyserve.terminal.printable import printable, printable_text
 
 WINDOWS = ("60s", "300s", "900s", "total")
 """The `w` key cycles these: /dispatch-stats' windows, then the counters since start."""

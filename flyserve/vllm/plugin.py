@@ -23,9 +23,9 @@ def show_logs() -> None:
     """Send the ``flyserve`` loggers to stderr in vLLM's processes (vLLM configures only its own
     ``vllm`` logger, so without this the rank's start line, the mode in force and every applied
     version would be dropped). Level: $FLYSERVE_LOG_LEVEL, default INFO. Idempotent. The records are
-    escaped (flyserve.printable.install_log_filter): they quote state files and the engine channel;
+    escaped (flyserve.terminal.printable.install_log_filter): they quote state files and the engine channel;
     vLLM's own loggers are left as vLLM formats them."""
-    from flyserve.printable import install_log_filter
+    from flyserve.terminal.printable import install_log_filter
 
     root = logging.getLogger("flyserve")
     if any(getattr(h, "_flyserve", False) for h in root.handlers):
@@ -62,7 +62,7 @@ def _check_profile_or_exit() -> None:
     available. vLLM calls register() while it builds its argument parser, so this is the first
     thing that fails; found later, it was line 56 of a 275-line log ending in "Engine core
     initialization failed"."""
-    from flyserve.startup_checks import StartupError, check_profile
+    from flyserve.startup.checks import StartupError, check_profile
     from flyserve.vllm.runtime import PROFILE_ENV, profile_name
 
     try:

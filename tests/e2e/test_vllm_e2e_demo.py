@@ -32,7 +32,7 @@ def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_mode
     stats = s["dispatch_stats"]
     assert stats["totals"]["batches"] == sum(s["decisions_by_path"].values())
     before, after, advised = s["phases"]
-    # The advice phase (flyserve.demo_advice): the sidecar priced the engine's sampled steps with the
+    # The advice phase (flyserve.demo.advice): the sidecar priced the engine's sampled steps with the
     # measured CPU table; cpu-tiny sends prefill batches to the slower SDPA stand-in, so there was
     # regret; advice was applied through PATCH with If-Match (version 3) and the round after it
     # had less.

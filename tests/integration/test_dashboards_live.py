@@ -25,7 +25,7 @@ from _dashboards_live import (
     substitute,
 )
 
-from flyserve import dashboards
+from flyserve.dashboards import build as dashboards
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -1,6 +1,6 @@
 """Every command that prints what others wrote (the state directory's versions, rank reports, history
 and audit log; config and cost files; the sidecar's and an arm's answers) prints it through
-flyserve.printable: no raw ESC, C1, DEL, bidi or zero-width character reaches the terminal, rich
+flyserve.terminal.printable: no raw ESC, C1, DEL, bidi or zero-width character reaches the terminal, rich
 markup prints literally, and what was there shows as an escape (``\\x1b``)."""
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def test_check_config_names_a_hostile_file_escaped(tmp_path: Path) -> None:
 
 
 def test_explain_names_a_hostile_cost_table_escaped(tmp_path: Path, hostile_state: Path) -> None:
-    from flyserve.explain_cli import register
+    from flyserve.explain.cli import register
 
     table = tmp_path / f"t{IN_A_NAME}.json"
     shutil.copy(REPO / "config" / "costs" / "h200.json", table)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flyserve import dashboards
+from flyserve.dashboards import build as dashboards
 from flyserve.telemetry.metrics import METRIC_NAMES, METRIC_TYPES
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@ the CPU prefill path is a stand-in, and where the sidecar was (issue 14)."""
 
 from __future__ import annotations
 
-from flyserve.demo_report import CPU_KERNEL_NOTE, closing_lines, live_line, phase_figures
+from flyserve.demo.report import CPU_KERNEL_NOTE, closing_lines, live_line, phase_figures
 
 
 def _stats(batches: int, unified: int, prefill: int, no_prefill_rows: int, version: int = 1) -> dict:

@@ -101,7 +101,7 @@ def _in(package: str) -> list[str]:
     return [m for m in MODULES if m == package or m.startswith(package + ".")]
 
 
-SANITISER = "flyserve.printable"
+SANITISER = "flyserve.terminal.printable"
 """The one sanitiser of text bound for a terminal: every command prints through it, so every package
 with a command may import it, policy and arms included; it imports nothing of flyserve (checked
 below), so importing it reaches nothing else."""
@@ -178,3 +178,11 @@ def test_only_the_vllm_package_and_the_lab_import_vllm_or_torch():
             if any(n.split(".")[0] in {"vllm", "torch"} for n in names):
                 offenders.append(f"{m}:{node.lineno}")
     assert offenders == []
+
+
+def test_the_package_root_holds_only_the_package_and_the_command_table():
+    """Every command and every shared room is a package of its own; a loose module at the root is a
+    room nobody drew on the map (docs/architecture.md)."""
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in {"__init__.py", "cli.py"})
+    assert loose == []
+    assert all((d / "__init__.py").is_file() for d in PACKAGE.iterdir() if d.is_dir() and d.name != "__pycache__")

@@ -24,9 +24,9 @@ from pydantic import SecretStr
 from scripted_http import answer, scripted_server
 from typer.testing import CliRunner
 
-from flyserve import printable as pr
 from flyserve.policy.errors import ThresholdsError, redact_field
 from flyserve.policy.thresholds import FIELDS, unknown_key_error
+from flyserve.terminal import printable as pr
 
 REPO = Path(__file__).resolve().parents[2]
 OSC52 = "\x1b]52;c;ZXZpbA==\x07"  # writes "evil" to the clipboard of a terminal that obeys it

@@ -1,4 +1,4 @@
-"""flyserve.printable: what a terminal would obey (ESC, C1, DEL, bidi and zero-width characters) and
+"""flyserve.terminal.printable: what a terminal would obey (ESC, C1, DEL, bidi and zero-width characters) and
 what rich would read as markup is shown as text instead, replaced rather than dropped, and bounded."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from flyserve.printable import FIELD_LIMIT, printable, printable_block, printable_text
+from flyserve.terminal.printable import FIELD_LIMIT, printable, printable_block, printable_text
 
 OSC52 = "\x1b]52;c;ZXZpbA==\x07"  # write "evil" to the clipboard
 CLEAR = "\x1b[2J\x1b[H"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flyserve.startup_checks import StartupError, check_profile, profile_problem
+from flyserve.startup.checks import StartupError, check_profile, profile_problem
 
 
 def test_profile_problem_names_the_profile_and_the_ones_available():

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flyserve.printable import printable, printable_block
+from flyserve.terminal.printable import printable, printable_block
 
 MAX_SAMPLE_BYTES = 4 << 20
 """A shape log is a few hundred lines of a few kB; an advice answer at most 10,000 shapes."""

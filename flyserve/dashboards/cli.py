@@ -24,7 +24,7 @@ def _build(
     ] = False,
 ) -> None:
     """Generate the Grafana dashboards (Dispatch overview, Kernel paths, Control plane, Fleet) as JSON."""
-    from flyserve import dashboards
+    from flyserve.dashboards import build as dashboards
 
     if out.exists() and not out.is_dir():
         typer.echo(f"error: --out {out} exists and is not a directory", err=True)

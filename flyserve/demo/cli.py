@@ -7,7 +7,7 @@
    halves, printing a live summary of /dispatch-stats; between the halves it changes a threshold
    through the sidecar (PATCH /thresholds) and shows the prefill ratio move;
 5. prices what the thresholds cost (regret), asks the sidecar for advice, applies it and runs one
-   more round of traffic to show the regret after (flyserve.demo_advice);
+   more round of traffic to show the regret after (flyserve.demo.advice);
 6. prints where the sidecar is (kept up for --hold seconds), shuts everything down (also on
    Ctrl-C) and optionally writes a JSON summary.
 
@@ -34,10 +34,10 @@ from typing import Annotated, Any
 
 import typer
 
-from flyserve.demo_advice import DEMO_COSTS, advice_phase, priced_seconds
-from flyserve.demo_procs import Stack, get_json, stop_popen, wait_http
-from flyserve.demo_report import CPU_KERNEL_NOTE, closing_lines, live_line, phase_done_line, phase_figures
-from flyserve.printable import printable_block
+from flyserve.demo.advice import DEMO_COSTS, advice_phase, priced_seconds
+from flyserve.demo.procs import Stack, get_json, stop_popen, wait_http
+from flyserve.demo.report import CPU_KERNEL_NOTE, closing_lines, live_line, phase_done_line, phase_figures
+from flyserve.terminal.printable import printable_block
 from flyserve.vllm.launch import TINY_SERVE_ARGS
 
 PROFILE = "cpu-tiny"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from flyserve.printable import LOG_FILTER
+from flyserve.terminal.printable import LOG_FILTER
 
 log = logging.getLogger("flyserve.startup")
 

@@ -1,5 +1,5 @@
 """The demo's processes: start, wait for, poll and stop them (every one bound to 127.0.0.1, every
-wait bounded), so flyserve/demo.py reads as the story it tells."""
+wait bounded), so flyserve/demo/cli.py reads as the story it tells."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""The Grafana dashboards as code (build) and `flyserve dashboards` (cli)."""

@@ -1,0 +1,1 @@
+"""The checks every flyserve process makes before it starts anything."""
