@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from flyserve.files.atomic import atomic_write
 from flyserve.terminal.printable import printable
 
 
@@ -78,10 +79,7 @@ def render_table(report: dict[str, Any], console: Console) -> None:
 
 
 def write_json(report: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, json.dumps(report, indent=1, ensure_ascii=False) + "\n")
 
 
 def write_plot(report: dict[str, Any], path: Path) -> None:

@@ -16,8 +16,9 @@ from flyserve.control.plane import (
 )
 from flyserve.control.rank import RankControl
 from flyserve.control.snapshot import LAYERS, SOURCES, ConfigSnapshot
-from flyserve.control.store import Store, atomic_write
+from flyserve.control.store import Store
 from flyserve.control.watcher import Watcher
+from flyserve.files.atomic import atomic_write
 
 __all__ = [
     "DEFAULT_LEAD_S",

@@ -25,7 +25,7 @@ from flyserve.control.signals import signals_deferred
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
 from flyserve.control.version_trust import MAX_VERSION_STEP, anchored_ceiling, live_anchor
-from flyserve.policy import safe_read
+from flyserve.files import safe_read
 from flyserve.policy.errors import describe_value
 from flyserve.policy.profiles import load_profile
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES
@@ -91,9 +91,9 @@ def read_config_file(path: str | os.PathLike[str]) -> FileRead:
     p = Path(path)
     try:
         raw = safe_read.read_bytes(p, MAX_DOCUMENT_BYTES, source=str(p), follow_symlinks=True)
+    except safe_read.UnreadableError as exc:
+        raise ControlIOError(f"cannot read config file: {exc.reason}", path=str(p)) from None
     except safe_read.SafeReadError as exc:
-        if exc.reason.startswith("cannot "):
-            raise ControlIOError(f"cannot read config file: {exc.reason}", path=str(p)) from None
         raise ThresholdsError([("<file>", exc.reason)], source=str(p)) from None
     if raw is None:
         raise ControlIOError("config file is missing (deleted, or mid-swap?)", path=str(p))

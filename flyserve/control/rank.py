@@ -206,7 +206,7 @@ class RankControl:
 
     # ------------------------------------------------------------------ background thread
 
-    def start(self) -> RankControl:
+    def start(self) -> Self:
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
             self._thread = threading.Thread(

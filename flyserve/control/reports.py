@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyserve.control.paths import MAX_VERSION
+from flyserve.files.processes import PidState, pid_state
 
 MAX_PLAUSIBLE_STEPS_PER_S = 10_000.0
 """No engine steps faster than this (vLLM: ~10/s long prefills to ~200/s small decode batches)."""
@@ -177,14 +178,12 @@ def process_check(report: RankReport) -> _Process:
             return _Process.GONE
         if now_start != report.proc_start:
             return _Process.GONE  # the rank's pid was reused: the rank is gone
-    try:
-        os.kill(report.pid, 0)
-    except ProcessLookupError:
+    state = pid_state(report.pid)
+    if state is PidState.GONE:
         return _Process.GONE
-    except PermissionError:
-        pass  # alive, another user's: the uid check below decides
-    except OSError:
+    if state is PidState.UNKNOWN:
         return _Process.NOT_OURS
+    # alive (another user's included: the uid check below decides)
     if report.file_uid is not None:
         try:
             if os.stat(f"/proc/{report.pid}").st_uid != report.file_uid:
@@ -236,11 +235,13 @@ def parse_report(
     pid = _int(d, "pid", 1, 1 << 31)
     t = _float(d, "time", 0.0, now + CLOCK_SKEW_S)
     started = _float(d, "started", EARLIEST_START, now + CLOCK_SKEW_S)
-    if None in (rank, engine, pid, t, started) or started > t + CLOCK_SKEW_S:  # type: ignore[operator]
+    if rank is None or engine is None or pid is None or t is None or started is None:
+        return None
+    if started > t + CLOCK_SKEW_S:
         return None
     t = min(t, now)  # a report from the future (up to the allowed skew) is as fresh as now, no fresher
     # A step count the rank cannot have reached since it started is not believed.
-    most = int((t - started + 60.0) * MAX_PLAUSIBLE_STEPS_PER_S)  # type: ignore[operator]
+    most = int((t - started + 60.0) * MAX_PLAUSIBLE_STEPS_PER_S)
     step = _int(d, "step", 0, most)
     if step is None:
         return None
@@ -257,15 +258,16 @@ def parse_report(
         proc_start = _int(d, "proc_start", 0, MAX_PROC_START)
         if proc_start is None:
             return None
-    host = d.get("host") if isinstance(d.get("host"), str) else ""
-    pidns = d.get("pidns") if isinstance(d.get("pidns"), str) else ""
+    host, pidns = d.get("host"), d.get("pidns")
+    host = host if isinstance(host, str) else ""
+    pidns = pidns if isinstance(pidns, str) else ""
     return RankReport(
-        rank=rank,  # type: ignore[arg-type]
-        engine=engine,  # type: ignore[arg-type]
-        pid=pid,  # type: ignore[arg-type]
+        rank=rank,
+        engine=engine,
+        pid=pid,
         step=step,
-        time=t,  # type: ignore[arg-type]
-        started=started,  # type: ignore[arg-type]
+        time=t,
+        started=started,
         steps_per_s=rate,
         applied_version=applied,
         late_applies=late,

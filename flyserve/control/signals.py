@@ -28,7 +28,7 @@ def signals_deferred() -> Iterator[None]:
         yield
         return
     got: list[int] = []
-    old: dict[int, Any] = {}
+    old: dict[signal.Signals, Any] = {}
 
     def record(signum: int, _frame: object) -> None:
         got.append(signum)

@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -30,44 +29,12 @@ from flyserve.control.reports import CLOCK_SKEW_S, RankReport, parse_report, pro
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.version_trust import believed, ceiling_for, credible_max
 from flyserve.control.witness import StepWitness
-from flyserve.policy import safe_read
+from flyserve.files import safe_read
+from flyserve.files.atomic import atomic_write
 from flyserve.policy.errors import describe_value
 from flyserve.policy.thresholds import ThresholdsError
 
 log = logging.getLogger("flyserve.control")
-
-
-def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644, overwrite: bool = True) -> None:
-    """Write ``path`` so that readers see either the old or the new content: temp, fsync, os.replace.
-
-    ``overwrite=False`` links the temp file into place instead (link() fails with FileExistsError
-    when ``path`` exists): history files are written once and never replaced.
-    """
-    raw = data.encode() if isinstance(data, str) else data
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)
-            os.unlink(tmp)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    # The rename itself is durable only once the directory is synced (matters on disk, free on tmpfs).
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 MAX_JSON_BYTES = 1 << 20

@@ -28,6 +28,7 @@ second): the plane can always continue, and always accepts ``circuit open``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import overload
 
 from flyserve.control.paths import MAX_VERSION
 from flyserve.control.reports import Liveness, RankReport, liveness
@@ -117,6 +118,12 @@ def _lowest_applied(
     return min(applied, default=None)
 
 
+@overload
+def anchored_ceiling(anchor: int) -> int: ...
+@overload
+def anchored_ceiling(anchor: None) -> None: ...
+@overload
+def anchored_ceiling(anchor: int | None) -> int | None: ...
 def anchored_ceiling(anchor: int | None) -> int | None:
     """The highest version a reader anchored on ``anchor`` stands on from history (None: no
     anchor, no bound): one below the highest believed above it, so the next version the plane

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from flyserve.control.errors import ControlIOError
-from flyserve.policy import safe_read
+from flyserve.files import safe_read
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES
 from flyserve.policy.thresholds import ThresholdsError
 
@@ -36,11 +36,11 @@ def _read_capped(path: str | Path) -> bytes | None:
     its hash is that of a marker, and the reload that follows reports it."""
     try:
         return safe_read.read_bytes(path, MAX_DOCUMENT_BYTES, follow_symlinks=True)
-    except safe_read.SafeReadError as exc:
-        if exc.reason.startswith("not a regular file"):
-            return b"\0not a regular file"
-        if exc.reason.startswith("larger than"):
-            return b"\0larger than the cap"
+    except safe_read.NotRegularFileError:
+        return b"\0not a regular file"
+    except safe_read.TooLargeError:
+        return b"\0larger than the cap"
+    except safe_read.SafeReadError:
         return None
 
 
@@ -108,7 +108,7 @@ class Watcher:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> Watcher:
+    def start(self) -> Self:
         self.check()  # the file as it is now, before waiting for any event
         self._thread = threading.Thread(target=self._run, name="flyserve-config-watcher", daemon=True)
         self._thread.start()
@@ -233,12 +233,12 @@ class Watcher:
         sha = hashlib.sha256(raw).hexdigest()
         if not force and sha == self._handled:
             return False
-        sha = self._settled(raw, sha)
-        if sha is None:
+        settled = self._settled(raw, sha)
+        if settled is None:
             return False
-        if not force and sha == self._handled:
+        if not force and settled == self._handled:
             return False
-        return self._reload(sha)
+        return self._reload(settled)
 
     def _settled(self, raw: bytes, sha: str) -> str | None:
         """The content's hash once two reads ``settle_s`` apart agree (None: stopped, or gone)."""

@@ -37,6 +37,7 @@ from grafana_foundation_sdk.models import dashboard as dash_m
 from grafana_foundation_sdk.models import heatmap as heatmap_m
 from grafana_foundation_sdk.models import prometheus as prom_m
 
+from flyserve.files.atomic import atomic_write
 from flyserve.fleet import promql as fleet_promql
 from flyserve.telemetry import metrics as tm
 
@@ -1349,10 +1350,7 @@ def write(out_dir: Path, *, check: bool = False) -> list[Path]:
             continue
         changed.append(path)
         if not check:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(path)
+            atomic_write(path, text)
     return changed
 
 

@@ -84,7 +84,7 @@ def read_sample(path: str, index: int) -> dict[str, Any]:
     import sys
 
     from flyserve.control.store import read_regular_file
-    from flyserve.policy import safe_read
+    from flyserve.files import safe_read
 
     where = "stdin" if path == "-" else Path(path).name
     try:
@@ -100,22 +100,23 @@ def read_sample(path: str, index: int) -> dict[str, Any]:
     if len(raw) > MAX_SAMPLE_BYTES:
         raise ExplainInputError(f"--sample {where}: larger than {MAX_SAMPLE_BYTES} bytes")
     text = raw.decode("utf-8", errors="replace")
-    # flyserve.policy.safe_read's parser: depth and number caps, errors that name the field.
+    # flyserve.files.safe_read's parser: depth and number caps, errors that name the field.
     try:
         return sample_from_json(
             safe_read.parse_json(text, source=f"--sample {where}"), f"--sample {where}", index
         )
+    except safe_read.NotJSONError:
+        pass  # not one JSON document: JSON lines, one sample per line
     except safe_read.SafeReadError as exc:
-        if not exc.reason.startswith("not JSON"):
-            raise ExplainInputError(str(exc)) from None
+        raise ExplainInputError(str(exc)) from None
     docs = []
     for i, line in enumerate(text.splitlines()):
         if line.strip():
             try:
                 docs.append(safe_read.parse_json(line, source=f"--sample {where}: line {i + 1}"))
+            except safe_read.NotJSONError:
+                raise ExplainInputError(f"--sample {where}: line {i + 1} is not JSON") from None
             except safe_read.SafeReadError as exc:
-                if exc.reason.startswith("not JSON"):
-                    raise ExplainInputError(f"--sample {where}: line {i + 1} is not JSON") from None
                 raise ExplainInputError(str(exc)) from None
     return sample_from_json(docs, f"--sample {where}", index)
 

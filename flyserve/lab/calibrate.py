@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flyserve.policy import PREFILL, UNIFIED, Thresholds, safe_read
+from flyserve.files import safe_read
+from flyserve.files.atomic import atomic_write
+from flyserve.policy import PREFILL, UNIFIED, Thresholds
 from flyserve.pricing.costs import CostEntry, CostTable
 from flyserve.pricing.fit import fit_thresholds
 
@@ -140,10 +142,7 @@ class CalibrationError(RuntimeError):
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temp file and a rename (a crash leaves the old file or
     the new one, never half of one); both calibrators write their profile and cost table with it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, text)
 
 
 def run_calibration(

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from flyserve.policy import safe_read
+from flyserve.files import safe_read
 
 MAX_TRACE_BYTES = 1 << 30
 """A recorded shape log larger than 1 GiB is refused (an hour of a busy engine is ~100 MB)."""
@@ -378,7 +378,7 @@ def parse_trace_lines(lines: Sequence[str], *, name: str, rank: int | None = Non
 def load_trace(path: str | Path, *, rank: int | None = None) -> Trace:
     """A recorded shape log (JSONL), e.g. from ``FLYSERVE_SHAPE_LOG=/tmp/shapes.jsonl vllm serve ...``."""
     p = Path(path)
-    try:  # flyserve.policy.safe_read: no FIFO waited on, no /dev/zero read without end
+    try:  # flyserve.files.safe_read: no FIFO waited on, no /dev/zero read without end
         text = safe_read.read_text(p, MAX_TRACE_BYTES, source=p.name, follow_symlinks=True)
     except safe_read.SafeReadError as exc:
         raise TraceError(str(exc)) from None

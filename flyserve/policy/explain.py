@@ -203,5 +203,5 @@ def explain(shape: BatchShape, t: Thresholds) -> Explanation:
     if reason == NO_PREFILL_ROWS and t.decode_path == PREFILL:
         lpt, detail = explain_lpt(shape, t)
         return Explanation(checks, PREFILL, reason, lpt, f"decode_path = prefill; {detail}")
-    detail = "decode_path = unified" if reason == NO_PREFILL_ROWS else None
-    return Explanation(checks, UNIFIED, reason, None, detail)
+    note = "decode_path = unified" if reason == NO_PREFILL_ROWS else None
+    return Explanation(checks, UNIFIED, reason, None, note)

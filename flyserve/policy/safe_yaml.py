@@ -15,7 +15,7 @@ and keeps the last of two duplicate keys silently. This loader:
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Any
 
 import yaml
 from yaml.constructor import ConstructorError
@@ -38,7 +38,8 @@ class _Refused(yaml.YAMLError):
 class SafeLoader(yaml.SafeLoader):
     """yaml.SafeLoader without aliases, YAML 1.1 scalars, duplicate keys or unbounded nesting."""
 
-    yaml_implicit_resolvers: ClassVar[dict] = {}  # replaced below: YAML 1.2 core schema only
+    # A class attribute, as in yaml.resolver.BaseResolver (whose stub declares it without ClassVar).
+    yaml_implicit_resolvers: dict[Any, Any] = {}  # replaced below: YAML 1.2 core schema only
     _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:

@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from flyserve.files.safe_read import SafeReadError, read_bytes
 from flyserve.policy.errors import ThresholdsError, describe_value
 from flyserve.policy.profile_paths import is_path_like, profile_path
-from flyserve.policy.safe_read import SafeReadError, read_bytes
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES, parse_mapping
 from flyserve.terminal.printable import printable
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from flyserve.control import ControlPlane
 from flyserve.telemetry import metrics as tm
-from flyserve.telemetry.compaction import CompactionReport, compact, pid_alive
+from flyserve.files.processes import pid_alive
+from flyserve.telemetry.compaction import CompactionReport, compact
 
 log = logging.getLogger("flyserve.sidecar")
 

@@ -36,7 +36,7 @@ from prometheus_client.mmap_dict import _read_all_values as mmap_read_all_values
 from prometheus_client.utils import floatToGoString
 from prometheus_client.values import MutexValue
 
-from flyserve.policy import safe_read
+from flyserve.files import safe_read
 
 # --------------------------------------------------------------------------------------------
 # Version gate
@@ -65,7 +65,7 @@ def check_version(version: str) -> tuple[int, int]:
             "(flyserve/telemetry/_prom_backend.py). Install a tested version: "
             f"pip install 'prometheus-client>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1] + 1}'"
         )
-    return major_minor  # type: ignore[return-value]
+    return major_minor
 
 
 def installed_version() -> str:
@@ -97,7 +97,7 @@ class _Backend:
         self.generation = 0
         self.lock = threading.Lock()
         self.files: dict[str, MmapedDict] = {}
-        self.views: dict[int, tuple[Any, memoryview]] = {}  # id(mmap) -> (mmap, its float64 view)
+        self.views: dict[int, tuple[Any, memoryview[float]]] = {}  # id(mmap) -> (mmap, its float64 view)
         self.pid = os.getpid()
         self.values: list[_MmapValue] = []
         # Objects holding bound cells; bump() calls their _invalidate() so their hot path needs no
@@ -111,7 +111,7 @@ class _Backend:
         for obj in list(self.listeners):
             obj._invalidate()
 
-    def view(self, m: Any) -> memoryview:
+    def view(self, m: Any) -> memoryview[float]:
         """A float64 view of an mmap (one per mapping; MmapedDict maps a larger one when it grows)."""
         got = self.views.get(id(m))
         if got is None or got[0] is not m:
@@ -178,7 +178,7 @@ class _MmapValue:
         if f is None:
             assert BACKEND.directory is not None
             f = BACKEND.files[prefix] = MmapedDict(str(BACKEND.directory / f"{prefix}_{BACKEND.pid}.db"))
-        key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
+        key = mmap_key(metric_name, name, list(labelnames), list(labelvalues), help_text)
         _, ts = f.read_value(key)  # creates the entry: a zero series from the first scrape
         pos = f._positions[key]
         assert pos % 8 == 0
@@ -457,7 +457,7 @@ def _used_of(head: bytes, size: int) -> int | None:
 
 
 def _open_values_file(path: str | os.PathLike[str]) -> tuple[int, int]:
-    """(fd, size) of a metrics file through flyserve.policy.safe_read.open_regular: a FIFO, a
+    """(fd, size) of a metrics file through flyserve.files.safe_read.open_regular: a FIFO, a
     symlink (to /dev/zero) or a directory among the metrics files is refused at once (ValueError),
     never waited on (a plain open() of a FIFO blocked every /metrics and /dispatch-stats for ever).
     FileNotFoundError if gone. The caller closes fd."""

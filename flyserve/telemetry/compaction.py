@@ -50,8 +50,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
-from flyserve.policy import safe_read
+from flyserve.files import safe_read
+from flyserve.files.processes import pid_alive
 from flyserve.telemetry._prom_backend import encode_values_file, read_values_file
 
 log = logging.getLogger("flyserve.telemetry")
@@ -111,17 +113,6 @@ class CompactionReport:
     files_after: int = 0
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a process in this pid namespace (a pid we may not signal counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # ----------------------------------------------------------------------------- locks and journal
 
 
@@ -148,7 +139,7 @@ class Journal:
     sources: tuple[str, ...]
 
 
-def _plain_name(name: object) -> bool:
+def _plain_name(name: object) -> TypeGuard[str]:
     return isinstance(name, str) and bool(name) and "/" not in name and ".." not in name and "\0" not in name
 
 

@@ -32,7 +32,7 @@ class EntryCache(Generic[T]):
         self._lock = threading.Lock()
         self._files: dict[str, tuple[int, int, list[tuple[T, int]]]] = {}
 
-    def read(self, path: str) -> tuple[memoryview, list[tuple[T, int]]]:
+    def read(self, path: str) -> tuple[memoryview[float], list[tuple[T, int]]]:
         """(the file's used bytes as float64s, its wanted entries). ValueError for a file whose
         header or entries cannot be true, OSError (FileNotFoundError) as open() raises it."""
         st, data = read_used(path)  # via safe_read.open_regular; size-capped

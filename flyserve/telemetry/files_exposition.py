@@ -48,6 +48,14 @@ class _Key:
     group: str  # a bucket's series without le (its _count line's prefix); "" otherwise
 
 
+def _bound(k: _Key) -> float:
+    """A bucket key's bound: set wherever ``group`` is (FilesExposition._key), so on every key
+    of a bucket series."""
+    if k.le is None:
+        raise ValueError(f"not a histogram bucket key: {k.prefix!r}")
+    return k.le
+
+
 def _escape_label(v: str) -> str:
     return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
@@ -97,7 +105,7 @@ class FilesExposition:
             self._keys[key] = parsed
         return parsed
 
-    def _entries(self, name: str) -> tuple[memoryview, list[tuple[str, int]]]:
+    def _entries(self, name: str) -> tuple[memoryview[float], list[tuple[str, int]]]:
         """The file's float64 view and its entries; reparses only what was appended."""
         st, data = read_used(os.path.join(self.path, name))  # via safe_read.open_regular; size-capped
         if not data:
@@ -165,7 +173,15 @@ class FilesExposition:
                     sums[key] = sums.get(key, 0.0) + values[i]
         return self._render(types, sums, buckets, gauges)
 
-    def _gauges(self, mode, pid, values, entries, types, gauges) -> None:  # type: ignore[no-untyped-def]
+    def _gauges(
+        self,
+        mode: str,
+        pid: str,
+        values: memoryview[float],
+        entries: list[tuple[str, int]],
+        types: dict[str, tuple[str, str]],
+        gauges: dict[str, tuple[float, float, str]],
+    ) -> None:
         """Merge one gauge file by its multiprocess mode (prometheus_client's rules)."""
         keep_pid = mode in ("all", "liveall")
         for key, i in entries:
@@ -210,16 +226,22 @@ class FilesExposition:
         k = self._keys.get(key)
         return k if k is not None else self._key(key)  # type: ignore[return-value]
 
-    def _render(self, types, sums, buckets, gauges) -> bytes:  # type: ignore[no-untyped-def]
+    def _render(
+        self,
+        types: dict[str, tuple[str, str]],
+        sums: dict[str, float],
+        buckets: dict[str, dict[str, float]],
+        gauges: dict[str, tuple[float, float, str]],
+    ) -> bytes:
         keys = self._parsed  # never self._keys[...]: keys read after the cache filled are not in it
         text = self._value_text
         by_metric: dict[str, list[str]] = {m: [] for m in types}
         for key, v in sums.items():
             k = keys(key)
-            by_metric[k.metric].append(k.prefix + text(v) + "\n")  # type: ignore[union-attr]
+            by_metric[k.metric].append(k.prefix + text(v) + "\n")
         for sid, (v, _ts, key) in gauges.items():
             k = keys(key)
-            prefix = k.prefix  # type: ignore[union-attr]
+            prefix = k.prefix
             if "\0" in sid:  # all/liveall: the pid label, after the others as prometheus_client puts it
                 pid = sid.rsplit("\0", 1)[1]
                 prefix = (
@@ -227,18 +249,18 @@ class FilesExposition:
                     if prefix.endswith("} ")
                     else prefix[:-1] + f'{{pid="{pid}"}} '
                 )
-            by_metric[k.metric].append(prefix + text(v) + "\n")  # type: ignore[union-attr]
+            by_metric[k.metric].append(prefix + text(v) + "\n")
         for group, b in buckets.items():
             order = self._order.get(group)
             if order is None or len(order) != len(b) or any(key not in b for key in order):
-                order = sorted(b, key=lambda key: keys(key).le)  # type: ignore[union-attr]
+                order = sorted(b, key=lambda key: _bound(keys(key)))
                 if len(self._order) < _KEY_CACHE_MAX:
                     self._order[group] = order
-            out = by_metric[keys(order[0]).metric]  # type: ignore[union-attr]
+            out = by_metric[keys(order[0]).metric]
             acc = 0.0
             for key in order:
                 acc += b[key]
-                out.append(keys(key).prefix + text(acc) + "\n")  # type: ignore[union-attr]
+                out.append(keys(key).prefix + text(acc) + "\n")
             out.append(group + text(acc) + "\n")
         parts = []
         for metric, (typ, help_text) in types.items():

@@ -20,22 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from flyserve.files.processes import pid_alive
 from flyserve.telemetry._prom_backend import BACKEND, close_files, reinit_values, values_file_used
 from flyserve.telemetry.compaction import reading
 
 log = logging.getLogger("flyserve.telemetry")
-
-
-def _live(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def wipe_metrics_dir(metrics_dir: str | os.PathLike[str], *, only_dead: bool = True) -> int:
@@ -48,7 +40,7 @@ def wipe_metrics_dir(metrics_dir: str | os.PathLike[str], *, only_dead: bool = T
     for path in glob.glob(os.path.join(os.fspath(metrics_dir), "*.db")):
         stem = os.path.basename(path)[:-3]
         pid_text = stem.rsplit("_", 1)[-1]
-        if only_dead and pid_text.isdigit() and (int(pid_text) == os.getpid() or _live(int(pid_text))):
+        if only_dead and pid_text.isdigit() and (int(pid_text) == os.getpid() or pid_alive(int(pid_text))):
             continue
         try:
             os.remove(path)
@@ -175,13 +167,13 @@ class SoundFilesCollector(MultiProcessCollector):
     fails is each merged alone, to find the ones to leave out (a scrape of sound files pays
     nothing more)."""
 
-    def collect(self):  # type: ignore[no-untyped-def]  # prometheus_client's signature
+    def collect(self) -> Iterable[Metric]:
         # Under the read lock: a compaction never commits while the files are read, and sources
         # an archive already holds (a crashed compaction's, until it is finished) are left out.
         with reading(self._path) as excluded:
             return self._collect(excluded)
 
-    def _collect(self, excluded: frozenset[str]):  # type: ignore[no-untyped-def]
+    def _collect(self, excluded: frozenset[str]) -> Iterable[Metric]:
         files = []
         for f in glob.glob(os.path.join(self._path, "*.db")):
             if excluded and os.path.basename(f) in excluded:

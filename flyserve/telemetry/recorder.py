@@ -167,6 +167,7 @@ class DispatchRecorder:
         metrics file): no label lookup, no method call per series, nothing allocated beyond the
         interpreter's float temporaries.
         """
+        b: tuple[Any, ...] | None  # None only until the slow lookup below fills it
         if decision is self._record_for:
             b = self._record_cells
         else:

@@ -40,7 +40,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections import deque
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -48,7 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flyserve.policy import safe_read
+from flyserve.files import safe_read
+from flyserve.files.atomic import atomic_write
 from flyserve.policy.rules import decide
 from flyserve.policy.shape import BatchShape
 from flyserve.policy.thresholds import Thresholds
@@ -160,16 +160,8 @@ class ShapeSampleWriter:
             d.update(layer)
             lines.append(json.dumps(d, separators=(",", ":")))
         with contextlib.suppress(OSError):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".jsonl")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write("\n".join(lines) + ("\n" if lines else ""))
-                os.replace(tmp, self.path)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            text = "\n".join(lines) + ("\n" if lines else "")
+            atomic_write(self.path, text, mode=0o600, durable=False)
 
 
 MAX_SHAPE_FILE_BYTES = 16 << 20
@@ -194,7 +186,7 @@ def read_shape_samples(
     ``live``: the (engine, rank) keys of the ranks that are live now (flyserve.control.reports.
     is_live); a file of any other rank, or whose name is not ``<engine>-<rank>.jsonl``, is not
     read: samples count only from ranks that are running (issue 22 item 5: a forged file of a
-    rank that does not exist moved advice). Every file is read with flyserve.policy.safe_read: a
+    rank that does not exist moved advice). Every file is read with flyserve.files.safe_read: a
     FIFO, a symlink (to /dev/zero) or a file over MAX_SHAPE_FILE_BYTES is skipped, never waited on
     or read without end.
     """

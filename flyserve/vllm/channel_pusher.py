@@ -43,8 +43,9 @@ from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import StateDir
 from flyserve.control.rank import ENGINE_CHANNEL
 from flyserve.control.snapshot import ConfigSnapshot
-from flyserve.control.store import Store, atomic_write
+from flyserve.control.store import Store
 from flyserve.control.version_trust import live_anchor
+from flyserve.files.atomic import atomic_write
 from flyserve.vllm.engine_channel import MAX_DOCS, METHOD
 
 log = logging.getLogger("flyserve.vllm")

@@ -59,14 +59,14 @@ import os
 import pickle
 import re
 import stat
-import tempfile
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyserve.policy import safe_read
+from flyserve.files import safe_read
+from flyserve.files.atomic import atomic_write
 from flyserve.vllm.flydsl_key import KeyInputs, stale_reason
 from flyserve.vllm.flydsl_layout import layout_of_entry
 
@@ -559,12 +559,4 @@ def record_entries(
 
 def _write_manifest(root: Path, doc: dict[str, Any]) -> None:
     """Replace the manifest in one rename (a reader sees the old one or the new one), mode 0644."""
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{MANIFEST_NAME}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, root / MANIFEST_NAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(root / MANIFEST_NAME, json.dumps(doc, indent=1, sort_keys=True) + "\n", durable=False)

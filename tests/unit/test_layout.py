@@ -107,6 +107,16 @@ with a command may import it, policy and arms included; it imports nothing of fl
 below), so importing it reaches nothing else."""
 
 
+FILES = "flyserve.files"
+"""The shared room for hardened file access (safe reads, the atomic write, the pid check): below
+every other package, so any of them may use it, and it imports nothing of flyserve."""
+
+
+def _base() -> set[str]:
+    """What every package may import: the terminal sanitiser and the files room."""
+    return {SANITISER, *_in(FILES)}
+
+
 def test_the_graph_sees_lazy_imports_and_circles():
     """The checks below would pass on an empty graph: show that it finds a lazy import and a circle."""
     lazy = "def f():\n    from flyserve.lab.workloads import workload\n"
@@ -144,14 +154,14 @@ def test_the_terminal_sanitiser_imports_nothing_of_flyserve():
 def test_arms_and_lab_are_separate_products():
     graph = _graph(top_level_only=False)
     assert not [m for m in _in("flyserve.lab") if Path(MODULES[m]).name.startswith("arms")]
-    arms_reach = _reachable(graph, _in("flyserve.arms")) - {SANITISER}
+    arms_reach = _reachable(graph, _in("flyserve.arms")) - _base()
     assert sorted(m for m in arms_reach if m.startswith("flyserve.") and m.split(".")[1] != "arms") == []
     lab_reach = _reachable(graph, _in("flyserve.lab"))
     assert sorted(m for m in lab_reach if m.startswith("flyserve.arms")) == []
 
 
 def test_policy_imports_nothing_above_it():
-    reached = _reachable(_graph(top_level_only=False), _in("flyserve.policy")) - {SANITISER}
+    reached = _reachable(_graph(top_level_only=False), _in("flyserve.policy")) - _base()
     assert sorted(m for m in reached if m != "flyserve" and m.split(".")[1] != "policy") == []
 
 
@@ -186,3 +196,36 @@ def test_the_package_root_holds_only_the_package_and_the_command_table():
     loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in {"__init__.py", "cli.py"})
     assert loose == []
     assert all((d / "__init__.py").is_file() for d in PACKAGE.iterdir() if d.is_dir() and d.name != "__pycache__")
+
+
+def test_the_files_room_imports_nothing_of_flyserve():
+    graph = _graph(top_level_only=False)
+    assert _in(FILES) and {m: graph[m] for m in _in(FILES) if graph[m]} == {}
+
+
+def test_one_atomic_write_and_one_pid_check():
+    """Writes a reader may see mid-write go through flyserve.files.atomic; a pid is asked about
+    through flyserve.files.processes: no second copy of either grows back elsewhere."""
+    offenders = []
+    for m, p in MODULES.items():
+        if m.startswith(FILES + "."):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            f = node.func
+            if f.attr == "kill" and isinstance(f.value, ast.Name) and f.value.id == "os" and len(node.args) == 2:
+                if isinstance(node.args[1], ast.Constant) and node.args[1].value == 0:
+                    offenders.append(f"{m}:{node.lineno}: os.kill(pid, 0)")
+            if f.attr in ("replace", "rename") and node.args and m not in JOURNALED_RENAMES:
+                # os.replace(tmp, path) names the temp file first; Path.replace(path) is called on it
+                src = ast.unparse(node.args[0] if len(node.args) == 2 else f.value)
+                if "tmp" in src.lower() or "temp" in src.lower():
+                    offenders.append(f"{m}:{node.lineno}: {f.attr}({src}, ...)")
+    assert offenders == []
+
+
+JOURNALED_RENAMES = {"flyserve.telemetry.compaction"}
+"""Not an atomic write: compaction merges into a temp archive that a journal names, and renames it
+only at the journal's commit point (a crash between the two is finished by the next run), so its
+temp file must outlive the write (the protocol: flyserve/telemetry/compaction.py's docstring)."""

@@ -58,6 +58,23 @@ class SafeReadError(ValueError):
         super().__init__(f"{source}: {where}{reason}")
 
 
+class NotRegularFileError(SafeReadError):
+    """A symlink (where symlinks are not followed), a directory, a FIFO, a socket or a device."""
+
+
+class UnreadableError(SafeReadError):
+    """The file could not be opened or read (missing permission, an I/O error): the environment, not
+    its content."""
+
+
+class TooLargeError(SafeReadError):
+    """Larger than the reader's cap (or it grew past the cap while read)."""
+
+
+class NotJSONError(SafeReadError):
+    """Bad JSON syntax: most likely a half-written file."""
+
+
 def display_name(path: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> str:
     """How an error names ``path``: relative to ``base`` (the state directory) when under it,
     else its basename. Never the absolute path: errors go to clients that need not know it."""
@@ -86,16 +103,16 @@ def open_regular(
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise SafeReadError(name, "a symlink, not a regular file (symlinks are not followed)") from None
+            raise NotRegularFileError(name, "a symlink, not a regular file (symlinks are not followed)") from None
         if exc.errno == errno.EISDIR:
-            raise SafeReadError(name, "not a regular file (a directory)") from None
+            raise NotRegularFileError(name, "not a regular file (a directory)") from None
         if exc.errno in (errno.ENXIO, errno.EWOULDBLOCK):
-            raise SafeReadError(name, "not a regular file (a socket or FIFO)") from None
-        raise SafeReadError(name, f"cannot open: {exc.strerror or type(exc).__name__}") from None
+            raise NotRegularFileError(name, "not a regular file (a socket or FIFO)") from None
+        raise UnreadableError(name, f"cannot open: {exc.strerror or type(exc).__name__}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise SafeReadError(name, f"not a regular file (a {_kind(st.st_mode)})")
+            raise NotRegularFileError(name, f"not a regular file (a {_kind(st.st_mode)})")
     except BaseException:
         os.close(fd)
         raise
@@ -144,14 +161,14 @@ def read_file(
     fd, st = opened
     try:
         if st.st_size > max_bytes:
-            raise SafeReadError(name, f"larger than {max_bytes} bytes ({st.st_size})")
+            raise TooLargeError(name, f"larger than {max_bytes} bytes ({st.st_size})")
         raw = _read_at_most(fd, max_bytes + 1)
     except OSError as exc:
-        raise SafeReadError(name, f"cannot read: {exc.strerror or type(exc).__name__}") from None
+        raise UnreadableError(name, f"cannot read: {exc.strerror or type(exc).__name__}") from None
     finally:
         os.close(fd)
     if len(raw) > max_bytes:
-        raise SafeReadError(name, f"larger than {max_bytes} bytes (grew while read)")
+        raise TooLargeError(name, f"larger than {max_bytes} bytes (grew while read)")
     return raw, st
 
 
@@ -191,7 +208,7 @@ def read_tail(path: str | os.PathLike[str], max_bytes: int, *, source: str | Non
         os.lseek(fd, max(0, start - 1), os.SEEK_SET)
         raw = _read_at_most(fd, max_bytes + (start > 0))
     except OSError as exc:
-        raise SafeReadError(name, f"cannot read: {exc.strerror or type(exc).__name__}") from None
+        raise UnreadableError(name, f"cannot read: {exc.strerror or type(exc).__name__}") from None
     finally:
         os.close(fd)
     if start > 0:
@@ -292,7 +309,7 @@ def parse_json(raw: bytes | str, *, source: str, max_depth: int = MAX_JSON_DEPTH
             source, f"nested too deeply (more than {max_depth} levels)", "<document>"
         ) from None
     except json.JSONDecodeError as exc:
-        raise SafeReadError(
+        raise NotJSONError(
             source,
             f"not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}; a half-written file?)",
             "<document>",
