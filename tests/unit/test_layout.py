@@ -214,9 +214,9 @@ def test_one_atomic_write_and_one_pid_check():
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue
             f = node.func
-            if f.attr == "kill" and isinstance(f.value, ast.Name) and f.value.id == "os" and len(node.args) == 2:
-                if isinstance(node.args[1], ast.Constant) and node.args[1].value == 0:
-                    offenders.append(f"{m}:{node.lineno}: os.kill(pid, 0)")
+            is_os_kill = f.attr == "kill" and isinstance(f.value, ast.Name) and f.value.id == "os"
+            if is_os_kill and len(node.args) == 2 and ast.unparse(node.args[1]) == "0":
+                offenders.append(f"{m}:{node.lineno}: os.kill(pid, 0)")
             if f.attr in ("replace", "rename") and node.args and m not in JOURNALED_RENAMES:
                 # os.replace(tmp, path) names the temp file first; Path.replace(path) is called on it
                 src = ast.unparse(node.args[0] if len(node.args) == 2 else f.value)
