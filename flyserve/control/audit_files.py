@@ -1,8 +1,8 @@
 """audit.jsonl and its rotated files: when to rotate, how to rotate, how to read them all in order.
 
-Why: audit.jsonl was never rotated; in Kubernetes it lived in a 256Mi memory volume whose overflow
-evicts the pod (issue 22 item 7). It now rotates at ``max_bytes`` (8 MiB) into audit.jsonl.1 (the
-newest rotated) .. audit.jsonl.<keep> (the oldest; 4 by default), so the log never takes more than
+Why: an audit.jsonl that is never rotated grows without end; in Kubernetes it lives in a 256Mi
+memory volume whose overflow evicts the pod. It rotates at ``max_bytes`` (8 MiB) into audit.jsonl.1
+(the newest rotated) .. audit.jsonl.<keep> (the oldest; 4 by default), so the log never takes more than
 about (keep + 1) x max_bytes. Rotation is a chain of renames done by a writer that holds the store's
 writers' lock (Store.audit), so two writers never rotate at once. Readers (Store.read_audit and
 Store.max_audited_version, hence `flyserve thresholds audit`, `repair` and the sidecar) read the

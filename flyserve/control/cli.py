@@ -176,7 +176,7 @@ def _parse_assignments(pairs: list[str]) -> dict[str, Any]:
         if not eq or not key.strip():
             raise ThresholdsError([(p[:48], "expected KEY=VALUE")], source="command line")
         k = key.strip()
-        if k in out:  # the last one silently won (attack review item 15)
+        if k in out:  # otherwise the last one would silently win
             raise ThresholdsError([(k[:48], "given more than once")], source="command line")
         try:
             value = parse_scalar(raw) if raw.strip() else raw

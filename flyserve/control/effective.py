@@ -2,7 +2,7 @@
 
 A rank's background thread notices a new version up to one report interval after it is published
 (longer on a loaded machine), so the step must lie ``lead_s`` seconds ahead of where the engine's
-fastest rank is now. The rules (issue 13):
+fastest rank is now. The rules:
 
 * only live ranks count (fresh report, finite plausible values, pid not known gone), so a dead
   engine's or a stray file's step cannot pin later changes;
@@ -11,7 +11,7 @@ fastest rank is now. The rules (issue 13):
   stepped) is assumed to step at ``assumed_steps_per_s`` - late is worse than a few seconds' wait;
 * a report that contradicts what the reader saw of the same process (its step jumped faster than
   any engine steps, by the reader's clock) never gets here (flyserve.control.witness);
-* files anyone can write do not decide (issue 22 item 3: three plausible reports "from another
+* files anyone can write do not decide (three plausible reports "from another
   host" with step 1e11 outvoted two real ranks and pinned every change, ``circuit open`` included).
   A report is CONFIRMED when the process table vouches for it (flyserve.control.reports.liveness:
   this host, this pid namespace, pid alive and still the process the rank recorded (its /proc

@@ -25,7 +25,7 @@ def history_version(name: str, *, set_aside: bool = False) -> int | None:
 
     Strict: ASCII digits only (str.isdigit() also takes '²³' and '٣٣', which int() rejects or reads
     as 33), at most 18 of them, 1..MAX_VERSION. A stray name never counts as a version, so it cannot
-    push version numbers out of range (issue 13). ``set_aside`` also accepts repair's '.json.bad'.
+    push version numbers out of range. ``set_aside`` also accepts repair's '.json.bad'.
     """
     m = _HISTORY_NAME.fullmatch(name)
     if m is None or (m.group(2) and not set_aside):
@@ -104,7 +104,7 @@ class StateDir:
 def make_private_dir(path: str | os.PathLike[str]) -> None:
     """Create ``path`` (and missing parents) if absent, the directory itself mode 0700: it holds the
     audit log and the thresholds (docs/operations.md recommends 0700; ``set --create`` and the
-    sidecar made 0755 ones, attack review item 15). An existing directory's mode is left alone."""
+    sidecar would otherwise make 0755 ones). An existing directory's mode is left alone."""
     p = Path(path)
     if p.is_dir():
         return

@@ -256,8 +256,8 @@ class ControlPlane:
         """Above the current version, above every history file name and above every version a live
         rank has applied: versions only go up, so a rank (which ignores versions it has already
         passed) never misses one, and history is never overwritten. The ranks' applied versions
-        matter when current.json, history and the audit log are all lost: versions once restarted
-        at 1 there and every rank ignored the new ones (issue 13). Raises ControlIOError past
+        matter when current.json, history and the audit log are all lost: versions would otherwise
+        restart at 1 there and every rank would ignore the new ones. Raises ControlIOError past
         MAX_VERSION."""
         reports = list(reports)
         floor = self._floor(self._confirmed_applied(reports))
@@ -275,8 +275,7 @@ class ControlPlane:
         up to UNCONFIRMED_VERSION_SLACK above every other record of versions (current.json,
         history names, the audit log). A forged report "from another host" with applied_version
         10**18 - 1 would otherwise exhaust version numbers and refuse every later change - next
-        to confirmed ranks (issue 22 item 3), and with none (ranks in another pid namespace, or
-        stopped; issue 22 review)."""
+        to confirmed ranks, and with none (ranks in another pid namespace, or stopped)."""
         reports = list(reports)
         by_state: dict[Liveness, list[int]] = {Liveness.CONFIRMED: [], Liveness.UNCONFIRMED: []}
         for r in reports:

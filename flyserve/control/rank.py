@@ -77,7 +77,7 @@ class RankControl:
         self.started = time.time()
         # Until the rank has measured a rate (MIN_RATE_STEPS steps over MIN_RATE_WINDOW_S), its
         # report says steps_per_s null and the publisher assumes a high rate: a change published in
-        # a rank's first second used to get the 8-step floor and be applied late (issue 13).
+        # a rank's first second would otherwise get the 8-step floor and be applied late.
         self._last_rate_sample: tuple[float, int] = (self.started, 0)
         self._recent_rates: deque[float] = deque(maxlen=RATE_PEAK_REPORTS)
         self.late_applies = 0  # versions this rank learned of after their effective step
@@ -130,7 +130,7 @@ class RankControl:
 
         Versions are whole snapshots, so older queued ones are applied with it (in order, at this
         step) even if their own step lies ahead: a version published with a step far ahead (a
-        forged rank report, issue 13 review) is superseded by the next change instead of holding
+        forged rank report) is superseded by the next change instead of holding
         it back. Every rank of an engine holds the same steps, so all do the same at the same step."""
         with self._lock:
             n = 0  # 1 + the index of the newest due version

@@ -18,7 +18,7 @@ Run by the sidecar at start and by `flyserve thresholds repair`. Under the write
 5. completes write-ahead audit lines ('publishing') that have no completion: 'success' with
    ``recovered: true`` when the version was in force, 'abandoned' when it never was - judged by
    current.json, the confirmed ranks' applied versions and the later audit entries, not by whether
-   its history file still exists (_was_in_force; issue 22 item 6).
+   its history file still exists (_was_in_force).
 
 Every step is logged and the whole repair is one audit entry naming what it dropped.
 """
@@ -80,7 +80,7 @@ def _remove_temp_files(plane: Any, dropped: list[str]) -> None:
 
 def _set_aside_stray_names(plane: Any, dropped: list[str]) -> None:
     """history/*.json names that carry no valid version ('²³.json', a 30-digit number) are renamed
-    '*.stray': they were never versions and never count as one (issue 13)."""
+    '*.stray': they were never versions and never count as one."""
     hist = plane.state_dir.history_dir
     for n in plane.store.stray_history_names():
         with contextlib.suppress(OSError):
@@ -173,7 +173,7 @@ def _was_in_force(
     history_exists: Callable[[int], bool],
 ) -> bool:
     """Whether version ``v`` (of the unfinished write-ahead line ``entries[index]``) was ever in
-    force, judged by what records it (issue 22 item 6) - not by its history file, which pruning
+    force, judged by what records it - not by its history file, which pruning
     removes from a version that was in force, and which a writer killed before current.json leaves
     behind for a version that never was:
 
@@ -217,7 +217,7 @@ def _complete_audit(plane: Any, cur: ConfigSnapshot, actions: list[str], dropped
     now = plane._clock()
     # Only ranks the process table confirms (flyserve.control.reports.liveness): an unconfirmed
     # report is a file anyone who can write in ranks/ can drop, and one claiming an applied_version
-    # made repair record a version that never was in force as 'success' (issue 22 review). With no
+    # would make repair record a version that never was in force as 'success'. With no
     # confirmed rank (ranks in another pid namespace, or stopped), the audit log decides alone.
     applied = {
         r.applied_version

@@ -1,11 +1,10 @@
 """Rank reports (ranks/<rank>.json) as the operator side may trust them.
 
 A report is a file anyone with write access to the state directory can drop: a stray
-``{"step": 1000000000}`` once pinned every later change (issue 13), ``"step": Infinity`` made
-every page answer 500, and three plausible reports "from another host" outvoted two real ranks
-(issue 22 item 3). So a report counts only when every field is a finite, plausible number, and
-what a report says about its own process is checked against the process table where it can be
-(liveness()):
+``{"step": 1000000000}`` once pinned every later change, ``"step": Infinity`` made every page
+answer 500, and three plausible reports "from another host" outvoted two real ranks. So a report
+counts only when every field is a finite, plausible number, and what a report says about its own
+process is checked against the process table where it can be (liveness()):
 
 * ``CONFIRMED``: fresh, written on this host in this pid namespace, its pid alive and still the
   same process (its start time in /proc/<pid>/stat equals the ``proc_start`` the rank recorded
@@ -42,7 +41,7 @@ MAX_RANK = 65_535
 CLOCK_SKEW_S = 5.0
 EARLIEST_START = 1_577_836_800.0
 """2020-01-01: a rank that says it started before is not believed ('started: 0.0' once made the
-step cap, (time - started) * MAX_PLAUSIBLE_STEPS_PER_S, allow 10^13 steps; issue 13 review)."""
+step cap, (time - started) * MAX_PLAUSIBLE_STEPS_PER_S, allow 10^13 steps)."""
 
 
 def pid_namespace() -> str:

@@ -1,7 +1,7 @@
 """Hold off SIGTERM/SIGINT/SIGHUP while a change is being published, then act on them.
 
 A `flyserve thresholds set` sent SIGTERM while it published left a 'publishing' audit line with no
-completion and an orphan temp file (1 of 16 tries, attacker review of issue 13) until `repair`.
+completion and an orphan temp file (1 of 16 tries) until `repair`.
 The publish is a few small writes (milliseconds), so finishing it before dying is the right
 answer. Only the main thread can install handlers: elsewhere (the sidecar's request threads, the
 watcher) this is a no-op, and those processes stop through their own handlers.

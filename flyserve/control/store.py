@@ -41,7 +41,7 @@ MAX_JSON_BYTES = 1 << 20
 """current.json, a history entry or a rank report is a few kB; a larger one is not read."""
 
 MAX_AUDIT_LINE = 8192
-"""One audit line at most (a 50 MB string value once made a 105 MB line, issue 13)."""
+"""One audit line at most (a 50 MB string value once made a 105 MB line)."""
 
 
 MAX_RANK_FILES = 256
@@ -73,14 +73,14 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
     """The bytes of ``path``, or None if it does not exist (safe_read.read_bytes). A symlink, FIFO,
     socket, device or directory, or a file over ``max_bytes``, raises ValueError: a FIFO among the
     rank reports once blocked /readyz, /dispatch-stats and a PATCH holding the writers' lock for
-    ever (attack review item 5)."""
+    ever."""
     return safe_read.read_bytes(path, max_bytes)
 
 
 def read_regular_file_owned(path: Path, max_bytes: int) -> tuple[bytes, int] | None:
     """read_regular_file, with the uid that owns the file read: the fstat of the descriptor the
     bytes came from, never a separate stat of the path (a file renamed over it in between would
-    lend its owner to the other's content; issue 22 review)."""
+    lend its owner to the other's content)."""
     opened = _open_regular(path)
     if opened is None:
         return None
@@ -610,9 +610,9 @@ class Store:
     def _rank_file_names(self) -> tuple[list[str], int]:
         """The rank report names worth reading, at most MAX_RANK_FILES (see
         rank_file_order), and how many other entries ranks/ holds. 20,000 stale files once made a
-        PATCH hold the writers' lock for 5 s (attack review item 7); 300 files dated an hour ahead
-        once pushed the live ranks out of "the 256 newest by mtime" (issue 22 item 4): mtimes are
-        anyone's to set, so they decide nothing but that a file dated in the future is skipped.
+        PATCH hold the writers' lock for 5 s; 300 files dated an hour ahead once pushed the live
+        ranks out of "the 256 newest by mtime": mtimes are anyone's to set, so they decide nothing
+        but that a file dated in the future is skipped.
         Dot files (a rank's own atomic-write temp file, an NFS silly-rename) are neither read nor
         counted."""
         try:
@@ -709,7 +709,7 @@ class Store:
     def _make_ranks_dir_sticky(self) -> None:
         """Create ranks/ and give it the sticky bit (when this process owns it), once per Store: in a
         sticky directory only a file's owner may rename over it or remove it, so another uid that
-        can write in ranks/ cannot replace a rank's own report with a forgery (issue 22 review;
+        can write in ranks/ cannot replace a rank's own report with a forgery (see
         control.effective "Where it does not hold"). A directory this process does not own, or a
         file system that refuses the bit, is left as it is."""
         self._ranks_dir_sticky = True

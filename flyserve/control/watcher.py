@@ -23,7 +23,7 @@ from flyserve.policy.thresholds import ThresholdsError
 
 DEFAULT_SETTLE_S = 0.5
 """A changed file is published only once two reads this far apart give the same content (a file
-written in two parts 0.2 s apart used to publish its first half, issue 13); a file that does not
+written in two parts 0.2 s apart would otherwise publish its first half); a file that does not
 end in a newline (mid-line, most likely) must stay the same four times as long."""
 MAX_SETTLE_ROUNDS = 40
 

@@ -4,14 +4,14 @@ A rank's step only goes up, and no faster than MAX_PLAUSIBLE_STEPS_PER_S: betwee
 ranks/ by one reader (the sidecar reads it for every probe, page and change), a report of the same
 process (same (engine, rank), pid, ``proc_start`` and start time) whose step grew faster than that,
 timed by the reader's clock and not by the report's own numbers, is not that rank: someone else
-wrote its file (issue 22 item 3). A step that went down is taken as the new reference (the earlier
+wrote its file. A step that went down is taken as the new reference (the earlier
 one was the lie: a process's steps never go down).
 
 One key, one process: once the process table confirmed a process under an (engine, rank)
 (flyserve.control.reports.liveness), a report under that key that is not confirmed as that same
 process - another pid or start time, a file owned by another uid, a report "from another host" -
 is refused for as long as that process lives, whatever its file name says (a forgery renamed over
-a live rank's file; issue 22 review). A restarted rank is a new process only once the old one is
+a live rank's file). A restarted rank is a new process only once the old one is
 gone from the process table (one re-created inside the same process keeps its identity: its
 ``started`` and steps start again).
 
