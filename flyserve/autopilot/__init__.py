@@ -1,1 +1,1 @@
-"""Autopilot: thresholds tuned by measurement (issue 30). sequential.py is its statistical core."""
+"""Autopilot: thresholds tuned by measurement. sequential.py is its statistical core."""

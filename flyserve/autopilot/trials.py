@@ -222,7 +222,7 @@ def run_scenario(
     )
 
 
-# The issue's targets (issue 30, item 9): checked on whichever scenarios a run has.
+# The autopilot's error-rate targets: checked on whichever scenarios a run has.
 TARGET_FALSE_PROMOTION = 0.05
 TARGET_POWER = 0.80
 TARGET_FALSE_ROLLBACK = 0.01
@@ -231,7 +231,7 @@ TARGET_AA_TRIALS = 1000
 
 def targets(results: list[ScenarioResult]) -> list[dict[str, object]]:
     """The targets the run's scenarios cover: value and ``met`` (True, False, or None: unproven, too
-    few A/A trials for the issue's bound)."""
+    few A/A trials for TARGET_FALSE_PROMOTION's bound)."""
     out: list[dict[str, object]] = []
     for r in results:
         e, cv = r.blocks.effect, r.blocks.cv

@@ -4,7 +4,7 @@ Every file the sidecar, the ranks or the CLI read from the state directory (shap
 reports, metrics, history, audit, current.json) or from an operator (cost tables, thresholds and
 config files, the token file, lab inputs) may be a FIFO, a symlink to ``/dev/zero``, a directory,
 a device, huge, half-written, nested 5000 deep or hold a 5000-digit number. Each of those once hung
-or exhausted a reader (issues 13, 20, 22: a FIFO in ``shapes/`` froze the sampler for ever; a
+or exhausted a reader (a FIFO in ``shapes/`` froze the sampler for ever; a
 ``/dev/zero`` link grew the sidecar by 2.65 GB; a deep cost table printed a RecursionError).
 
 So a file is read here and only here:

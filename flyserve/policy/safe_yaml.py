@@ -1,7 +1,7 @@
 """A YAML reader for operator files that cannot be turned against the process reading it.
 
 PyYAML's safe_load still expands aliases (a 500-byte "billion laughs" document grew the sidecar
-past 6 GB, issue 13), reads ``25:36`` as 1536 (YAML 1.1 sexagesimal), ``on``/``no`` as booleans,
+past 6 GB), reads ``25:36`` as 1536 (YAML 1.1 sexagesimal), ``on``/``no`` as booleans,
 and keeps the last of two duplicate keys silently. This loader:
 
 * refuses anchors and aliases (a thresholds file has no use for them) and merge keys (``<<``);

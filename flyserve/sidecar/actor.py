@@ -1,7 +1,7 @@
 """The actor id the audit log and GET /thresholds show for a change made with the bearer token.
 
 It was ``token:<first 8 hex of sha256(token)>``, shown to anyone on GET /thresholds: a 32-bit
-offline check for guessing a weak token (issue 22 item 9). Now it is an HMAC of the token under a
+offline check for guessing a weak token. Now it is an HMAC of the token under a
 random key that never leaves the state directory (``control/actor.key``, 0600, made once, read with
 the store's no-follow reader), or a name the operator gives (``--actor-name``). Entries written
 before keep their old ``token:`` ids: readers treat the actor as an opaque string.

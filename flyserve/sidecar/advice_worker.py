@@ -1,9 +1,9 @@
 """FitWorker: expensive advice fits run here, one at a time, never where probes are answered.
 
-45 unauthenticated GET /thresholds/advice used to take all of FastAPI's 40 worker threads, each
-fitting on its own (0.85-5 s of CPU apiece), and /healthz, /readyz and PATCH waited behind them
-until they timed out (issue 22 item 1). Now a request only awaits a result (on the event loop,
-holding no thread):
+When each request fitted on its own (0.85-5 s of CPU apiece), 45 unauthenticated GET
+/thresholds/advice took all of FastAPI's 40 worker threads, and /healthz, /readyz and PATCH waited
+behind them until they timed out. Here a request only awaits a result (on the event loop, holding
+no thread):
 
 * one fit runs at a time, on one dedicated thread; a request never queues a second one behind it
   (at most one job exists, so nothing can queue without bound);

@@ -63,7 +63,7 @@ Binds to 127.0.0.1 by default: put it behind your own network policy before bind
 
 def _registry(metrics_dir: Path, share: bool) -> CollectorRegistry:
     """The /metrics registry of this process's sidecar metrics; the ranks' files are rendered
-    beside it by FilesExposition (prometheus_client's collector took 5-10x longer: issue 23).
+    beside it by FilesExposition (prometheus_client's collector took 5-10x longer).
 
     In a real sidecar process this also makes the control plane's counters (reloads done through
     this API) land in the shared files, via telemetry's exposition_registry. A process that
@@ -83,8 +83,8 @@ def _registry(metrics_dir: Path, share: bool) -> CollectorRegistry:
 
 
 def update_ignored_files(control: ControlPlane) -> int:
-    """flyserve_sidecar_ignored_files: what the last looks at metrics/ and ranks/ skipped (attack
-    review items 6 and 7: a poisoned metrics file, 20,000 rank files; until stop 20 only logged).
+    """flyserve_sidecar_ignored_files: what the last looks at metrics/ and ranks/ skipped (a
+    poisoned metrics file, 20,000 rank files: exported, not only logged).
     Returns the metrics count it set."""
     from flyserve.telemetry.multiprocess import SKIPPED_FILES
 

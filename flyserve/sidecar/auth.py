@@ -42,5 +42,5 @@ async def require_token(
     if not hmac.compare_digest(given, expected.get_secret_value().encode()):
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail="invalid bearer token")
     # Keyed (flyserve.sidecar.actor): a plain hash shown on GET /thresholds let anyone check a
-    # token guess offline (issue 22 item 9).
+    # token guess offline.
     return request.app.state.actor_id

@@ -20,7 +20,7 @@ class TtlCache(Generic[T]):
     """``max_stale_s``: with a background refresher (refresh_if_used), a value up to this old is
     served at once even when no refresh is running, instead of the request computing it: on a busy
     machine the refresher runs late, and the requests that found the value just past its TTL paid
-    the whole computation (issue 23: the p99 of /dispatch-stats with 64 ranks). Older than that
+    the whole computation (the p99 of /dispatch-stats with 64 ranks). Older than that
     (the refresher stopped, or nobody asked for a while), or with no refresher at all (no call of
     refresh_if_used within ``max_stale_s``), a request computes it as before."""
 

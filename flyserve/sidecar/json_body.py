@@ -2,7 +2,7 @@
 
 Python's json module turns a 5000-digit integer into a ValueError (the int-to-str digit limit,
 4300) and 5000-deep nesting into a RecursionError; FastAPI answered both with a 400 that named no
-field (issue 22 item 10). Here the body is parsed once with hooks that never raise on a long number
+field. Here the body is parsed once with hooks that never raise on a long number
 (they mark it), then walked without recursion: the first too-long number is refused naming its
 field, too-deep nesting naming the body, and the value itself is never echoed.
 """
@@ -103,10 +103,10 @@ def check_json_body(body: bytes) -> BodyRefusal | None:
     """A refusal for a body that must not reach the app, else None (an empty body passes).
 
     Not UTF-8 or not JSON: 400 naming the body (FastAPI answered 422 "field '0': JSON decode
-    error", attack review item 14). A key twice in one object: 422 naming it (the last one silently
-    won, item 15). A number literal over MAX_NUMBER_CHARS: 422 naming its field. A key in either
-    name that is not a short identifier (FIELD_NAME) is named KEY_PLACEHOLDER. Nesting over
-    MAX_DEPTH (or deep enough to exhaust the parser's recursion): 400 naming the body."""
+    error"). A key twice in one object: 422 naming it (otherwise the last one would silently win).
+    A number literal over MAX_NUMBER_CHARS: 422 naming its field. A key in either name that is not
+    a short identifier (FIELD_NAME) is named KEY_PLACEHOLDER. Nesting over MAX_DEPTH (or deep
+    enough to exhaust the parser's recursion): 400 naming the body."""
     if not body.strip():
         return None
     try:

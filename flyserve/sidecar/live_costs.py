@@ -241,8 +241,8 @@ class LivePricing:
                 t = s.time if s.time is not None else now
                 seen = self._seen.get(key)
                 if t > now + SAMPLE_CLOCK_SKEW_S:
-                    # Dated in the future: it would fill every window until that date (issue 22
-                    # item 5: forged samples 65 s after their file was deleted). Never priced,
+                    # Dated in the future: it would fill every window until that date
+                    # (forged samples 65 s after their file was deleted). Never priced,
                     # and remembered so the same sample is not taken when its date comes.
                     if seen is None:
                         self.future_samples += 1

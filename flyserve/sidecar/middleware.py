@@ -37,7 +37,7 @@ MAX_HEAD_BYTES = 16 * 1024
 
 SINGLE_HEADERS = (b"authorization", b"if-match")
 """Headers a request may carry once: with two, the first won (right then wrong token -> 200), so
-a proxy that appends one could be bypassed (attack review item 12)."""
+a proxy that appends one could be bypassed."""
 
 
 async def _send_json(send: Send, status: int, detail: str, field: str) -> None:
@@ -56,7 +56,7 @@ class HeaderGuardMiddleware:
     """431 for a request head over ``max_head_bytes``, 400 for a repeated Authorization or If-Match.
 
     uvicorn's h11 limit only applies while a head is still incomplete: a 100 KB header that
-    arrived in one read was accepted (attack review item 13), so the size is checked here too."""
+    arrived in one read was accepted, so the size is checked here too."""
 
     def __init__(self, app: ASGIApp, max_head_bytes: int = MAX_HEAD_BYTES) -> None:
         self.app, self.max_head_bytes = app, max_head_bytes
@@ -176,7 +176,7 @@ class RequestMetricsMiddleware:
 
 
 RESERVED = frozenset({("GET", "/healthz"), ("GET", "/readyz")})
-"""Always admitted: the probes a kubelet or load balancer decides with (issue 22 item 2)."""
+"""Always admitted: the probes a kubelet or load balancer decides with."""
 RESERVED_WITH_TOKEN = frozenset(
     {("PATCH", "/thresholds"), ("PUT", "/thresholds"), ("POST", "/thresholds/rollback"), ("POST", "/reload")}
 )

@@ -281,7 +281,7 @@ def _limiter(request: Request, name: str, tokens: int) -> anyio.CapacityLimiter:
 async def _change_thread(request: Request, fn: Callable[[], T]) -> T:
     """Run a change (file I/O under the control plane's lock) on a worker thread of its own limiter:
     a flood of slow anonymous reads that takes every slot of FastAPI's shared pool (40) must not
-    make a change with the token wait (issue 22)."""
+    make a change with the token wait."""
     return await anyio.to_thread.run_sync(fn, limiter=_limiter(request, "change", 4))
 
 
@@ -531,7 +531,7 @@ def metrics(request: Request) -> Response:
 @router.get("/healthz", response_model=Health, tags=["ops"])
 async def healthz() -> Health:
     """The process is up and serving. Async on purpose: answered on the event loop, it never waits
-    for a worker thread that a flood of slow requests could have taken (issue 22)."""
+    for a worker thread that a flood of slow requests could have taken."""
     return Health(status="ok")
 
 
@@ -540,7 +540,7 @@ async def readyz(request: Request):
     """Ready when the state directory is readable and at least one rank reports. Once this sidecar
     has confirmed a rank by the process table (its ranks share its pid namespace), only confirmed
     ranks count: fresh reports "from another host", which anyone who can write in ranks/ can
-    refresh, no longer keep /readyz at 200 after the real ranks are gone (issue 22 review). The look
+    refresh, do not keep /readyz at 200 after the real ranks are gone. The look
     at the state directory runs on a thread of the probes' own limiter, never behind FastAPI's
     shared pool."""
     return await anyio.to_thread.run_sync(lambda: _readiness(request), limiter=_limiter(request, "probe", 4))

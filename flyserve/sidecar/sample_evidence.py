@@ -1,8 +1,8 @@
 """Whether a window's shape samples are corroborated by the ranks' own decision counters.
 
 Shape samples are files in ``<state>/shapes/`` that anyone who can write the state directory can
-write: issue 22 item 5 moved advice (``decode_ctx_unit`` 8192 -> 1024) and the drift gauge (19.6
-instead of 1.0) with forged ones. Liveness (only files of live ranks are read,
+write: forged ones moved advice (``decode_ctx_unit`` 8192 -> 1024) and the drift gauge (19.6
+instead of 1.0). Liveness (only files of live ranks are read,
 flyserve.telemetry.shape_sample.read_shape_samples) removes files of ranks that do not exist; this
 module checks what the live ranks' files claim against a second witness, the dispatch-decision
 counters the ranks count where vLLM calls the routing (the multiprocess metrics the sidecar

@@ -1,10 +1,10 @@
 """The sidecar's uvicorn server, hardened against slow, half-open and greedy clients.
 
 uvicorn closes idle keep-alive connections but has no deadline for a request's head or body: 1,100
-connections that each sent half a request line kept /healthz down for 25 s at ``ulimit -n 1024``
-(issue 13). And its connection cap counted connections that never finished their head: about 530
-half-open unauthenticated connections made every request, /healthz included, answer 503 (issue 22
-item 2), which in Kubernetes failed the probes of the pod that serves vLLM. Here:
+connections that each sent half a request line kept /healthz down for 25 s at ``ulimit -n 1024``.
+And its connection cap counts connections that never finished their head: about 530 half-open
+unauthenticated connections made every request, /healthz included, answer 503, which in Kubernetes
+failed the probes of the pod that serves vLLM. Here:
 
 * a request head must arrive whole within ``head_timeout_s`` (5 s) of the connection (or of the
   previous response), and the whole request within ``request_timeout_s`` (10 s);

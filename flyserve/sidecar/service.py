@@ -145,7 +145,7 @@ def rank_views(
 ) -> list[RankView]:
     """One view per rank seen in a report or in the counters. A rank that only left counters
     behind (its report is gone) is shown stale, with its counters. ``liveness``: (engine, rank) ->
-    what the process table says of its report (issue 22 item 3), where the caller has it."""
+    what the process table says of its report, where the caller has it."""
     by_key: dict[tuple[int, int], Mapping[str, Any]] = {}
     for d in reports:
         r = _int_or_none(d.get("rank"))
@@ -244,7 +244,7 @@ class StatsService:
             self.pricing = LivePricing(load_costs(settings.costs), clock=wall, on_priced=count_priced)
         self._next_pricing = 0.0
         # The regret section, computed by the sampler thread after each pricing pass: reading the
-        # shape files and summing the windows never runs on a request's thread (issue 22).
+        # shape files and summing the windows never runs on a request's thread.
         self._regret: dict[str, Any] | None = None
         self._priced_once = threading.Event()
         self._waited_for_pricing = False
@@ -297,7 +297,7 @@ class StatsService:
         if self.pricing is None:
             return 0
         # Every rank file's ring (256 lines each): more than a second's worth at any real step rate.
-        # Only live ranks' files (issue 22 item 5): a file of a rank that is not running is not read.
+        # Only live ranks' files: a file of a rank that is not running is not read.
         n = self.pricing.ingest(
             read_shape_samples(self.settings.state_dir, limit=1 << 16, live=self.live_rank_keys())
         )

@@ -166,7 +166,7 @@ MAX_TOKEN_FILE_BYTES = 4096
 def _read_token_file(token_file: Path) -> tuple[int, str]:
     """(mode, text) of the token file. Symlinks are followed (a Kubernetes Secret mount is one) but
     the target must be a regular file of at most MAX_TOKEN_FILE_BYTES: a FIFO, /dev/zero or
-    /dev/urandom once made the sidecar hang at start with no error line (attack review item 9)."""
+    /dev/urandom once made the sidecar hang at start with no error line."""
     where = f"--token-file {token_file}"
     try:
         got = safe_read.read_file(token_file, MAX_TOKEN_FILE_BYTES, source=where, follow_symlinks=True)

@@ -1,9 +1,9 @@
 """StreamHub: one /dispatch-stats payload per tick, shared by every SSE client.
 
-Each SSE client used to compute (or fetch) its own payload on its own timer, with no floor on the
-interval: three unauthenticated streams at ``?interval=0.000001`` held the sidecar at 99% CPU and
-100 clients raised /dispatch-stats p99 from 4.6 ms to 201 ms (issue 13). Now one task computes the
-payload every ``tick_s`` (the interval floor) while at least one client listens, clients wait on
+When each SSE client computed (or fetched) its own payload on its own timer, with no floor on the
+interval, three unauthenticated streams at ``?interval=0.000001`` held the sidecar at 99% CPU and
+100 clients raised /dispatch-stats p99 from 4.6 ms to 201 ms. So one task computes the payload
+every ``tick_s`` (the interval floor) while at least one client listens, clients wait on
 it, and the number of concurrent streams is capped.
 
 A cap alone let ``max_streams`` connections that never read hold every slot for good: each one's

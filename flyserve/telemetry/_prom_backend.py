@@ -472,8 +472,7 @@ def values_file_used(path: str | os.PathLike[str]) -> int | None:
     """The used size a metrics file's header claims, or None if that cannot be true: the header
     claims less than 8 (but not 0) or more than the file holds.
     prometheus_client's reader believes the header and reads that many bytes: a header saying
-    2^31-1 made /metrics and /dispatch-stats answer 500 (MemoryError) until the file was removed
-    (attack review item 6).
+    2^31-1 made /metrics and /dispatch-stats answer 500 (MemoryError) until the file was removed.
 
     0 for a file still being created: shorter than 8 bytes or a zero header (prometheus_client's
     MmapedDict creates the file, truncates it to its first size, then writes the header): no

@@ -3,7 +3,7 @@
 Every rank process writes its own ``counter_<pid>.db``, ``histogram_<pid>.db`` and
 ``gauge_<mode>_<pid>.db`` (prometheus_client's multiprocess layout). A crashed worker restarted
 100 times leaves 100 sets behind, and every scrape reads them all: prometheus_client's own
-collector takes seconds with thousands of files (issue 23: 0.8-1.25 s for 3,000 files). The files
+collector takes seconds with thousands of files (0.8-1.25 s for 3,000 files). The files
 cannot simply be removed: the dead ranks' counts are part of the totals, and a counter that goes
 down reads as a reset to Prometheus.
 

@@ -146,7 +146,7 @@ def exposition_registry(
 SKIPPED_FILES: set[str] = set()
 """Names of metric files left out as corrupt (a lying header, an entry that cannot be parsed), by
 SoundFilesCollector or the sidecar's own reader (flyserve.sidecar.stats), at most _SKIPPED_MAX;
-each logged once (attack review item 6). The sidecar exports how many."""
+each logged once. The sidecar exports how many."""
 _SKIPPED_MAX = 1024
 
 
@@ -161,11 +161,10 @@ def note_skipped_file(path: str, why: str) -> None:
 class SoundFilesCollector(MultiProcessCollector):
     """MultiProcessCollector that leaves out files it cannot read: a header that cannot be true
     (the used size over the file's size: prometheus_client would try to read that many bytes, and
-    one file claiming 2^31-1 made every scrape 500, attack review item 6), or an entry
-    prometheus_client fails on (a key that is not UTF-8 or not JSON: also a 500 on every scrape,
-    review of stop 20). The files are merged together as prometheus_client does; only when that
-    fails is each merged alone, to find the ones to leave out (a scrape of sound files pays
-    nothing more)."""
+    one file claiming 2^31-1 made every scrape 500), or an entry prometheus_client fails on (a key
+    that is not UTF-8 or not JSON: also a 500 on every scrape). The files are merged together as
+    prometheus_client does; only when that fails is each merged alone, to find the ones to leave
+    out (a scrape of sound files pays nothing more)."""
 
     def collect(self) -> Iterable[Metric]:
         # Under the read lock: a compaction never commits while the files are read, and sources

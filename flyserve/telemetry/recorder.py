@@ -291,7 +291,7 @@ class DispatchRecorder:
         b = self._by_id.get(id(decision))
         if b is None:
             b = self._lookup_slow(decision)
-        # record()'s tuple without the prefill-row cell (items 6 and 7): decode steps add none.
+        # record()'s tuple without the prefill-row cell (b[6:8]): decode steps add none.
         self._decode_cells = b[:6] + b[8:]
         self._decode_for = decision
 

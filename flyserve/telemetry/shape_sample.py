@@ -185,8 +185,8 @@ def read_shape_samples(
 
     ``live``: the (engine, rank) keys of the ranks that are live now (flyserve.control.reports.
     is_live); a file of any other rank, or whose name is not ``<engine>-<rank>.jsonl``, is not
-    read: samples count only from ranks that are running (issue 22 item 5: a forged file of a
-    rank that does not exist moved advice). Every file is read with flyserve.files.safe_read: a
+    read: samples count only from ranks that are running (a forged file of a rank that does not
+    exist moved advice). Every file is read with flyserve.files.safe_read: a
     FIFO, a symlink (to /dev/zero) or a file over MAX_SHAPE_FILE_BYTES is skipped, never waited on
     or read without end.
     """
