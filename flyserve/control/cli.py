@@ -16,6 +16,7 @@ from typing import Any
 
 import typer
 
+from flyserve.control.options import StateDirArg
 from flyserve.terminal.printable import install_log_filter, printable, printable_block, printable_text
 
 thresholds_app = typer.Typer(
@@ -37,14 +38,6 @@ def _default_actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-StateDirOpt = typer.Option(
-    None,
-    "--state-dir",
-    envvar="FLYSERVE_STATE_DIR",
-    help="The state directory shared with the server (default: $FLYSERVE_STATE_DIR, else "
-    "/dev/shm/flyserve/$FLYSERVE_INSTANCE).",
-    show_default=False,
-)
 ActorOpt = typer.Option(None, "--actor", help="Who makes the change, for the audit log (default user@host).")
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 IfMatchOpt = typer.Option(
@@ -196,7 +189,7 @@ _RANK_FIELDS = ("rank", "engine", "pid", "step", "applied_version", "applied_ste
 
 
 @thresholds_app.command("show")
-def show(state_dir: Path | None = StateDirOpt, as_json: bool = JsonOpt) -> None:
+def show(state_dir: StateDirArg = None, as_json: bool = JsonOpt) -> None:
     """The current version: every threshold, the layer that set it, and any file/override conflict."""
     from rich.console import Console
     from rich.table import Table
@@ -258,7 +251,7 @@ def show(state_dir: Path | None = StateDirOpt, as_json: bool = JsonOpt) -> None:
 @thresholds_app.command("set")
 def set_(
     assignments: list[str] = AssignmentsArg,
-    state_dir: Path | None = StateDirOpt,
+    state_dir: StateDirArg = None,
     actor: str | None = ActorOpt,
     if_match: int | None = IfMatchOpt,
     dry_run: bool = DryRunOpt,
@@ -284,7 +277,7 @@ def set_(
 @thresholds_app.command("unset")
 def unset(
     keys: list[str] = KeysArg,
-    state_dir: Path | None = StateDirOpt,
+    state_dir: StateDirArg = None,
     actor: str | None = ActorOpt,
     if_match: int | None = IfMatchOpt,
     dry_run: bool = DryRunOpt,
@@ -304,7 +297,7 @@ def unset(
 @thresholds_app.command("rollback")
 def rollback(
     version: int = typer.Argument(..., help="The version whose thresholds to restore (see `history`)."),
-    state_dir: Path | None = StateDirOpt,
+    state_dir: StateDirArg = None,
     actor: str | None = ActorOpt,
     if_match: int | None = IfMatchOpt,
     dry_run: bool = DryRunOpt,
@@ -323,7 +316,7 @@ def rollback(
 @thresholds_app.command("reload")
 def reload(
     config: Path | None = ConfigOpt,
-    state_dir: Path | None = StateDirOpt,
+    state_dir: StateDirArg = None,
     actor: str | None = ActorOpt,
     as_json: bool = JsonOpt,
     server_stopped: bool = typer.Option(
@@ -367,7 +360,7 @@ def _first_version_changes(s: Any) -> str:
 
 @thresholds_app.command("history")
 def history(
-    state_dir: Path | None = StateDirOpt,
+    state_dir: StateDirArg = None,
     limit: int = typer.Option(20, "--limit", "-n", help="Show at most this many recent versions."),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -407,7 +400,7 @@ def history(
 
 @thresholds_app.command("repair")
 def repair_cmd(
-    state_dir: Path | None = StateDirOpt,
+    state_dir: StateDirArg = None,
     profile: str | None = typer.Option(
         None, "--profile", help="Profile to fall back on when nothing readable is left (default gfx950)."
     ),
@@ -439,7 +432,7 @@ def repair_cmd(
 
 @thresholds_app.command("audit")
 def audit(
-    state_dir: Path | None = StateDirOpt,
+    state_dir: StateDirArg = None,
     limit: int = typer.Option(20, "--limit", "-n", min=1, help="Show at most this many recent entries."),
 ) -> None:
     """The audit log's recent entries (JSON lines): every change tried, accepted or not."""
@@ -456,7 +449,7 @@ def audit(
 @thresholds_app.command("watch")
 def watch(
     config: Path | None = ConfigOpt,
-    state_dir: Path | None = StateDirOpt,
+    state_dir: StateDirArg = None,
     profile: str = typer.Option("gfx950", "--profile", help="Profile under the file, for the first version."),
     poll_interval: float = typer.Option(
         5.0, "--poll-interval", min=0.05, help="Seconds between polls (the backstop to directory events)."
@@ -513,7 +506,7 @@ def circuit_open(
     reason: str = typer.Option(
         "opened by an operator", "--reason", help="Why (shown in `show` and audited)."
     ),
-    state_dir: Path | None = StateDirOpt,
+    state_dir: StateDirArg = None,
     actor: str | None = ActorOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -523,7 +516,7 @@ def circuit_open(
 
 @circuit_app.command("close")
 def circuit_close(
-    state_dir: Path | None = StateDirOpt,
+    state_dir: StateDirArg = None,
     actor: str | None = ActorOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -531,7 +524,7 @@ def circuit_close(
     _circuit(False, state_dir, actor, "", as_json)
 
 
-def init(state_dir: Path | None = StateDirOpt) -> None:
+def init(state_dir: StateDirArg = None) -> None:
     """Create a state directory, for `thresholds ...` before any server has started one.
 
     A server (sidecar, simulate, vLLM with FLYSERVE_ATTENTION=1) creates its own when it starts.

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from flyserve.control.options import StateDirArg
 from flyserve.terminal.printable import printable, printable_block
 
 MAX_SAMPLE_BYTES = 4 << 20
@@ -262,14 +263,7 @@ def explain_command(
             help="A published version from --state-dir's history: what would it have done.",
         ),
     ] = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--state-dir",
-            envvar="FLYSERVE_STATE_DIR",
-            help="State directory (for --version; default as for `thresholds`).",
-        ),
-    ] = None,
+    state_dir: StateDirArg = None,
     costs: Annotated[
         str | None,
         typer.Option(
@@ -297,6 +291,7 @@ def explain_command(
                 "give the batch as --query-lens (and --seq-lens) or as --sample, one of them"
             )
         sample_block = None
+        heads: int | None  # None: --costs' table's, else 16 (below)
         if sample is not None:
             d = read_sample(sample, index)
             where = d["_where"]

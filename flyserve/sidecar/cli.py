@@ -7,18 +7,12 @@ from typing import Annotated
 
 import typer
 
+from flyserve.control.options import StateDirArg
 from flyserve.terminal.printable import install_log_filter, printable_block
 
 
 def sidecar(
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--state-dir",
-            help="State directory shared with the ranks (default: $FLYSERVE_STATE_DIR or "
-            "/dev/shm/flyserve/$FLYSERVE_INSTANCE).",
-        ),
-    ] = None,
+    state_dir: StateDirArg = None,
     host: Annotated[
         str,
         typer.Option(

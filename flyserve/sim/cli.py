@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from flyserve.control.options import StateDirArg
 from flyserve.terminal.printable import printable_block
 
 
 def simulate(
-    state_dir: Annotated[
-        Path | None, typer.Option("--state-dir", help="State directory (default as for `sidecar`).")
-    ] = None,
+    state_dir: StateDirArg = None,
     ranks: Annotated[
         int,
         typer.Option(

@@ -229,3 +229,16 @@ JOURNALED_RENAMES = {"flyserve.telemetry.compaction"}
 """Not an atomic write: compaction merges into a temp archive that a journal names, and renames it
 only at the journal's commit point (a crash between the two is finished by the next run), so its
 temp file must outlive the write (the protocol: flyserve/telemetry/compaction.py's docstring)."""
+
+
+def test_one_state_dir_option():
+    """Every command's --state-dir is flyserve.control.options.StateDirArg: one help, one variable.
+    The simulator's rank workers (sim/simulate.py, argparse) are started by `flyserve simulate`
+    itself with an explicit path; they are not a command an operator types."""
+    defined = []
+    for m, p in MODULES.items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            is_option = isinstance(node, ast.Call) and ast.unparse(node.func).endswith(".Option")
+            if is_option and any(isinstance(a, ast.Constant) and a.value == "--state-dir" for a in node.args):
+                defined.append(m)
+    assert defined == ["flyserve.control.options"]
