@@ -6,13 +6,13 @@ not a test): prints a table.
 One real process writes one rank's files through flyserve's metrics backend (counters, histograms,
 live gauges and the control plane's max gauge: 4 files, as a rank process writes); they are cloned into ``--live`` processes that are alive
 (this script's own pid space is not needed: the pids are marked alive by the compaction's
-``is_alive``) and ``--dead`` processes that are gone (4 files each: 750 dead processes are the
-issue's 3,000 files), each with a rank label out of the live ones, as restarts of those ranks would
+``is_alive``) and ``--dead`` processes that are gone (4 files each: 750 dead processes are
+3,000 files), each with a rank label out of the live ones, as restarts of those ranks would
 leave them. Then, in-process, without HTTP (the cost of building the exposition body is what a
 scrape waits for):
 
-* prometheus_client's ``MultiProcessCollector`` + ``generate_latest`` (flyserve's /metrics before
-  issue 23), and ``FilesExposition`` (flyserve's /metrics now), over every file;
+* prometheus_client's ``MultiProcessCollector`` + ``generate_latest`` (what prometheus_client
+  alone serves), and ``FilesExposition`` (flyserve's /metrics now), over every file;
 * ``compact()`` once (timed), then both again over the compacted directory.
 
 Each row: median, p95 and max over ``--rounds`` calls (the first call of FilesExposition parses

@@ -1,5 +1,5 @@
 """The sidecar at 64 ranks with 100 rank restarts, side by side with 2 ranks (a script, not a test):
-prints a table (issue 23 item 4).
+prints a table.
 
     .venv/bin/python benchmarks/bench_scale.py [--rate 50] [--duration 20] [--restart-every 1.2]
 

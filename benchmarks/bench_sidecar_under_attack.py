@@ -1,4 +1,4 @@
-"""The sidecar under issue 22's floods (a script, not a test): prints a table.
+"""The sidecar under floods (a script, not a test): prints a table.
 
     .venv/bin/python benchmarks/bench_sidecar_under_attack.py [--seconds 12] [--patches 3] [--only half-open]
 
@@ -10,10 +10,10 @@ report it applied (their report files, about 1 s apart). Rows:
 
 * baseline: no attack;
 * half-open flood: 600 raw connections, half sending a partial request head, half nothing, closed
-  ones reopened every 0.5 s (issue 22 item 2);
-* advice flood: 45 unauthenticated clients looping GET /thresholds/advice (item 1's second half);
+  ones reopened every 0.5 s;
+* advice flood: 45 unauthenticated clients looping GET /thresholds/advice;
 * big-number bodies: 8 unauthenticated clients looping PATCH with a 5000-digit integer or
-  5000-deep nesting (item 10).
+  5000-deep nesting.
 
 Hooks: attacks by other work (a FIFO in shapes/, forged rank reports) register an Attack subclass
 in the rig's ATTACKS and appear here as a row. Everything shares this machine's CPUs.

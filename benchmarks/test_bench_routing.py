@@ -12,7 +12,7 @@ torch tensor, as vLLM passes it):
 
 The recorder writes into flyserve's multiprocess metrics files (as a served rank does), spans are
 sampled out (ratio 0), the kernel timer is not involved (it wraps forward(), not select()). The
-issue's targets are the ratios select / np.diff (decode <= 1.5x, mixed <= 2.5x); absolute times
+targets are the ratios select / np.diff (decode <= 1.5x, mixed <= 2.5x); absolute times
 on the 2-core CI VM move with the other tenants' load, the ratios of one run much less.
 """
 

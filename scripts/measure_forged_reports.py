@@ -1,15 +1,16 @@
-"""Measure issue 22 items 3 and 4 against the real `flyserve simulate` + `flyserve sidecar`: how far
-ahead a PATCH's effective_step lands and how long the two live ranks take to apply it, while forged
-or garbage rank reports are refreshed, against control/effective.py's bound. Prints a table.
+"""Measure forged and garbage rank reports against the real `flyserve simulate` + `flyserve
+sidecar`: how far ahead a PATCH's effective_step lands and how long the two live ranks take to
+apply it, while forged or garbage rank reports are refreshed, against control/effective.py's
+bound. Prints a table.
 
     python scripts/measure_forged_reports.py [--trials 2] [--step-interval 0.02] [--forged 3 100]
 
-Cases: none (baseline); item 3's forgery (N reports "from another host", step 1e11, refreshed every
-0.5 s, for each N of --forged); 10 local forgeries naming a live pid of the ranks' user with its
-true start time (confirmed by the process table: only the anchor bounds them); item 3's forgery
-renamed over the two ranks' own files every 0.5 s (the reader keeps each key for its live
+Cases: none (baseline); the "another host" forgery (N reports "from another host", step 1e11,
+refreshed every 0.5 s, for each N of --forged); 10 local forgeries naming a live pid of the ranks' user with its
+true start time (confirmed by the process table: only the anchor bounds them); the "another host"
+forgery renamed over the two ranks' own files every 0.5 s (the reader keeps each key for its live
 confirmed process: control.witness); the sidecar in its own pid namespace (every rank
-unconfirmed, like containers that do not share one; needs `unshare`, skipped without it); item 4's
+unconfirmed, like containers that do not share one; needs `unshare`, skipped without it); the
 300 garbage files dated an hour ahead. Nothing is left running: every process started here is
 stopped at the end."""
 
@@ -153,7 +154,7 @@ def forge_elsewhere(state: Path, n: int = 3) -> None:
 
 
 def forge_over_the_ranks(state: Path) -> None:
-    """Item 3's forgery written beside each real rank's file and renamed over it."""
+    """The "another host" forgery written beside each real rank's file and renamed over it."""
     for rank in (0, 1):
         path = state / "ranks" / f"{rank}.json"
         tmp = path.with_name(f".forged-{rank}.tmp")

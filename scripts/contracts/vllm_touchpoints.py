@@ -87,8 +87,8 @@ STRING_IMPORTS = (
 """Names flyserve imports by string (importlib: flyserve/lab/kernels.py, flyserve/doctor/checks.py)."""
 
 AHEAD_IMPORTS = (("vllm.distributed", "get_tensor_model_parallel_world_size"),)
-"""Recorded ahead of flyserve's source: the data-parallel engine channel (issue 23, developed beside
-this) imports it, so the records need not be read again when that lands."""
+"""Recorded ahead of flyserve's source: the data-parallel engine channel (developed beside this)
+imports it, so the records need not be read again when that lands."""
 
 # ----------------------------------------------------------------------------- reading a tree
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs benchmarks/bench_scale.py (issue 23 item 4: 8 engines x 8 ranks, 100 rank restarts, side by
+# Runs benchmarks/bench_scale.py (8 engines x 8 ranks, 100 rank restarts, side by
 # side with 2 ranks) on a lent machine whose 16 CPU cores nothing else shares, so its p99s say what
 # the sidecar does rather than what an oversubscribed 2-core VM's scheduler does. No GPU is used.
 #

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs benchmarks/bench_sidecar_streams.py on a lent machine (e.g. the H200 box's 16 CPU cores)
-# where nothing else competes for the CPUs, so its p99s answer issue 13's "within 2x of idle".
+# where nothing else competes for the CPUs, so its p99s say whether 100 streams keep
+# /dispatch-stats "within 2x of idle".
 #
 # Usage, from the repository root on that machine:
 #   [BENCH_ARGS="--duration 3"] WHEELS=<folder of cp312 wheels> OUT=<results folder> bash scripts/gpu/bench_sidecar_streams_h200.sh [RUNS]

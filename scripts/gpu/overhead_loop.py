@@ -151,7 +151,7 @@ def _select_parts(routing, md, reps: int, number: int) -> dict[str, float]:
         "record": lambda: rec.record(d, shape, 1, 0),
     }
     hv = getattr(routing, "_qsl", None)
-    if hasattr(hv, "lens"):  # the code after issue 17's second pass: rows > 8 skip from_step
+    if hasattr(hv, "lens"):  # routing with HostView.lens: rows > 8 skip from_step
         lens = hv.lens(md.query_start_loc_cpu, md.num_reqs)
         bound = routing._decode_bound
         parts["HostView.lens"] = lambda: hv.lens(md.query_start_loc_cpu, md.num_reqs)
