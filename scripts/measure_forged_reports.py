@@ -6,10 +6,10 @@ bound. Prints a table.
     python scripts/measure_forged_reports.py [--trials 2] [--step-interval 0.02] [--forged 3 100]
 
 Cases: none (baseline); the "another host" forgery (N reports "from another host", step 1e11,
-refreshed every 0.5 s, for each N of --forged); 10 local forgeries naming a live pid of the ranks' user with its
-true start time (confirmed by the process table: only the anchor bounds them); the "another host"
-forgery renamed over the two ranks' own files every 0.5 s (the reader keeps each key for its live
-confirmed process: control.witness); the sidecar in its own pid namespace (every rank
+refreshed every 0.5 s, for each N of --forged); 10 local forgeries naming a live pid of the ranks'
+user with its true start time (confirmed by the process table: only the anchor bounds them); the
+"another host" forgery renamed over the two ranks' own files every 0.5 s (the reader keeps each key
+for its live confirmed process: control.witness); the sidecar in its own pid namespace (every rank
 unconfirmed, like containers that do not share one; needs `unshare`, skipped without it); the
 300 garbage files dated an hour ahead. Nothing is left running: every process started here is
 stopped at the end."""
