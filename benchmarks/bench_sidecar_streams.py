@@ -6,10 +6,10 @@ With a payload computed per SSE client, /dispatch-stats p99 went from 4.6 ms (id
 100 clients, and three clients at ?interval=0.000001 held the sidecar at 99% CPU. This starts
 `flyserve simulate` and one real sidecar (uvicorn, 127.0.0.1, default settings), then in ONE run
 drives /dispatch-stats with the open-loop load of bench_sidecar.py (latency from the scheduled send
-time, no coordinated omission) three times: with no stream open, with N clients on /dispatch-stats/stream at the default
-interval, and with N clients asking for ?interval=0.000001. The SSE clients run in the same event
-loop as the load generator and only read and count. Load generator, sidecar and ranks share the
-machine's CPUs.
+time, no coordinated omission) three times: with no stream open, with N clients on
+/dispatch-stats/stream at the default interval, and with N clients asking for ?interval=0.000001.
+The SSE clients run in the same event loop as the load generator and only read and count. Load
+generator, sidecar and ranks share the machine's CPUs.
 """
 
 from __future__ import annotations
