@@ -1,5 +1,7 @@
-"""The attacker review of issue 13 (items 1-4): version numbering and effective-step plausibility.
-Each test reproduces one finding; each failed before its fix."""
+"""Version numbering and effective-step plausibility: versions never restart below what live ranks
+applied, stray or non-ASCII history file names never count as versions, and a forged rank report
+(from the future, started at 0, or inside every limit) does not pin the effective step. Each test
+plants one such state and pins the version or step that comes out of it."""
 
 from __future__ import annotations
 
@@ -40,10 +42,10 @@ def live_report(plane: ControlPlane, rank: int, **fields: Any) -> dict[str, Any]
     return d
 
 
-# ---------------------------------------------------------------- 2: ranks' applied version is a floor
+# ---------------------------------------------------------------- ranks' applied version is a floor
 
 
-def test_2_versions_do_not_restart_below_what_live_ranks_applied(plane: ControlPlane) -> None:
+def test_versions_do_not_restart_below_what_live_ranks_applied(plane: ControlPlane) -> None:
     for n in range(5):
         plane.apply_overrides({"min_seq_len": 2000 + n}, actor="a")
     live_report(plane, 0, applied_version=5)
@@ -59,7 +61,7 @@ def test_2_versions_do_not_restart_below_what_live_ranks_applied(plane: ControlP
     assert r.version == 6  # was 1: every rank (on v5) ignored it
 
 
-def test_2_repair_with_everything_lost_publishes_above_the_ranks(plane: ControlPlane) -> None:
+def test_repair_with_everything_lost_publishes_above_the_ranks(plane: ControlPlane) -> None:
     for n in range(5):
         plane.apply_overrides({"min_seq_len": 2000 + n}, actor="a")
     live_report(plane, 0, applied_version=5)
@@ -71,20 +73,20 @@ def test_2_repair_with_everything_lost_publishes_above_the_ranks(plane: ControlP
     assert plane_repair(plane).version == 6  # was: nothing to repair, the next change v1
 
 
-def test_2_a_dead_or_stale_rank_does_not_raise_the_floor(plane: ControlPlane) -> None:
+def test_a_dead_or_stale_rank_does_not_raise_the_floor(plane: ControlPlane) -> None:
     plane.apply_overrides({"min_seq_len": 2000}, actor="a")
     live_report(plane, 0, applied_version=500, time=time.time() - 300)  # stale
     r = plane.apply_overrides({"min_seq_len": 2001}, actor="a").snapshot
     assert r.version == 2
 
 
-# ---------------------------------------------------------------- 3, 4: history file names
+# ---------------------------------------------------------------- history file names
 
 
 @pytest.mark.parametrize(
     "name", ["99999999999999999999.json", "1" * 30 + ".json", "99999999999999999999.json.bad"]
 )
-def test_3_a_stray_huge_history_name_never_counts_as_a_version(plane: ControlPlane, name: str) -> None:
+def test_a_stray_huge_history_name_never_counts_as_a_version(plane: ControlPlane, name: str) -> None:
     plane.apply_overrides({"min_seq_len": 2000}, actor="a")
     (plane.state_dir.history_dir / name).touch()
     r = plane.apply_overrides({"min_seq_len": 2001}, actor="a").snapshot
@@ -95,7 +97,7 @@ def test_3_a_stray_huge_history_name_never_counts_as_a_version(plane: ControlPla
     assert plane.rollback(1, actor="a").snapshot.version == 4
 
 
-def test_3_repair_sets_a_stray_name_aside(plane: ControlPlane) -> None:
+def test_repair_sets_a_stray_name_aside(plane: ControlPlane) -> None:
     plane.apply_overrides({"min_seq_len": 2000}, actor="a")
     (plane.state_dir.history_dir / "99999999999999999999.json").touch()
     rep = plane_repair(plane)
@@ -105,7 +107,7 @@ def test_3_repair_sets_a_stray_name_aside(plane: ControlPlane) -> None:
 
 
 @pytest.mark.parametrize("name", ["²³.json", "٣٣.json", "+5.json", " 7.json", "0.json"])
-def test_4_non_ascii_digit_history_names_are_ignored(plane: ControlPlane, name: str) -> None:
+def test_non_ascii_digit_history_names_are_ignored(plane: ControlPlane, name: str) -> None:
     plane.apply_overrides({"min_seq_len": 2000}, actor="a")
     (plane.state_dir.history_dir / name).touch()
     assert [s.version for s in plane.history()] == [1]  # raised ValueError ('²³')
@@ -122,7 +124,7 @@ def plane_repair(plane: ControlPlane):
     return repair(plane)
 
 
-# ---------------------------------------------------------------- 1: forged rank reports
+# ---------------------------------------------------------------- forged rank reports
 
 
 def forged(plane: ControlPlane, **fields: Any) -> None:
@@ -149,7 +151,7 @@ def two_real_ranks(plane: ControlPlane, step: int = 4000) -> None:
     live_report(plane, 1, step=step)
 
 
-def test_1_a_forged_report_from_the_future_with_started_0_does_not_pin_the_step(plane: ControlPlane) -> None:
+def test_a_forged_report_from_the_future_with_started_0_does_not_pin_the_step(plane: ControlPlane) -> None:
     plane.apply_overrides({"min_seq_len": 2000}, actor="a")
     two_real_ranks(plane)
     forged(plane, started=0.0, step=10**9, time=time.time() + 4.9)
@@ -157,7 +159,7 @@ def test_1_a_forged_report_from_the_future_with_started_0_does_not_pin_the_step(
     assert 4000 < s.effective_step < 4200  # was 1000000064
 
 
-def test_1_a_forged_report_inside_every_limit_is_capped_by_its_engine(plane: ControlPlane) -> None:
+def test_a_forged_report_inside_every_limit_is_capped_by_its_engine(plane: ControlPlane) -> None:
     plane.apply_overrides({"min_seq_len": 2000}, actor="a")
     two_real_ranks(plane)
     far = ControlPlane(plane.state_dir, step_margin=8, lead_s=3.0)
@@ -172,7 +174,7 @@ def test_1_a_forged_report_inside_every_limit_is_capped_by_its_engine(plane: Con
     assert 4000 < s.effective_step <= 4000 + 64 + 40 + 1500 + 20
 
 
-def test_1_a_version_published_with_a_poisoned_step_is_superseded_by_the_next(plane: ControlPlane) -> None:
+def test_a_version_published_with_a_poisoned_step_is_superseded_by_the_next(plane: ControlPlane) -> None:
     from flyserve.control import RankControl
 
     ranks = [RankControl(plane.state_dir, r, report=False) for r in (0, 1)]

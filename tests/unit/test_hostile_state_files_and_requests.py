@@ -1,6 +1,10 @@
-"""Attacker review after issue 13 (items 5-15 of the review): each test reproduces one finding and
-failed before its fix. Blocking reads run in a daemon thread with a generous deadline, so an
-unfixed reader fails the test instead of hanging the suite."""
+"""Hostile files in the state directory and hostile requests to the sidecar and the CLI: a FIFO, a
+symlink or an endless file where a rank report, a metrics file, the token file or the audit log
+should be; a metrics file with a lying header; thousands of stale rank files; a repeated
+Authorization or If-Match header, an undecodable body, a key given twice; control characters in an
+actor; state directories made 0700. Each test plants one such input and pins what is done with it
+instead of blocking, following the link or answering 500. Blocking reads run in a daemon thread with
+a generous deadline, so a reader that blocks fails the test instead of hanging the suite."""
 
 from __future__ import annotations
 
@@ -55,17 +59,17 @@ def live_report(rank: int, step: int = 100) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------- 5: a FIFO among the rank reports
+# ---------------------------------------------------------------- a FIFO among the rank reports
 
 
-def test_5_read_json_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+def test_read_json_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "9.json"
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="not a regular file"):
         finishes(lambda: read_json(fifo))
 
 
-def test_5_a_fifo_in_ranks_is_skipped_and_live_ranks_still_count(tmp_path: Path) -> None:
+def test_a_fifo_in_ranks_is_skipped_and_live_ranks_still_count(tmp_path: Path) -> None:
     plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
     store = Store(plane.state_dir)
     store.write_rank_report(live_report(0), rank=0)
@@ -75,7 +79,7 @@ def test_5_a_fifo_in_ranks_is_skipped_and_live_ranks_still_count(tmp_path: Path)
     assert v.changed and v.snapshot.thresholds.min_seq_len == 3000
 
 
-# ---------------------------------------------------------------- 6: a metrics file with a lying header
+# ---------------------------------------------------------------- a metrics file with a lying header
 
 
 def _forged_counter_file(metrics_dir: Path) -> Path:
@@ -86,7 +90,7 @@ def _forged_counter_file(metrics_dir: Path) -> Path:
     return f
 
 
-def test_6_a_lying_metrics_header_is_skipped_by_dispatch_stats(tmp_path: Path) -> None:
+def test_a_lying_metrics_header_is_skipped_by_dispatch_stats(tmp_path: Path) -> None:
     from flyserve.sidecar import stats
     from flyserve.telemetry import multiprocess
 
@@ -95,7 +99,7 @@ def test_6_a_lying_metrics_header_is_skipped_by_dispatch_stats(tmp_path: Path) -
     assert "counter_667.db" in multiprocess.SKIPPED_FILES
 
 
-def test_6_a_lying_metrics_header_is_left_out_of_a_scrape(tmp_path: Path) -> None:
+def test_a_lying_metrics_header_is_left_out_of_a_scrape(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from flyserve.telemetry.multiprocess import SoundFilesCollector
@@ -106,10 +110,10 @@ def test_6_a_lying_metrics_header_is_left_out_of_a_scrape(tmp_path: Path) -> Non
     assert generate_latest(reg) == b""
 
 
-# ---------------------------------------------------------------- 7: thousands of stale rank files
+# ---------------------------------------------------------------- thousands of stale rank files
 
 
-def test_7_stale_rank_files_are_capped_and_odd_names_ignored(
+def test_stale_rank_files_are_capped_and_odd_names_ignored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from flyserve.control import store as store_mod
@@ -137,11 +141,11 @@ def test_7_stale_rank_files_are_capped_and_odd_names_ignored(
     assert store.skipped_rank_files >= 600 + 4 - 256
 
 
-# ---------------------------------------------------------------- 9: a token file that is not a file
+# ---------------------------------------------------------------- a token file that is not a file
 
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "/dev/urandom", "huge"])
-def test_9_a_token_file_that_is_not_a_small_regular_file_is_refused(tmp_path: Path, kind: str) -> None:
+def test_a_token_file_that_is_not_a_small_regular_file_is_refused(tmp_path: Path, kind: str) -> None:
     from flyserve.sidecar.settings import TokenError, read_token
 
     if kind == "fifo":
@@ -158,7 +162,7 @@ def test_9_a_token_file_that_is_not_a_small_regular_file_is_refused(tmp_path: Pa
     assert "regular file" in str(e.value) or "larger than" in str(e.value)
 
 
-def test_9_a_symlinked_token_file_is_still_read(tmp_path: Path) -> None:
+def test_a_symlinked_token_file_is_still_read(tmp_path: Path) -> None:
     from flyserve.sidecar.settings import read_token
 
     (tmp_path / "secret").write_text("s3cr3t-token-value-long-enough-0123456789\n")
@@ -167,7 +171,7 @@ def test_9_a_symlinked_token_file_is_still_read(tmp_path: Path) -> None:
     assert tok is not None and tok.get_secret_value() == "s3cr3t-token-value-long-enough-0123456789"
 
 
-# ---------------------------------------------------------------- 10: a symlinked audit log
+# ---------------------------------------------------------------- a symlinked audit log
 
 
 def _plane_with_symlinked_audit(tmp_path: Path) -> tuple[ControlPlane, Path]:
@@ -181,7 +185,7 @@ def _plane_with_symlinked_audit(tmp_path: Path) -> tuple[ControlPlane, Path]:
     return plane, decoy
 
 
-def test_10_a_symlinked_audit_log_is_not_followed(tmp_path: Path) -> None:
+def test_a_symlinked_audit_log_is_not_followed(tmp_path: Path) -> None:
     plane, decoy = _plane_with_symlinked_audit(tmp_path)
     # The writer holding the lock sets the link aside (never following it) and begins a new log:
     # a planted link must not refuse every change, circuit open included.
@@ -193,7 +197,7 @@ def test_10_a_symlinked_audit_log_is_not_followed(tmp_path: Path) -> None:
     assert [e["result"] for e in plane.audit_log()] == ["success"]
 
 
-def test_10_a_symlinked_audit_log_is_not_followed_outside_the_lock(tmp_path: Path) -> None:
+def test_a_symlinked_audit_log_is_not_followed_outside_the_lock(tmp_path: Path) -> None:
     """A line written without the writers' lock (a refused change's) never renames anything: the
     link stays, is not followed, and the entry goes to the process log."""
     from flyserve.control import ControlIOError
@@ -205,7 +209,7 @@ def test_10_a_symlinked_audit_log_is_not_followed_outside_the_lock(tmp_path: Pat
         plane.audit_log()
 
 
-# ------------------------------------------------ 10, the read side (left open at stop 19, fixed at 20)
+# ---------------------------------------------------------------- the audit log's readers
 
 
 def _plane_with_audit(tmp_path: Path) -> ControlPlane:
@@ -215,7 +219,7 @@ def _plane_with_audit(tmp_path: Path) -> ControlPlane:
     return plane
 
 
-def test_10r_audit_reads_do_not_follow_a_symlink(tmp_path: Path) -> None:
+def test_audit_reads_do_not_follow_a_symlink(tmp_path: Path) -> None:
     """`thresholds audit`, repair and the version floor read audit.jsonl: a symlink to a decoy is
     refused with the file named (read), or witnesses nothing (the floor), never followed."""
     from flyserve.control import ControlIOError
@@ -230,7 +234,7 @@ def test_10r_audit_reads_do_not_follow_a_symlink(tmp_path: Path) -> None:
     assert decoy.read_text().count("\n") == 1
 
 
-def test_10r_audit_reads_refuse_a_fifo(tmp_path: Path) -> None:
+def test_audit_reads_refuse_a_fifo(tmp_path: Path) -> None:
     """A FIFO with no writer as audit.jsonl (an open() that blocked for ever): refused at once."""
     from flyserve.control import ControlIOError
 
@@ -254,9 +258,9 @@ except ControlIOError as exc:
 """
 
 
-def test_10r_audit_reads_refuse_an_endless_file(tmp_path: Path) -> None:
-    """audit.jsonl a symlink to /dev/zero: the plain read that was here read without end and filled
-    the reader's memory (seen: the OOM killer took a 24 GB test process). Run in a child capped at
+def test_audit_reads_refuse_an_endless_file(tmp_path: Path) -> None:
+    """audit.jsonl a symlink to /dev/zero: a plain read reads without end and fills the reader's
+    memory (seen: the OOM killer took a 24 GB test process). Run in a child capped at
     1 GiB of address space, so a regression fails this test instead of the machine."""
     import resource
     import subprocess
@@ -281,7 +285,7 @@ def test_10r_audit_reads_refuse_an_endless_file(tmp_path: Path) -> None:
     assert "refused: cannot read the audit log: audit.jsonl: a symlink" in r.stdout
 
 
-def test_10r_a_huge_audit_log_is_read_from_its_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_huge_audit_log_is_read_from_its_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the newest bytes are read (AUDIT_READ_MAX; with a limit, four lines' worth per entry):
     the newest entries come back whole, a line cut by the window is dropped, not half-parsed."""
     from flyserve.control import store as store_mod
@@ -304,7 +308,7 @@ def test_10r_a_huge_audit_log_is_read_from_its_tail(tmp_path: Path, monkeypatch:
     assert [e["version"] for e in plane.audit_log()] == [1996, 1997, 1998, 1999, 2000]
 
 
-def test_10r_cli_audit_names_the_refused_file(tmp_path: Path) -> None:
+def test_cli_audit_names_the_refused_file(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from flyserve.cli import app
@@ -318,7 +322,7 @@ def test_10r_cli_audit_names_the_refused_file(tmp_path: Path) -> None:
     assert "audit.jsonl: a symlink" in r.output and "Traceback" not in r.output
 
 
-# ---------------------------------------------------------------- 12: repeated Authorization / If-Match
+# ---------------------------------------------------------------- repeated Authorization / If-Match
 
 
 TOKEN = "t0ken-for-tests-0123456789"
@@ -338,9 +342,9 @@ def sidecar_client(tmp_path: Path):
         yield c
 
 
-def test_6_7_skipped_files_are_exported(sidecar_client, tmp_path: Path, monkeypatch) -> None:
-    """What the sidecar skipped (a poisoned metrics file, odd or implausible rank reports), until
-    stop 20 only logged: flyserve_sidecar_ignored_files{kind} on /metrics."""
+def test_skipped_files_are_exported(sidecar_client, tmp_path: Path, monkeypatch) -> None:
+    """What the sidecar skipped (a poisoned metrics file, odd or implausible rank reports) is
+    exported, not only logged: flyserve_sidecar_ignored_files{kind} on /metrics."""
     from flyserve.telemetry import multiprocess
 
     monkeypatch.setattr(multiprocess, "SKIPPED_FILES", set())
@@ -381,11 +385,11 @@ def _broken_entry_counter_file(metrics_dir: Path) -> Path:
     return f
 
 
-def test_6_a_broken_metrics_entry_is_left_out_of_a_scrape(
+def test_a_broken_metrics_entry_is_left_out_of_a_scrape(
     sidecar_client, tmp_path: Path, monkeypatch
 ) -> None:
-    """A true header over an entry prometheus_client cannot parse made every /metrics a 500 (review
-    of stop 20); the file is left out, the rest is scraped, the gauge counts it."""
+    """A true header over an entry prometheus_client cannot parse would make every /metrics a 500;
+    the file is left out, the rest is scraped, the gauge counts it."""
     from flyserve.telemetry import multiprocess
 
     monkeypatch.setattr(multiprocess, "SKIPPED_FILES", set())
@@ -397,7 +401,7 @@ def test_6_a_broken_metrics_entry_is_left_out_of_a_scrape(
     assert multiprocess.SKIPPED_FILES == {"counter_669.db"}
 
 
-def test_6_a_metrics_file_being_created_is_not_counted(tmp_path: Path, monkeypatch) -> None:
+def test_a_metrics_file_being_created_is_not_counted(tmp_path: Path, monkeypatch) -> None:
     """prometheus_client creates a file, truncates it (a zero header), then writes the header: a
     scrape in between sees no entries, and nothing skipped (it is not a bad file)."""
     from prometheus_client import CollectorRegistry, generate_latest
@@ -418,7 +422,7 @@ def test_6_a_metrics_file_being_created_is_not_counted(tmp_path: Path, monkeypat
     assert multiprocess.SKIPPED_FILES == set()
 
 
-def test_7_rank_report_gauge_follows_ranks_dir_and_ignores_temp_files(sidecar_client, tmp_path: Path) -> None:
+def test_rank_report_gauge_follows_ranks_dir_and_ignores_temp_files(sidecar_client, tmp_path: Path) -> None:
     """ranks/ removed: the last look found nothing to skip (0, not the previous count); a rank's
     own atomic-write temp file (a dot file) is not counted; repair removes an old one."""
     import re
@@ -446,7 +450,7 @@ def test_7_rank_report_gauge_follows_ranks_dir_and_ignores_temp_files(sidecar_cl
     assert gauge() == 0.0
 
 
-def test_10r_repair_says_what_it_did_when_the_audit_log_is_refused(tmp_path: Path) -> None:
+def test_repair_says_what_it_did_when_the_audit_log_is_refused(tmp_path: Path) -> None:
     """A symlinked audit.jsonl: repair still rebuilds current.json, and reports the audit log as not
     read instead of ending in an error that hides the rest."""
     from flyserve.control.repair import repair
@@ -463,7 +467,7 @@ def test_10r_repair_says_what_it_did_when_the_audit_log_is_refused(tmp_path: Pat
     assert not (tmp_path / "decoy").exists()
 
 
-def test_10r_deeply_nested_json_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+def test_deeply_nested_json_is_an_error_not_a_traceback(tmp_path: Path) -> None:
     """A short audit line or rank report of 1000 '[' (under every size cap): skipped, not a
     RecursionError out of `thresholds audit`, repair or /dispatch-stats."""
     plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
@@ -489,37 +493,37 @@ def test_10r_deeply_nested_json_is_an_error_not_a_traceback(tmp_path: Path) -> N
         [("Authorization", f"Bearer {TOKEN}"), ("If-Match", "0"), ("If-Match", "7")],
     ],
 )
-def test_12_a_repeated_authorization_or_if_match_is_a_400(sidecar_client, headers) -> None:
+def test_a_repeated_authorization_or_if_match_is_a_400(sidecar_client, headers) -> None:
     r = sidecar_client.patch("/thresholds", json={"min_seq_len": 3000}, headers=headers)
     assert r.status_code == 400, r.text
     assert r.json()["field"] in ("Authorization", "If-Match")
     assert sidecar_client.get("/thresholds").json()["version"] == 0  # nothing changed
 
 
-# ---------------------------------------------------------------- 14, 15: bodies that are not one JSON object
+# ---------------------------------------------------------------- bodies that are not one JSON object
 
 
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
 
 @pytest.mark.parametrize("body", [b"\xff\xfe{}", b"{bad", b'{"min_seq_len": 3000'])
-def test_14_an_undecodable_body_is_a_400(sidecar_client, body: bytes) -> None:
+def test_an_undecodable_body_is_a_400(sidecar_client, body: bytes) -> None:
     r = sidecar_client.patch("/thresholds", content=body, headers=AUTH)
     assert r.status_code == 400, r.text
     assert r.json()["field"] == "<body>"
 
 
-def test_15_a_key_given_twice_in_a_json_body_is_refused_naming_it(sidecar_client) -> None:
+def test_a_key_given_twice_in_a_json_body_is_refused_naming_it(sidecar_client) -> None:
     r = sidecar_client.patch("/thresholds", content=b'{"min_seq_len":1,"min_seq_len":3000}', headers=AUTH)
     assert r.status_code == 422, r.text
     assert r.json()["field"] == "min_seq_len"
     assert sidecar_client.get("/thresholds").json()["version"] == 0
 
 
-# ---------------------------------------------------------------- 15: the CLI's KEY=VALUE, actors, modes
+# ---------------------------------------------------------------- the CLI's KEY=VALUE, actors, modes
 
 
-def test_15_cli_refuses_a_key_given_twice_and_non_decimal_integers() -> None:
+def test_cli_refuses_a_key_given_twice_and_non_decimal_integers() -> None:
     from flyserve.control.cli import _parse_assignments
     from flyserve.policy import ThresholdsError
 
@@ -531,7 +535,7 @@ def test_15_cli_refuses_a_key_given_twice_and_non_decimal_integers() -> None:
     assert _parse_assignments(["min_seq_len=4096", "lpt=auto"]) == {"min_seq_len": 4096, "lpt": "auto"}
 
 
-def test_15_control_characters_in_an_actor_are_escaped_by_show_and_history(tmp_path: Path) -> None:
+def test_control_characters_in_an_actor_are_escaped_by_show_and_history(tmp_path: Path) -> None:
     import typer
     from typer.testing import CliRunner
 
@@ -548,7 +552,7 @@ def test_15_control_characters_in_an_actor_are_escaped_by_show_and_history(tmp_p
         assert "\\x1b" in res.output
 
 
-def test_15_state_dirs_created_by_set_create_and_the_sidecar_are_0700(tmp_path: Path) -> None:
+def test_state_dirs_created_by_set_create_and_the_sidecar_are_0700(tmp_path: Path) -> None:
     from flyserve.control.initialise import require_for_write
     from flyserve.sidecar.app import create_app
     from flyserve.sidecar.settings import SidecarSettings

@@ -1,5 +1,5 @@
-"""Attacker review of issue 13, items 3 and 4, against the real sidecar (uvicorn subprocess on
-127.0.0.1): stray history file names must not stop it starting nor push versions out of the
+"""Stray history file names (non-ASCII digits, 20- and 30-digit numbers) against the real sidecar
+(uvicorn subprocess on 127.0.0.1): they must not stop it starting nor push versions out of the
 range If-Match and rollback accept."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def stopper() -> Iterator[list[Sidecar]]:
         stop(sc)
 
 
-def test_review_3_4_stray_history_names_neither_stop_the_sidecar_nor_move_versions(
+def test_stray_history_names_neither_stop_the_sidecar_nor_move_versions(
     tmp_path: Path, stopper: list
 ) -> None:
     state = tmp_path / "state"

@@ -1,14 +1,16 @@
-"""An attacker's review of issue 22 items 3 and 6 (tests/unit/test_liveness_attacks.py): what a
-writer of the state directory could still do after them, each fixed here.
+"""A rank report is confirmed live only by the rank's own process: what a writer of the state
+directory cannot do beyond the forged reports of tests/unit/test_liveness_attacks.py.
 
-a. a forged rank report claiming an ``applied_version`` made `repair` record a version that never
-   was in force as 'success', and (with no confirmed rank) exhausted version numbers;
-b. a forgery renamed over a confirmed rank's own file was trusted because its name matched: with a
-   rank alone in its engine it pinned the change;
-c. the owner that liveness checks came from a stat of the path, the content from a later open: a
-   file renamed in between lent the genuine file's owner to the forgery;
-d. a report naming a pid that died and was reused by another process counted as live;
-plus a writer of another uid naming its own live process was confirmed like a rank.
+* a forged rank report claiming an ``applied_version`` does not make `repair` record a version that
+  never was in force as 'success', nor (with no confirmed rank) exhaust version numbers;
+* a forgery renamed over a confirmed rank's own file is not trusted because its name matches (with
+  a rank alone in its engine it would pin the change), and a bad file for one look does not erase
+  the rank's history;
+* the owner that liveness checks is the owner of the bytes read, not of an earlier stat of the
+  path: a file renamed in between would lend the genuine file's owner to the forgery;
+* a report naming a pid that died and was reused by another process is not live;
+* a writer of another uid naming its own live process is not confirmed like a rank;
+* /readyz counts only what the process table vouches for, and still counts ranks it cannot confirm.
 
 The start time of a process is read here from /proc/<pid>/stat independently of flyserve."""
 
@@ -64,7 +66,7 @@ def real_report(rank: int, *, step: int = 2000, rate: float = 20.0, **over: Any)
 
 
 def forged_report(rank: int, **over: Any) -> dict[str, Any]:
-    """Item 3's forgery: plausible values, another host, a step of 1e11."""
+    """The "another host" forgery: plausible values, another host, a step of 1e11."""
     d = {"pid": 4242 + rank, "host": "elsewhere", "pidns": "", "rank": rank, "engine": 0,
          "started": 1_577_836_800.0, "step": 10**11, "applied_version": 0, "time": NOW}  # fmt: skip
     d.update(over)
@@ -108,7 +110,7 @@ def foreign_process() -> Iterator[int]:
         p.wait(timeout=10)
 
 
-# ---------------------------------------------------------------- a. repair and applied versions
+# ---------------------------------------------------------------- repair and applied versions
 
 
 def _unfinished_publish(plane: ControlPlane, version: int) -> None:
@@ -120,7 +122,7 @@ def _unfinished_publish(plane: ControlPlane, version: int) -> None:
                        "version_before": cur.version if cur else 0})  # fmt: skip
 
 
-def test_a_repair_does_not_take_a_forged_applied_version_as_in_force(plane: ControlPlane) -> None:
+def test_repair_does_not_take_a_forged_applied_version_as_in_force(plane: ControlPlane) -> None:
     """No rank is running (the ranks stopped; `thresholds repair` from the CLI): a report "from
     another host" claiming version 2 applied. Was: 'success' - a version no rank ever saw recorded
     as in force."""
@@ -134,7 +136,7 @@ def test_a_repair_does_not_take_a_forged_applied_version_as_in_force(plane: Cont
     assert done == [(2, "abandoned")]
 
 
-def test_a_repair_still_takes_a_confirmed_ranks_applied_version(plane: ControlPlane) -> None:
+def test_repair_still_takes_a_confirmed_ranks_applied_version(plane: ControlPlane) -> None:
     """The other half: a confirmed rank running version 2 is the record that it was in force."""
     from flyserve.control.repair import repair
 
@@ -146,7 +148,7 @@ def test_a_repair_still_takes_a_confirmed_ranks_applied_version(plane: ControlPl
     assert done == [(2, "success")]
 
 
-def test_a_a_forged_applied_version_with_no_confirmed_rank_does_not_exhaust_versions(
+def test_a_forged_applied_version_with_no_confirmed_rank_does_not_exhaust_versions(
     plane: ControlPlane,
 ) -> None:
     """Ranks in another pid namespace (none confirmed) and a forgery claiming 10**18 - 1 applied.
@@ -157,12 +159,12 @@ def test_a_a_forged_applied_version_with_no_confirmed_rank_does_not_exhaust_vers
     assert s.version == 4  # above the real rank's version 3, not the forged one
 
 
-# ---------------------------------------------------------------- b. one key, one live process
+# ---------------------------------------------------------------- one key, one live process
 
 
-def test_b_a_forgery_renamed_over_a_lone_confirmed_ranks_file_does_not_pin(plane: ControlPlane) -> None:
-    """A single-rank engine (TP 1); its file replaced (os.replace) by item 3's forgery between the
-    rank's writes. Was: the forgery was the engine's only report - effective step near 1e11."""
+def test_a_forgery_renamed_over_a_lone_confirmed_ranks_file_does_not_pin(plane: ControlPlane) -> None:
+    """A single-rank engine (TP 1); its file replaced (os.replace) by the "another host" forgery
+    between the rank's writes. Was: the forgery was the engine's only report - effective step near 1e11."""
     plane.store.write_rank_report(real_report(0), rank=0)
     assert plane.store.live_ranks(now=NOW) == 1  # the reader has seen the confirmed rank
     rename_over(plane.state_dir.ranks_dir / "0.json", forged_report(0))
@@ -171,7 +173,7 @@ def test_b_a_forgery_renamed_over_a_lone_confirmed_ranks_file_does_not_pin(plane
     assert plane.store.live_ranks(now=NOW) == 1  # the rank stays live (its last own report)
 
 
-def test_b_another_live_pid_under_a_confirmed_ranks_name_is_refused(
+def test_another_live_pid_under_a_confirmed_ranks_name_is_refused(
     plane: ControlPlane, other_process: int
 ) -> None:
     """Both ranks' files replaced by reports naming another live process of this user, with its
@@ -188,7 +190,7 @@ def test_b_another_live_pid_under_a_confirmed_ranks_name_is_refused(
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
 
 
-def test_b_a_restarted_rank_takes_its_key_once_the_old_process_is_gone(plane: ControlPlane) -> None:
+def test_a_restarted_rank_takes_its_key_once_the_old_process_is_gone(plane: ControlPlane) -> None:
     """The rule does not lock out a real restart: the old process exited, the new one reports."""
     old = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     old_start = start_ticks(old.pid)
@@ -201,7 +203,7 @@ def test_b_a_restarted_rank_takes_its_key_once_the_old_process_is_gone(plane: Co
 
 
 @needs_root
-def test_b_a_writer_of_another_uid_naming_its_own_process_is_not_confirmed(
+def test_a_writer_of_another_uid_naming_its_own_process_is_not_confirmed(
     plane: ControlPlane, foreign_process: int
 ) -> None:
     """Another user who can write in ranks/ names its own live process (file and process both
@@ -213,11 +215,11 @@ def test_b_a_writer_of_another_uid_naming_its_own_process_is_not_confirmed(
     assert liveness(r, now=NOW, stale_after_s=30) is Liveness.UNCONFIRMED
 
 
-# ---------------------------------------------------------------- c. the owner of the bytes read
+# ---------------------------------------------------------------- the owner of the bytes read
 
 
 @needs_root
-def test_c_the_owner_checked_is_the_one_of_the_file_read(
+def test_the_owner_checked_is_the_one_of_the_file_read(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rank 5's genuine file is listed (owned by the ranks' uid); between that and the open, a
@@ -240,10 +242,10 @@ def test_c_the_owner_checked_is_the_one_of_the_file_read(
     assert liveness(r, now=NOW, stale_after_s=30) is not Liveness.CONFIRMED
 
 
-# ---------------------------------------------------------------- d. pid reuse
+# ---------------------------------------------------------------- pid reuse
 
 
-def test_d_a_reused_pid_is_not_the_rank(plane: ControlPlane, other_process: int) -> None:
+def test_a_reused_pid_is_not_the_rank(plane: ControlPlane, other_process: int) -> None:
     """A rank's report names a pid that now belongs to another process (started later than the
     rank recorded). Was: live and confirmed - a dead rank counted, its step planned from."""
     d = real_report(0, pid=other_process, proc_start=start_ticks(other_process) - 1)
@@ -253,7 +255,7 @@ def test_d_a_reused_pid_is_not_the_rank(plane: ControlPlane, other_process: int)
     assert plane.store.live_ranks(now=NOW) == 0
 
 
-def test_d_a_report_without_its_start_time_is_not_confirmed(plane: ControlPlane) -> None:
+def test_a_report_without_its_start_time_is_not_confirmed(plane: ControlPlane) -> None:
     """A report from an older flyserve (no proc_start): still read, live, but unconfirmed (its pid
     cannot be told from a reused one). Was: confirmed."""
     d = real_report(0)
@@ -264,7 +266,7 @@ def test_d_a_report_without_its_start_time_is_not_confirmed(plane: ControlPlane)
     assert plane.store.live_ranks(now=NOW) == 1
 
 
-def test_d_a_rank_records_its_own_start_time(tmp_path: Path) -> None:
+def test_a_rank_records_its_own_start_time(tmp_path: Path) -> None:
     from flyserve.control import RankControl
 
     rc = RankControl(tmp_path / "state", rank=0, report=False)
@@ -284,7 +286,7 @@ def test_d_a_rank_records_its_own_start_time(tmp_path: Path) -> None:
         ("proc_start", True),
     ],
 )
-def test_d_an_implausible_start_time_refuses_the_report(field: str, value: Any) -> None:
+def test_an_implausible_start_time_refuses_the_report(field: str, value: Any) -> None:
     assert parse_report(real_report(0, **{field: value}), now=NOW) is None
 
 
@@ -382,7 +384,7 @@ def test_readyz_still_counts_ranks_it_cannot_confirm(sidecar: Any, tmp_path: Pat
     assert got.status_code == 200 and got.json()["live_ranks"] == 1, got.text
 
 
-def test_b_a_bad_file_for_one_look_does_not_erase_the_ranks_history(plane: ControlPlane) -> None:
+def test_a_bad_file_for_one_look_does_not_erase_the_ranks_history(plane: ControlPlane) -> None:
     """The forger first renames garbage over the lone rank's file (a look drops the key), then its
     forgery. Was: the rank missing from /readyz at that look, then the key's history gone and the
     forgery taken as a new process - step near 1e11."""
@@ -398,7 +400,7 @@ def test_b_a_bad_file_for_one_look_does_not_erase_the_ranks_history(plane: Contr
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
 
 
-def test_b_an_exited_unreaped_rank_does_not_hold_its_key(plane: ControlPlane) -> None:
+def test_an_exited_unreaped_rank_does_not_hold_its_key(plane: ControlPlane) -> None:
     """The old rank process exited but its parent has not reaped it (a zombie: kill 0 and /proc
     still answer). Its successor under the same name must not be refused as a forgery."""
     old = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
