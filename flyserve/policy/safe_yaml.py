@@ -15,7 +15,7 @@ and keeps the last of two duplicate keys silently. This loader:
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from yaml.constructor import ConstructorError
@@ -38,8 +38,9 @@ class _Refused(yaml.YAMLError):
 class SafeLoader(yaml.SafeLoader):
     """yaml.SafeLoader without aliases, YAML 1.1 scalars, duplicate keys or unbounded nesting."""
 
-    # A class attribute, as in yaml.resolver.BaseResolver (whose stub declares it without ClassVar).
-    yaml_implicit_resolvers: dict[Any, Any] = {}  # replaced below: YAML 1.2 core schema only
+    # Replaced below: YAML 1.2 core schema only. A class attribute, as in yaml.resolver.BaseResolver
+    # (types-PyYAML declares it an instance attribute: mypy's "cannot override" is the stub's).
+    yaml_implicit_resolvers: ClassVar[dict[Any, Any]] = {}  # type: ignore[misc]
     _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
