@@ -88,7 +88,7 @@ def geometry_from_hf_config(path: str | os.PathLike[str], *, tp: int = 1, dtype:
     hidden_size / num_attention_heads. A multimodal config's ``text_config`` is used when present.
     """
     where = str(path)
-    from flyserve.policy import safe_read
+    from flyserve.files import safe_read
 
     try:  # one reader for operator files: no FIFO waited on, no /dev/zero read, depth and digit caps
         raw = safe_read.read_bytes(Path(path), 16 << 20, source=where, follow_symlinks=True)

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from flyserve.policy import safe_read
+from flyserve.files import safe_read
 from flyserve.policy.vocabulary import PATHS
 
 KINDS = ("decode", "prefill", "mixed")
@@ -148,7 +148,7 @@ class CostTable:
 
     @classmethod
     def from_json(cls, text: str | bytes, *, name: str, source: str | None = None) -> CostTable:
-        """Parse and validate a table (flyserve.policy.safe_read.parse_json: depth and number caps,
+        """Parse and validate a table (flyserve.files.safe_read.parse_json: depth and number caps,
         so deep nesting, a 400-digit integer or 1e400 is an error naming the field)."""
         where = source or name
         try:
@@ -237,7 +237,7 @@ def load_costs(name_or_path: str | Path) -> CostTable:
                 f"unknown cost table {s!r} (available: {', '.join(available_costs()) or 'none'})"
             )
         path = found[0]
-    # One reader for operator files (flyserve.policy.safe_read): a FIFO is refused at once instead
+    # One reader for operator files (flyserve.files.safe_read): a FIFO is refused at once instead
     # of hanging start, a link to /dev/zero is refused instead of read without end. A link to a
     # regular file is followed (a Kubernetes ConfigMap mounts files as links).
     where = path.name

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from flyserve.control.paths import StateDir
 from flyserve.control.store import MAX_JSON_BYTES
-from flyserve.policy import safe_read
+from flyserve.files import safe_read
 from flyserve.sidecar.models import ChannelEngineView, ChannelView, ChannelWorkerView
 
 SOURCE = "channel/status.json"
@@ -263,7 +263,7 @@ def _control(control_version: int | Callable[[], int | None] | None) -> int | No
 
 
 def read_status(state_dir: StateDir) -> dict[str, Any] | None:
-    """channel/status.json's document through flyserve.policy.safe_read (no symlinks, regular file,
+    """channel/status.json's document through flyserve.files.safe_read (no symlinks, regular file,
     size, depth and number caps); None when there is none. A document that is not a JSON object
     (``null`` included: it is no absent file) raises ValueError naming the file."""
     raw = safe_read.read_bytes(state_dir.path / "channel" / "status.json", MAX_JSON_BYTES, source=SOURCE)

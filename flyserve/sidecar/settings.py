@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from flyserve.policy import safe_read
+from flyserve.files import safe_read
 
 log = logging.getLogger("flyserve.sidecar")
 

@@ -41,7 +41,7 @@ class Latest:
 def parse_payload(data: str) -> dict[str, Any] | None:
     """The payload of one event, or None when it is not a JSON object within the state files' caps
     (a JSON array, a string, a number, nesting past 64 levels, NaN, a 5000-digit number)."""
-    from flyserve.policy import safe_read
+    from flyserve.files import safe_read
 
     try:
         doc = safe_read.parse_json(data, source="the stream")

@@ -1,4 +1,4 @@
-"""flyserve.policy.safe_read, the one reader of files someone else wrote (issue 22 items 1 and 8).
+"""flyserve.files.safe_read, the one reader of files someone else wrote.
 
 No thread and no timeout is needed to show a FIFO does not hang: open() with O_NONBLOCK of a FIFO
 with no writer returns at once, and fstat refuses it before any read. On a reader without that
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from flyserve.control.store import read_file_tail, read_json, read_regular_file
-from flyserve.policy import safe_read
-from flyserve.policy.safe_read import SafeReadError
+from flyserve.files import safe_read
+from flyserve.files.safe_read import SafeReadError
 
 
 @pytest.fixture
