@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from flyserve.lab.workloads import Trace, TraceStep
-from flyserve.policy import PATHS, PREFILL, REASONS, UNIFIED, BatchShape, Thresholds, decide
+from flyserve.policy import PATHS, PREFILL, REASONS, UNIFIED, Thresholds
+from flyserve.policy.routing import Rows, decisions_under
 
 PriceFn = Callable[[TraceStep, str], float]
 """(step, path) -> seconds of one attention call."""
@@ -92,14 +93,8 @@ class ReplayResult:
 
 def route_trace(trace: Trace, thresholds: Thresholds, *, num_heads: int) -> list[tuple[str, str]]:
     """(path, reason) per step, exactly as the routing would decide them."""
-    out = []
-    for s in trace:
-        shape = BatchShape.from_query_lens(
-            s.query_lens, max_seq_len=s.max_seq_len, num_heads=num_heads, thresholds=thresholds
-        )
-        d = decide(shape, thresholds)
-        out.append((d.path, d.reason))
-    return out
+    batches = (Rows(s.query_lens, s.max_seq_len, num_heads) for s in trace)
+    return [(d.path, d.reason) for d in decisions_under(batches, thresholds)]
 
 
 def replay(

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from flyserve.policy import PREFILL, UNIFIED, BatchShape, Thresholds, ThresholdsError, decide
+from flyserve.policy import PREFILL, UNIFIED, Thresholds, ThresholdsError
+from flyserve.policy.routing import Rows, paths_under, routed_seconds
 from flyserve.pricing.costs import CostEntry
 
 PREFILL_KNOBS = (
@@ -85,14 +86,11 @@ def fit_thresholds(
     dec_u, dec_p = float(tu[no_prefill].sum()), float(tp[no_prefill].sum())
     t = base.merged({"decode_path": PREFILL if dec_p < dec_u else UNIFIED}) if fit_decode_path else base
 
+    rows = [Rows(q, int(s.max()), num_heads) for q, s in zip(qls, sls, strict=True)]
+    prices = list(zip(tu.tolist(), tp.tolist(), strict=True))
+
     def total(th: Thresholds) -> float:
-        acc = 0.0
-        for q, s, a, b in zip(qls, sls, tu, tp, strict=True):
-            shape = BatchShape.from_query_lens(
-                q, max_seq_len=int(s.max()), num_heads=num_heads, thresholds=th
-            )
-            acc += b if decide(shape, th).path == PREFILL else a
-        return acc
+        return routed_seconds(prices, paths_under(rows, th))
 
     max_lens = [int(s.max()) for s in sls]
     occupancy = [num_heads * int(q.sum()) / t.block_m for q in qls]
@@ -127,9 +125,8 @@ def fit_thresholds(
             break
     oracle = float(np.minimum(tu, tp).sum())
     wrong = 0
-    for q, s, a, b in zip(qls, sls, tu, tp, strict=True):
-        shape = BatchShape.from_query_lens(q, max_seq_len=int(s.max()), num_heads=num_heads, thresholds=t)
-        chosen = b if decide(shape, t).path == PREFILL else a
+    for (a, b), path in zip(prices, paths_under(rows, t), strict=True):
+        chosen = b if path == PREFILL else a
         wrong += int(chosen > min(a, b))
     return FitReport(t, best, oracle, float(tu.sum()), float(tp.sum()), dec_u, dec_p, len(entries), wrong)
 

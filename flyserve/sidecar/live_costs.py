@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from flyserve.policy import PATHS, PREFILL, UNIFIED, BatchShape, Thresholds, ThresholdsError, decide
+from flyserve.policy import PATHS, PREFILL, UNIFIED, Thresholds, ThresholdsError
+from flyserve.policy.routing import paths_under
 from flyserve.pricing.costs import CostEntry, CostModel, CostTable, CostTableError
 from flyserve.pricing.fit import PREFILL_KNOBS, fit_thresholds
 from flyserve.sidecar.restart_advice import Reprice, RestartKnobAdvice, restart_advice
@@ -373,18 +374,7 @@ class AdviceResult:
 
 def route(samples: Sequence[PricedSample], t: Thresholds) -> list[str]:
     """The path decide() picks for each sample under ``t`` (as a rank would, breaker closed)."""
-    out = []
-    for p in samples:
-        s = p.sample
-        shape = BatchShape.from_query_lens(
-            np.asarray(s.query_lens, dtype=np.int64),
-            max_seq_len=s.max_seq_len,
-            num_heads=s.num_heads,
-            causal=s.causal,
-            thresholds=t,
-        )
-        out.append(decide(shape, t).path)
-    return out
+    return paths_under((p.sample for p in samples), t)
 
 
 def _rerouted(samples: Sequence[PricedSample], paths: Sequence[str]) -> RegretSummary:

@@ -22,9 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
-from flyserve.policy import PATHS, PREFILL, BatchShape, Thresholds, decide
+from flyserve.policy import PATHS, Thresholds
+from flyserve.policy.routing import paths_under, routed_seconds
 from flyserve.policy.thresholds import START_ONLY_FIELDS
 from flyserve.telemetry.shape_sample import ShapeSample
 
@@ -88,22 +87,10 @@ class RestartKnobAdvice:
 
 
 def _paths(samples: Sequence[Priced], t: Thresholds) -> list[str]:
-    out = []
-    for p in samples:
-        s = p.sample
-        shape = BatchShape.from_query_lens(
-            np.asarray(s.query_lens, dtype=np.int64),
-            max_seq_len=s.max_seq_len,
-            num_heads=s.num_heads,
-            causal=s.causal,
-            thresholds=t,
-        )
-        out.append(decide(shape, t).path)
-    return out
+    return paths_under((p.sample for p in samples), t)
 
 
-def _total(prices: Sequence[tuple[float, float]], paths: Sequence[str]) -> float:
-    return float(sum(pp if path == PREFILL else u for (u, pp), path in zip(prices, paths, strict=True)))
+_total = routed_seconds
 
 
 def decode_path_advice(
