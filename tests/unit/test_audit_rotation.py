@@ -1,7 +1,7 @@
-"""Issue 22 item 7: audit.jsonl rotates (audit.jsonl.1 .. .<keep>) under the writers' lock, keeps
+"""audit.jsonl rotates (audit.jsonl.1 .. .<keep>) under the writers' lock, keeps
 what the retention says, and every reader (Store.read_audit, max_audited_version, `repair`, the
-CLI) follows the rotated files in order. Before, the log grew without end (in deploy/, inside a
-memory volume whose overflow evicts the pod) and readers saw audit.jsonl only."""
+CLI) follows the rotated files in order. Unrotated, the log grows without end (in deploy/, inside
+a memory volume whose overflow evicts the pod) and readers would see audit.jsonl only."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Issue 13: the control plane under attack and careless operation. Each test names the attack it
-reproduces; each failed before the fix (see the issue's list) and passes now."""
+"""The control plane under attack and careless operation. Each test names the attack it reproduces
+and pins what the control plane does instead of what the attack would make it do."""
 
 from __future__ import annotations
 

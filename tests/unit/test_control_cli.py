@@ -189,7 +189,7 @@ def test_watch_runs_until_sigterm_and_reloads_on_edit_and_sighup(tmp_path: Path)
             proc.wait(5)
 
 
-# ----------------------------------------------------------------------------- issue 14: state dir
+# ----------------------------------------------------------------------------- the state directory
 
 
 def test_changing_commands_refuse_a_directory_that_was_never_initialised(tmp_path: Path) -> None:

@@ -223,22 +223,22 @@ def test_effective_step_is_past_the_live_ranks_only(tmp_path: Path) -> None:
 
 
 def test_an_engine_restart_resets_the_step_floor(tmp_path: Path) -> None:
-    """Issue 13 attack 2: after an engine restart on the same state dir (steps from 0 again, the
-    current version loaded at start) a change used to get the old generation's effective_step."""
+    """After an engine restart on the same state dir (steps from 0 again, the current version
+    loaded at start) a change would otherwise get the old generation's effective_step."""
     p = ControlPlane(tmp_path / "s", step_margin=8, rank_stale_after_s=30)
     now = p._clock()
     p.store.write_rank_report(rank_report(0, 3577, now), rank=0)
     assert p.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot.effective_step == 3585
     p.store.write_rank_report(rank_report(0, 262, now, applied_version=1, started=now - 5), rank=0)
     assert p.apply_overrides({"min_seq_len": 5000}, actor="a").snapshot.effective_step == 270
-    # A rank that still has the previous version pending gets no floor from it (review item 1): the
+    # A rank that still has the previous version pending gets no floor from it: the
     # rank applies the newer version at its own step and the pending one with it (RankControl).
     p.store.write_rank_report(rank_report(0, 100, now, applied_version=1, started=now - 5), rank=0)
     assert p.apply_overrides({"min_seq_len": 5100}, actor="a").snapshot.effective_step == 108
 
 
 def test_poisoned_and_dead_rank_reports_do_not_pin_the_effective_step(tmp_path: Path) -> None:
-    """Issue 13 attacks 2 and 7: a stray ranks/7.json with step 1e9, or Infinity/1e308/1e400
+    """A stray ranks/7.json with step 1e9, or Infinity/1e308/1e400
     values, or the report of a process that is gone, must not move effective_step (nor raise)."""
     import subprocess
     import sys
@@ -293,7 +293,7 @@ def test_effective_step_is_sized_in_time_from_the_ranks_step_rate(tmp_path: Path
     p = ControlPlane(tmp_path / "s", step_margin=8, lead_s=3.0, clock=lambda: now)
     # Reported half a second ago at 100 steps/s: the rank is at about 1050 by now.
     p.store.write_rank_report(rank_report(0, 1000, now - 0.5, steps_per_s=100.0), rank=0)
-    # No rate is believed above twice the engine's slowest (issue 22 item 3: 60/s allows 120/s).
+    # No rate is believed above twice the engine's slowest (60/s allows 120/s).
     p.store.write_rank_report(rank_report(1, 1040, now, steps_per_s=60.0), rank=1)
     s = p.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
     assert s.effective_step == 1050 + 300  # projected step + ceil(100/s * 3 s)

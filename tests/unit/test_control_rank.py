@@ -174,8 +174,8 @@ def test_the_hot_path_does_no_io_takes_the_slow_path_once_and_keeps_nothing(
 
 
 def test_a_rank_without_a_measured_rate_gets_the_assumed_high_rate_margin(plane: ControlPlane) -> None:
-    """Issue 13 attack 3: a change published in a rank's first second used to get the 8-step floor
-    (its report said step 0, rate 0) and was applied late. Until a rank has measured its rate its
+    """A change published in a rank's first second would otherwise get the 8-step floor (its
+    report says step 0, rate 0) and be applied late. Until a rank has measured its rate its
     report says null, and the publisher assumes a high rate (ASSUMED_STEPS_PER_S) for the margin."""
     from flyserve.control.effective import ASSUMED_STEPS_PER_S
 
@@ -201,8 +201,8 @@ def test_a_rank_measures_its_rate_after_a_second_of_steps(plane: ControlPlane) -
 
 
 def test_each_engine_switches_at_its_own_step(plane: ControlPlane) -> None:
-    """Data-parallel engines count steps independently: a version carries one step per engine
-    (issue 13), each planned from that engine's live ranks only."""
+    """Data-parallel engines count steps independently: a version carries one step per engine,
+    each planned from that engine's live ranks only."""
     now = time.time()
     for engine, step in ((0, 1000), (1, 50)):
         report = {"rank": 0, "engine": engine, "pid": os.getpid(), "started": now - 60, "step": step,

@@ -196,8 +196,8 @@ def test_a_comment_only_edit_is_one_no_op_not_a_reload_loop(
 def test_4_an_edit_made_while_the_state_dir_cannot_be_written_is_published_once_it_can(
     tmp_path: Path, plane: ControlPlane, stopper: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 13 attack 4: a config edit made while the state directory was read-only or full was
-    never published after it recovered (until a SIGHUP). ENOSPC is injected at the publish step
+    """A config edit made while the state directory is read-only or full is published once it
+    recovers, without a SIGHUP. ENOSPC is injected at the publish step
     (tests/integration/test_control_attacks_live.py fills a real tmpfs for the CLI)."""
     import errno
 
@@ -234,7 +234,7 @@ def _io(fn, snap):
 def test_5_a_file_written_in_two_parts_publishes_only_the_whole(
     tmp_path: Path, plane: ControlPlane, stopper: list
 ) -> None:
-    """Issue 13 attack 5: `min_seq_len: 20`, then 0.2 s later `48\\n`: a version with 20 used to be
+    """`min_seq_len: 20`, then 0.2 s later `48\\n`: without settling, a version with 20 was
     published before the one with 2048 (5 of 5 trials)."""
     cfg = tmp_path / "flyserve.yaml"
     cfg.write_text("min_seq_len: 1600\n")

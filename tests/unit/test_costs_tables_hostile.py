@@ -1,4 +1,4 @@
-"""Issue 22 item 8: `--costs` tables are operator-supplied input read through flyserve.policy.
+"""`--costs` tables are operator-supplied input read through flyserve.policy.
 safe_read. Deep nesting, a FIFO, a /dev/zero link, a cost of 1e308 ms and a 400-digit num_heads
 each give an error naming the file and field (never the value), at once, with no traceback."""
 

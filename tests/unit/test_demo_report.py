@@ -1,5 +1,5 @@
 """What `flyserve demo` prints: the phase's own figures apart from the running totals, the word that
-the CPU prefill path is a stand-in, and where the sidecar was (issue 14)."""
+the CPU prefill path is a stand-in, and where the sidecar was."""
 
 from __future__ import annotations
 

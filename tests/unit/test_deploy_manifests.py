@@ -256,7 +256,7 @@ def test_docs_show_the_manifests_verbatim():
     assert "kubectl apply -k deploy/base" in text
 
 
-# ---------------------------------------------------------------- issue 22 item 7
+# ---------------------------------------------------------------- the pod: probes, token, audit volume
 
 
 def _pod(resources: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""A clone with nothing beside it works (issue 14): the tests' data is inside the repository, no
+"""A clone with nothing beside it works: the tests' data is inside the repository, no
 committed file names a path of the machine it was written on, and the setup script leaves the
 host's processes alone. (.ci/run also runs the whole suite from a clone alone in an empty
 directory.)"""

@@ -1,4 +1,4 @@
-"""Issue 22 items 3, 4 and 6 in one process: forged rank reports must not pin the effective step
+"""In one process: forged rank reports must not pin the effective step
 (and its bound holds whatever they say), the rank-report reader cannot be gamed by mtimes or
 names, and `repair` judges an unfinished publish by what records it, not by its history file.
 The same attacks against the real simulator and sidecar: tests/integration/test_liveness_attacks_live.py."""
@@ -48,7 +48,7 @@ def real_report(rank: int, *, step: int = 2000, rate: float | None = 20.0, **ove
 
 
 def forged_report(rank: int, **over: Any) -> dict[str, Any]:
-    """Item 3's forgery: plausible values, another host, a step of 1e11."""
+    """The "another host" forgery: plausible values, another host, a step of 1e11."""
     d = {"pid": 4242 + rank, "host": "elsewhere", "pidns": "", "rank": rank, "engine": 0,
          "started": FORGED_STARTED, "step": 10**11, "applied_version": 0, "time": NOW}  # fmt: skip
     d.update(over)
@@ -80,7 +80,7 @@ def other_process() -> Iterator[int]:
 
 
 def test_liveness_is_confirmed_only_by_the_process_table(tmp_path: Path, other_process: int) -> None:
-    from flyserve.control.reports import Liveness, is_live, liveness  # new in issue 22
+    from flyserve.control.reports import Liveness, is_live, liveness
 
     now = NOW
 
@@ -111,7 +111,7 @@ def test_liveness_is_confirmed_only_by_the_process_table(tmp_path: Path, other_p
     assert is_live(rep(), now=now, stale_after_s=30, confirmed_only=True)
 
 
-# ---------------------------------------------------------------- item 3: forged reports do not pin
+# ---------------------------------------------------------------- forged reports do not pin
 
 
 def test_3_forged_reports_from_another_host_do_not_move_the_step_of_confirmed_ranks(
@@ -261,7 +261,7 @@ def test_3_a_forged_applied_version_does_not_exhaust_version_numbers(plane: Cont
     assert plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot.version == 1
 
 
-# ---------------------------------------------------------------- item 4: the reader is not gamed by mtimes
+# ---------------------------------------------------------------- the reader is not gamed by mtimes
 
 
 def test_4_files_dated_ahead_do_not_push_live_ranks_out(plane: ControlPlane) -> None:
@@ -295,7 +295,7 @@ def test_4_fresh_garbage_under_valid_names_is_read_after_the_ranks(plane: Contro
     assert all(r.step < 10**6 for r in plane.store.reports())
 
 
-# ---------------------------------------------------------------- item 6: repair's verdict on an unfinished publish
+# ---------------------------------------------------------------- repair's verdict on an unfinished publish
 
 
 def _drop_success_line(plane: ControlPlane, version: int) -> None:

@@ -1,4 +1,4 @@
-"""`flyserve explain`'s rule-by-rule account agrees with decide() (the issue's property: 10,000 random
+"""`flyserve explain`'s rule-by-rule account agrees with decide() (a property over 10,000 random
 shapes under random valid thresholds). explain() restates the rules as a table, independently of
 decide(), so a rule edited in one and not the other fails here."""
 

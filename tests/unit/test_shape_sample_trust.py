@@ -1,4 +1,4 @@
-"""Issue 22 items 1 and 5 at unit level: shape samples are read through safe_read (a FIFO or a
+"""At unit level: shape samples are read through safe_read (a FIFO or a
 /dev/zero link in shapes/ is skipped, not waited on or read without end), dated in the future they
 are never priced (so they cannot outlive their window), only live ranks' files count, and advice
 refuses (409, field ``samples``) samples the ranks' decision counters do not corroborate."""
@@ -53,7 +53,7 @@ def read_in_thread(state: Path, **kw) -> list[ShapeSample]:
     return box["v"]
 
 
-# ---------------------------------------------------------------- item 1: what is in shapes/
+# ---------------------------------------------------------------- what is in shapes/
 
 
 def test_a_fifo_and_a_dev_zero_link_in_shapes_are_skipped(tmp_path: Path) -> None:
@@ -66,7 +66,7 @@ def test_a_fifo_and_a_dev_zero_link_in_shapes_are_skipped(tmp_path: Path) -> Non
     assert sorted(s.step for s in got) == [0, 1, 2, 3, 4] and {s.rank for s in got} == {0}
 
 
-# ---------------------------------------------------------------- item 5: time
+# ---------------------------------------------------------------- time
 
 
 def test_samples_dated_in_the_future_are_never_priced_and_cannot_fill_a_window(tmp_path: Path) -> None:
@@ -95,7 +95,7 @@ def test_a_sample_within_the_clock_skew_counts_as_now_and_expires_with_its_windo
     assert lp.window(HORIZON_S) == []
 
 
-# ---------------------------------------------------------------- item 5: whose samples
+# ---------------------------------------------------------------- whose samples
 
 
 def test_only_live_ranks_files_are_read(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Issue 22 item 9: the actor id shown on unauthenticated GET /thresholds must not be checkable
+"""The actor id shown on unauthenticated GET /thresholds must not be checkable
 offline against a token guess (it was the first 8 hex of sha256(token))."""
 
 from __future__ import annotations

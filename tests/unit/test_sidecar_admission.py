@@ -1,4 +1,4 @@
-"""AdmissionMiddleware (issue 22 item 2): over the request cap an anonymous request is a 503 at
+"""AdmissionMiddleware: over the request cap an anonymous request is a 503 at
 once, while /healthz, /readyz and changes with the valid token are always admitted."""
 
 from __future__ import annotations

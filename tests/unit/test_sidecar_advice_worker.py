@@ -1,4 +1,4 @@
-"""FitWorker (issue 22): one fit at a time, results reused per key, a deadline after which the last
+"""FitWorker: one fit at a time, results reused per key, a deadline after which the last
 result comes back marked stale (or nothing), and never a queue of fits."""
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def test_a_failed_fit_is_remembered_not_retried_on_every_request(exc: Exception)
 
 
 def test_shape_files_are_read_only_by_the_sampler_and_the_advice_worker(tmp_path) -> None:
-    """Regret windows and advice fits read and price shape files; requests never do (issue 22:
-    a FIFO in shapes/ hung every request that did)."""
+    """Regret windows and advice fits read and price shape files; requests never do (a FIFO
+    in shapes/ hung every request that did)."""
     from fastapi.testclient import TestClient
 
     from flyserve.sidecar.app import create_app

@@ -235,7 +235,7 @@ def test_config_file_is_watched_without_a_reload_call(tmp_path: Path):
 
 
 def test_dispatch_stats_ranks_agree_is_null_without_a_live_rank(client: TestClient, tmp_path: Path):
-    """Issue 14: with 0 live ranks /dispatch-stats said ranks_agree true ("all is well")."""
+    """With 0 live ranks, ranks_agree is null, not true ("all is well")."""
     s = client.get("/dispatch-stats").json()
     assert (s["live_ranks"], s["ranks_agree"]) == (0, None)
     write_rank(tmp_path, 0, step=10, version=0, age_s=60)  # only a stale rank: still nobody live
@@ -259,7 +259,7 @@ def test_dispatch_stats_ranks_stale_and_agreement(client: TestClient, tmp_path: 
     assert s["thresholds"]["version"] == 0 and s["thresholds"]["sha256"]
     write_rank(tmp_path, 1, step=51, version=2)
     assert client.get("/dispatch-stats").json()["ranks_agree"] is False
-    # a rank that applied a version late says so (issue 13): per rank and in total
+    # a rank that applied a version late says so: per rank and in total
     report = json.loads((tmp_path / "ranks" / "1.json").read_text())
     (tmp_path / "ranks" / "1.json").write_text(json.dumps({**report, "late_applies": 2}))
     client.app.state.stats.invalidate()
@@ -376,7 +376,7 @@ def test_ttl_cache_serves_stale_while_one_caller_refreshes():
 
 def test_ttl_cache_serves_a_late_refreshers_value_instead_of_computing_in_the_request():
     """With a background refresher running late (a busy machine), a request that finds the value
-    just past its TTL gets it at once (issue 23: requests paid the computation, the p99 of
+    just past its TTL gets it at once (requests paying the computation set the p99 of
     /dispatch-stats with 64 ranks); past max_stale_s, or with no refresher, it computes."""
     from flyserve.sidecar.cache import TtlCache
 

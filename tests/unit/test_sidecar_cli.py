@@ -61,7 +61,7 @@ def test_simulate_one_rank_runs_the_real_path(tmp_path: Path):
     assert [s.step for s in read_shape_samples(tmp_path, limit=5)] == [39, 38, 37, 36, 35]
 
 
-# ----------------------------------------------------------------------------- issue 14: fail fast
+# ----------------------------------------------------------------------------- fail fast
 
 
 def _sidecar_proc(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0):
@@ -136,7 +136,7 @@ def test_simulate_quiet_prints_no_progress(tmp_path: Path):
     assert "simulate: done" in r.output and "  step " not in r.output
 
 
-# ----------------------------------------------------------------------------- issue 23: the switch interval
+# ----------------------------------------------------------------------------- the switch interval
 
 
 def test_sidecar_switch_interval_out_of_range_names_the_flag(tmp_path: Path):

@@ -1,4 +1,4 @@
-"""Issue 22 item 10: a 5000-digit number or 5000-deep nesting in any JSON body is a 400/422 naming
+"""A 5000-digit number or 5000-deep nesting in any JSON body is a 400/422 naming
 the field (or the body) and the reason, never the value, never a 500 or a RecursionError."""
 
 from __future__ import annotations

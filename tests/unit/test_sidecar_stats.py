@@ -153,7 +153,7 @@ def test_read_counters_missing_dir_raises(tmp_path: Path):
 
 
 def test_read_counters_skips_a_file_with_a_deeply_nested_key(tmp_path: Path):
-    """Review finding: json.loads of '[' * 50000 raised RecursionError: /dispatch-stats 500 for ever."""
+    """json.loads of '[' * 50000 raises RecursionError: unskipped, /dispatch-stats 500 for ever."""
     from flyserve.telemetry._prom_backend import encode_values_file
     from flyserve.telemetry.multiprocess import SKIPPED_FILES
 

@@ -1,4 +1,4 @@
-"""StreamHub: one payload computation per tick however many SSE clients wait on it (issue 13)."""
+"""StreamHub: one payload computation per tick however many SSE clients wait on it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""flyserve simulate's engines, restarts and rank cap (issue 23 item 4), without starting processes."""
+"""flyserve simulate's engines, restarts and rank cap, without starting processes."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def far_chain() -> list[int]:
 
 
 def near_chain() -> list[int]:
-    """The chain of the issue: 5, 1000004, 2000003, ...: its first link is within a rank at 3's reach."""
+    """The near forged chain: 5, 1000004, 2000003, ...: its first link is within a rank at 3's reach."""
     return [5 + k * (MAX_VERSION_STEP - 1) for k in range(6)]
 
 

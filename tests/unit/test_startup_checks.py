@@ -1,4 +1,4 @@
-"""Start-up checks: a bad profile stops a process first, with one ERROR line naming it (issue 14)."""
+"""Start-up checks: a bad profile stops a process first, with one ERROR line naming it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Compaction of dead processes' metric files (flyserve.telemetry.compaction; issue 23 item 4).
+"""Compaction of dead processes' metric files (flyserve.telemetry.compaction).
 
 The files come from real processes (flyserve's own metrics backend in a child that then dies
 without its exit handlers, as a killed worker does), so the merge is checked on the format the
@@ -255,7 +255,7 @@ def test_readers_exclude_sources_an_archive_already_holds(metrics_dir: Path):
 
 
 def test_a_forged_journal_cannot_rename_over_a_file_outside_metrics(metrics_dir: Path, tmp_path: Path):
-    """Review finding: recover() renamed the journal's temp over ``metrics/<archive>`` unchecked."""
+    """recover() renames the journal's temp over ``metrics/<archive>`` only after checking it."""
     target = tmp_path / "control" / "current.json"
     target.parent.mkdir()
     target.write_text('{"thresholds": "real"}')
@@ -386,7 +386,7 @@ def _counter_key(metric: str, rank: str) -> str:
 
 
 def test_files_exposition_skips_a_file_with_a_deeply_nested_key(metrics_dir: Path):
-    """Review finding: json.loads of '[' * 50000 raised RecursionError: /metrics 500 for ever."""
+    """json.loads of '[' * 50000 raises RecursionError: unskipped, /metrics 500 for ever."""
     from flyserve.telemetry.files_exposition import FilesExposition
     from flyserve.telemetry.multiprocess import SKIPPED_FILES
 
@@ -399,8 +399,8 @@ def test_files_exposition_skips_a_file_with_a_deeply_nested_key(metrics_dir: Pat
 
 
 def test_files_exposition_with_a_full_key_cache_still_renders(metrics_dir: Path, monkeypatch):
-    """Review finding: keys read after the cache filled were not cached, then _render's
-    keys[key] raised KeyError: /metrics 500 for ever."""
+    """Keys read after the cache filled are not cached; _render must not look them up there
+    (keys[key] raised KeyError: /metrics 500 for ever)."""
     from flyserve.telemetry import files_exposition
     from flyserve.telemetry.files_exposition import FilesExposition
 
@@ -413,8 +413,8 @@ def test_files_exposition_with_a_full_key_cache_still_renders(metrics_dir: Path,
 
 
 def test_files_exposition_and_entry_cache_refuse_a_file_over_the_size_cap(metrics_dir: Path, monkeypatch):
-    """Review finding: a sparse file with a matching header was read in full on every request;
-    both readers now share _prom_backend.read_used and its MAX_VALUES_FILE_BYTES cap."""
+    """A sparse file with a matching header would be read in full on every request; both
+    readers share _prom_backend.read_used and its MAX_VALUES_FILE_BYTES cap."""
     from flyserve.telemetry import _prom_backend
     from flyserve.telemetry.entry_cache import EntryCache
     from flyserve.telemetry.files_exposition import FilesExposition

@@ -283,7 +283,7 @@ def test_select_equals_decide_on_the_full_shape(
     torch_buffer=st.booleans(),
     pad_rows=st.integers(1, 6),
 )
-@example(  # the review's case: 8 decode rows and 2 chunks, 6 padding entries past num_reqs + 1
+@example(  # 8 decode rows and 2 chunks, 6 padding entries past num_reqs + 1
     lens=[1] * 8 + [300] * 2,
     max_seq_len=8192,
     t=SEED.merged({"decode_rows_base": 8, "min_qblock_rows": 0}),
