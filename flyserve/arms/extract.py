@@ -72,7 +72,7 @@ class RegexExtractor:
     """The last match of the pattern; its first capture group if it has one, else the whole match."""
 
     pattern: str
-    compiled: re.Pattern[str] = field(compare=False, repr=False, default=None)  # type: ignore[assignment]
+    compiled: re.Pattern[str] = field(compare=False, repr=False)  # re.compile(pattern): make_extractor()
 
     @property
     def name(self) -> str:

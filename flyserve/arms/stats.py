@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from flyserve.arms.align import PairComparison, Response, compare_pair
 from flyserve.arms.extract import Extractor
@@ -57,7 +58,7 @@ class BootstrapResult:
 
 
 def paired_bootstrap(
-    diffs: Sequence[float], *, resamples: int = 10000, seed: int = BOOTSTRAP_SEED
+    diffs: Sequence[float] | npt.NDArray[np.float64], *, resamples: int = 10000, seed: int = BOOTSTRAP_SEED
 ) -> BootstrapResult:
     """Bootstrap the mean of per-prompt differences; 95% percentile CI and a two-sided p-value."""
     d = np.asarray(diffs, dtype=np.float64)

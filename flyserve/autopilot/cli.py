@@ -6,13 +6,19 @@ the synthetic blocks in flyserve.autopilot.trials; docs/autopilot.md has the tab
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from flyserve.terminal.printable import printable_block, printable_text
+
+if TYPE_CHECKING:  # imported where they are used
+    from rich.console import Console
+
+    from flyserve.autopilot.sequential import SequentialConfig
 
 autopilot_app = typer.Typer(
     name="autopilot",
@@ -122,7 +128,7 @@ def trials_cmd(
         _fail(f"--trials: must be >= 1, got {trials}")
     if seed < 0:
         _fail(f"--seed: must be >= 0, got {seed}")
-    overrides = {
+    overrides: dict[str, Any] = {  # SequentialConfig checks each value's type
         "confidence": confidence,
         "min_effect": min_effect,
         "max_pairs": max_pairs,
@@ -151,7 +157,7 @@ def trials_cmd(
             for s in scenarios:
                 task = bar.add_task(_scenario_name(s.effect), total=trials)
                 results.append(
-                    run_scenario(config, s, trials, seed, progress=lambda k, t=task: bar.advance(t, k))
+                    run_scenario(config, s, trials, seed, progress=functools.partial(bar.advance, task))
                 )
     except KeyboardInterrupt:
         _fail("interrupted", 130)
@@ -199,7 +205,13 @@ def _pct(v: float) -> str:
     return _num(v) + "%"
 
 
-def _print_table(console, rows, checked, command, config) -> None:  # type: ignore[no-untyped-def]
+def _print_table(
+    console: Console,
+    rows: list[dict[str, Any]],
+    checked: list[dict[str, Any]],
+    command: str,
+    config: SequentialConfig,
+) -> None:
     from rich import box
     from rich.table import Table
 

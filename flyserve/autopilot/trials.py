@@ -24,6 +24,7 @@ import math
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from flyserve.autopilot.sequential import (
     REASON_ABORT,
@@ -33,6 +34,9 @@ from flyserve.autopilot.sequential import (
     Verdict,
     decide,
 )
+
+if TYPE_CHECKING:  # numpy is imported where it is used
+    from numpy.random import Generator
 
 NOISE_MODELS = ("gpu", "gaussian")
 STALL_PROBABILITY = 0.01
@@ -67,7 +71,7 @@ class SyntheticBlocks:
                 "noise", f"must be one of {', '.join(NOISE_MODELS)}, got {self.noise!r}"
             )
 
-    def pairs(self, rng, n: int) -> Iterator[tuple[float, float, float]]:  # type: ignore[no-untyped-def]
+    def pairs(self, rng: Generator, n: int) -> Iterator[tuple[float, float, float]]:
         """n pairs (current, candidate, covariate), drawn with the numpy Generator ``rng``."""
         import numpy as np
 
@@ -107,7 +111,7 @@ class TrialOutcome:
     estimate: float
 
 
-def run_trial(config: SequentialConfig, blocks: SyntheticBlocks, rng) -> TrialOutcome:  # type: ignore[no-untyped-def]
+def run_trial(config: SequentialConfig, blocks: SyntheticBlocks, rng: Generator) -> TrialOutcome:
     """One trial: pairs fed one at a time, a decision after every pair, until a final one."""
     state = SequentialState()
     for cur, cand, z in blocks.pairs(rng, config.max_pairs):
@@ -182,7 +186,7 @@ class ScenarioResult:
         return doc
 
 
-def scenario_rng(seed: int, effect: float, trial: int):  # type: ignore[no-untyped-def]
+def scenario_rng(seed: int, effect: float, trial: int) -> Generator:
     """The Generator of one trial: fixed by (seed, effect, trial), so a scenario's numbers do not depend
     on which other scenarios run or in what order."""
     import numpy as np

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flyserve.terminal.printable import printable, printable_block, printable_text
+
+if TYPE_CHECKING:  # imported where it is used (httpx)
+    from flyserve.fleet.status import FleetStatus
 
 fleet_app = typer.Typer(
     help="Many replicas through Prometheus: status, the recording rules, the rollout analysis queries.",
@@ -95,7 +98,7 @@ def status(
     raise typer.Exit(1 if st.disagreeing or st.unhealthy else 0)
 
 
-def _print_table(st, *, paths: bool) -> None:  # type: ignore[no-untyped-def]
+def _print_table(st: FleetStatus, *, paths: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
