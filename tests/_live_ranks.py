@@ -1,6 +1,6 @@
 """Rank reports for a simulation that has already finished, so the sidecar reads its shape samples.
 
-The sidecar counts shape samples only from live ranks (issue 22 item 5). Tests that run `flyserve
+The sidecar counts shape samples only from live ranks. Tests that run `flyserve
 simulate` to the end and then open the sidecar app on its state directory stand in for the finished
 ranks with reports written by this (live) test process, on this host and in this pid namespace, and
 refreshed every half second: the process table confirms them, as it would the real ranks."""

@@ -1,4 +1,4 @@
-"""Issue 23 item 1: real `vllm serve` on the CPU with data parallel 2 (two engine cores, each with its
+"""Real `vllm serve` on the CPU with data parallel 2 (two engine cores, each with its
 own scheduler, step counter and one worker; VLLM_CPU_OMP_THREADS_BIND="0|1" gives each engine's
 worker one core), clients sending completions, 50 threshold changes at random moments.
 

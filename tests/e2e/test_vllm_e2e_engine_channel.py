@@ -1,4 +1,4 @@
-"""Issue 18's done-when test: real `vllm serve` on the CPU with tensor parallel 2 (two worker
+"""Real `vllm serve` on the CPU with tensor parallel 2 (two worker
 processes, one core each: VLLM_CPU_OMP_THREADS_BIND="0|1"), clients sending completions, and 50
 threshold changes made at random moments from the first second of serving on.
 

@@ -214,7 +214,7 @@ def test_live_regret_and_advice_on_the_real_cpu_engine(engine):
     s = SidecarSettings(
         state_dir=engine["state"], profile="cpu-tiny", share_control_metrics=False, costs="cpu"
     )
-    # The engine has finished; samples count only from live ranks (issue 22 item 5): this test
+    # The engine has finished; samples count only from live ranks: this test
     # process stands in for its one rank, as tests/_live_ranks.py explains.
     last = max(x["step"] for x in engine["shapes"])
     with vouched_ranks(engine["state"], (0,), step=last), TestClient(create_app(s)) as c:

@@ -1,4 +1,4 @@
-"""Issue 23 item 2: vLLM's own multi-node data-parallel launch as two "nodes" on one machine, with no
+"""vLLM's own multi-node data-parallel launch as two "nodes" on one machine, with no
 shared disk: each node its own state directory, its own `flyserve sidecar`, and a real Prometheus
 scraping both sidecars.
 

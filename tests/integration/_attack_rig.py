@@ -1,5 +1,5 @@
-"""A live rig for issue 22's floods: `flyserve sidecar --costs h200` and `flyserve simulate` (two
-ranks) on one state directory, a /healthz prober, a timed PATCH, and the attacks themselves.
+"""A live rig for floods and state-directory attacks: `flyserve sidecar --costs h200` and `flyserve
+simulate` (two ranks) on one state directory, a /healthz prober, a timed PATCH, and the attacks themselves.
 
 Shared by tests/integration/test_sidecar_floods_live.py (which asserts the acceptance: /healthz
 under 1 s, the PATCH applied within the documented bound) and benchmarks/bench_sidecar_under_attack.py
@@ -437,7 +437,7 @@ def _elsewhere(rank: int, now: float, *, step: int, started: float) -> dict:
 
 
 class ShapeFilesAndAdvice(_StateFiles, AdviceFlood):
-    """Item 1: a FIFO and a /dev/zero symlink in shapes/ under two fresh forged ranks' names (so the
+    """A FIFO and a /dev/zero symlink in shapes/ under two fresh forged ranks' names (so the
     sampler opens them), while 45 unauthenticated clients loop GET /thresholds/advice."""
 
     name = "FIFO + /dev/zero in shapes/, advice flood"
@@ -459,7 +459,7 @@ class ShapeFilesAndAdvice(_StateFiles, AdviceFlood):
 
 
 class ForgedReports(_StateFiles):
-    """Item 3: three plausible forged rank reports ("another host", started 2020-01-01, step 1e11),
+    """Three plausible forged rank reports ("another host", started 2020-01-01, step 1e11),
     refreshed every 0.5 s: more than the two real ranks."""
 
     name = "3 forged rank reports (step 1e11)"
@@ -476,7 +476,7 @@ class ForgedReports(_StateFiles):
 
 
 class FutureRankFiles(_StateFiles):
-    """Item 4: 300 garbage files named like rank reports, dated an hour ahead."""
+    """300 garbage files named like rank reports, dated an hour ahead."""
 
     name = "300 garbage rank files dated +1 h"
 
@@ -498,7 +498,7 @@ class FutureRankFiles(_StateFiles):
 
 
 class ForgedSamples(_StateFiles):
-    """Item 5: a fresh forged rank (4) whose shapes file holds 300 plausible prefill samples it
+    """A fresh forged rank (4) whose shapes file holds 300 plausible prefill samples it
     never routed, rewritten every 2 s, while 4 clients ask for advice (refused: 409, "samples")."""
 
     name = "forged shape samples, advice asked"
@@ -554,5 +554,6 @@ ATTACKS: dict[str, type[Attack]] = {
     "big-bodies": BigBodyFlood,
     "forged-samples": ForgedSamples,  # last: its samples stay in the 900 s window (advice then refuses)
 }
-"""Issue 22's items 1-5 and 10 and the advice flood, each a row of the benchmark; the state-directory
-attacks (items 1, 3, 4, 5) write into the rig's state directory and remove what they wrote."""
+"""The floods, the big-number bodies and the state-directory attacks, each a row of the benchmark;
+the state-directory attacks (shape files, forged reports, future rank files, forged samples) write
+into the rig's state directory and remove what they wrote."""

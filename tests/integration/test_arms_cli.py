@@ -207,7 +207,7 @@ def test_registered_in_the_flyserve_command():
 
 
 def test_a_dns_failure_names_no_results_file_that_does_not_exist(tmp_path, _state_home):
-    """Issue 14: after a DNS failure the command said the results were in a file that did not exist."""
+    """After a DNS failure the command names no results file that does not exist."""
     prompts = write_prompts(tmp_path, PROMPTS[:1])
     r = cli(
         "--a", "http://flyserve-no-such-host.invalid:8000/v1", "--b", "http://flyserve-no-such-host.invalid:8001/v1",

@@ -1,7 +1,8 @@
-"""Issue 13 with real processes: the same step on every rank for a change made in the ranks' first
-second under CPU load (attack 3), a full disk under `thresholds set` (attack 9), and a writer killed
-with SIGKILL in the middle of publishing (attack 11). Waits poll for events with generous
-deadlines; the same-step property is asserted on the applied step numbers, never on timing."""
+"""The control plane with real processes: the same step on every rank for a change made in the
+ranks' first second under CPU load, a full disk under `thresholds set`, a writer killed with
+SIGKILL or sent SIGTERM in the middle of publishing, and a forged rank report. Waits poll for
+events with generous deadlines; the same-step property is asserted on the applied step numbers,
+never on timing."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def cpu_load() -> Iterator[None]:
         burner.wait(timeout=10)
 
 
-# ---------------------------------------------------------------- 3: same step in the first second
+# ---------------------------------------------------------------- same step in the first second
 
 
 def one_trial(tmp_path: Path, ranks: int = 2) -> list[tuple[int, int, int]]:
@@ -89,9 +90,9 @@ def one_trial(tmp_path: Path, ranks: int = 2) -> list[tuple[int, int, int]]:
     return out
 
 
-def test_3_a_change_in_the_ranks_first_second_applies_at_one_step_under_cpu_load(tmp_path: Path) -> None:
-    """Issue 13 attack 3: with the ranks' first reports saying step 0 and rate 0, the margin was the
-    8-step floor; ranks applied late (10 of 50 trials) and at different steps (7 of 50)."""
+def test_a_change_in_the_ranks_first_second_applies_at_one_step_under_cpu_load(tmp_path: Path) -> None:
+    """With the ranks' first reports saying step 0 and rate 0 and the 8-step floor as the margin,
+    ranks applied late (10 of 50 trials) and at different steps (7 of 50)."""
     with cpu_load():
         for trial in range(3):
             got = one_trial(tmp_path / f"t{trial}")
@@ -100,7 +101,7 @@ def test_3_a_change_in_the_ranks_first_second_applies_at_one_step_under_cpu_load
             assert all(applied == eff for _, eff, applied in got), f"trial {trial}: applied late {got}"
 
 
-# ---------------------------------------------------------------- 9: a full disk
+# ---------------------------------------------------------------- a full disk
 
 
 def _mount_small_tmpfs(where: Path) -> bool:
@@ -114,7 +115,7 @@ def _mount_small_tmpfs(where: Path) -> bool:
     return r.returncode == 0
 
 
-def test_9_thresholds_set_on_a_full_disk_is_a_clean_error_then_works_when_space_returns(
+def test_thresholds_set_on_a_full_disk_is_a_clean_error_then_works_when_space_returns(
     tmp_path: Path,
 ) -> None:
     """A real 2 MiB tmpfs, filled. `thresholds set` used to die with "Bus error" (rc 135): the
@@ -166,7 +167,7 @@ def test_9_thresholds_set_on_a_full_disk_is_a_clean_error_then_works_when_space_
             subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-# ---------------------------------------------------------------- 11: a writer killed mid-publish
+# ---------------------------------------------------------------- a writer killed mid-publish
 
 _KILLER = """
 import os, signal, sys
@@ -189,7 +190,7 @@ for i in range(100):
 
 
 @pytest.mark.parametrize("target", ["history", "current.json"], ids=["after-history", "after-current"])
-def test_11_a_writer_killed_mid_publish_leaves_every_version_audited_and_no_orphans(
+def test_a_writer_killed_mid_publish_leaves_every_version_audited_and_no_orphans(
     tmp_path: Path, target: str
 ) -> None:
     sd = tmp_path / "state"
@@ -214,13 +215,13 @@ def test_11_a_writer_killed_mid_publish_leaves_every_version_audited_and_no_orph
     assert plane.apply_overrides({"min_seq_len": 9999}, actor="a").snapshot.version == cur.version + 1
 
 
-# ---------------------------------------------------------------- review item 1: a forged rank report
+# ---------------------------------------------------------------- a forged rank report
 
 
-def test_review_1_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_path: Path) -> None:
-    """Attacker review item 1: a ranks/7.json from 'another host' (started 0.0, time 4.9 s ahead,
-    step 1e9) gave a change effective_step 1000000064; real ranks never applied it. Now the forged
-    report is capped by its engine's real ranks, and both apply the change at one step."""
+def test_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_path: Path) -> None:
+    """A ranks/7.json from 'another host' (started 0.0, time 4.9 s ahead, step 1e9) uncapped gave
+    a change effective_step 1000000064, which real ranks never applied. The forged report is
+    capped by its engine's real ranks, and both apply the change at one step."""
     state = tmp_path / "state"
     plane = ControlPlane(state)
     plane.reload(actor="startup", startup=True)
@@ -273,7 +274,7 @@ def test_review_1_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_p
     assert len({applied for _, _, applied in got}) == 1, got  # one step for both ranks
 
 
-# ---------------------------------------------------------------- review item 11: SIGTERM mid-publish
+# ---------------------------------------------------------------- SIGTERM mid-publish
 
 _TERMINATED = """
 import os, signal, sys
@@ -290,10 +291,10 @@ print("returned", flush=True)
 """
 
 
-def test_review_11_sigterm_mid_publish_finishes_the_publish_then_exits(tmp_path: Path) -> None:
-    """Attacker review item 11: SIGTERM while `thresholds set` published left a 'publishing' audit
-    line with no completion (and maybe a temp file) until `repair`. The writer now finishes the
-    publish and its audit line, then dies of the SIGTERM."""
+def test_sigterm_mid_publish_finishes_the_publish_then_exits(tmp_path: Path) -> None:
+    """SIGTERM while `thresholds set` publishes would leave a 'publishing' audit line with no
+    completion (and maybe a temp file) until `repair`. The writer finishes the publish and its
+    audit line, then dies of the SIGTERM."""
     sd = tmp_path / "state"
     ControlPlane(sd).apply_overrides({"min_seq_len": 2000}, actor="a")
     r = subprocess.run([sys.executable, "-c", _TERMINATED, str(sd)], capture_output=True, text=True,

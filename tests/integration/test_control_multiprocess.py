@@ -1,4 +1,4 @@
-"""Done-when test of issue 3: four rank processes step through the same shapes with the real policy
+"""Four rank processes step through the same shapes with the real policy
 while thresholds change under them (file edit, API call, two Kubernetes-style symlink swaps); every
 rank applies every version at the same step, every decision follows the version of its step, and no
 process restarts.

@@ -1,16 +1,17 @@
-"""Issue 22 items 1 and 5 against real processes: `flyserve simulate --costs h200` (two ranks)
-beside `flyserve sidecar --costs h200`, both subprocesses on a free port of 127.0.0.1.
+"""Hostile shape files and forged shape samples against real processes: `flyserve simulate --costs
+h200` (two ranks) beside `flyserve sidecar --costs h200`, both subprocesses on a free port of
+127.0.0.1.
 
-Item 1: a FIFO and a /dev/zero symlink in shapes/, under the names of two forged rank reports that
-are fresh (so the sampler opens those files): the sampler keeps pricing the real ranks' samples,
+Shape files: a FIFO and a /dev/zero symlink in shapes/, under the names of two forged rank reports
+that are fresh (so the sampler opens those files): the sampler keeps pricing the real ranks' samples,
 the sidecar's memory stays under deploy/'s 512Mi, /healthz answers in under 1 s throughout, and a
 valid PATCH is applied by both live ranks at one step within control/effective.py's bound.
 
-Item 5: advice on the real ranks' samples is corroborated (200, the ranks named); a forged, fresh
-rank report with a shapes file full of plausible prefill samples makes advice refuse with 409,
+Forged samples: advice on the real ranks' samples is corroborated (200, the ranks named); a forged,
+fresh rank report with a shapes file full of plausible prefill samples makes advice refuse with 409,
 field "samples", naming the sample count and the ranks; `flyserve thresholds advise` prints the
-refusal. Every wait polls with a generous deadline; nothing asserts on speed except the issue's
-stated /healthz deadline."""
+refusal. Every wait polls with a generous deadline; nothing asserts on speed except the stated
+/healthz deadline (1 s)."""
 
 from __future__ import annotations
 
@@ -244,10 +245,10 @@ def patch_and_wait_for_the_apply(rig: Rig, value: int) -> dict:
     }
 
 
-# ---------------------------------------------------------------- item 1
+# ---------------------------------------------------------------- hostile shape files
 
 
-def test_1_a_fifo_and_a_dev_zero_link_in_shapes_cost_nothing(rig: Rig) -> None:
+def test_a_fifo_and_a_dev_zero_link_in_shapes_cost_nothing(rig: Rig) -> None:
     """Was: the sampler hung on the FIFO for ever (regret froze), and the /dev/zero link cost a
     MemoryError a second and 2.65 GB."""
     shapes = rig.state / "shapes"
@@ -282,7 +283,7 @@ def test_1_a_fifo_and_a_dev_zero_link_in_shapes_cost_nothing(rig: Rig) -> None:
             zero.unlink()
 
 
-# ---------------------------------------------------------------- item 5
+# ---------------------------------------------------------------- forged shape samples
 
 
 def _forged_lines(n: int) -> str:
@@ -292,7 +293,7 @@ def _forged_lines(n: int) -> str:
     return "".join(json.dumps({"step": 10**6 + i, "time": round(now - 0.01 * i, 3)} | line) + "\n" for i in range(n))
 
 
-def test_5_forged_samples_make_advice_refuse_with_409_naming_samples(rig: Rig) -> None:
+def test_forged_samples_make_advice_refuse_with_409_naming_samples(rig: Rig) -> None:
     """Was: forged samples moved advice (decode_ctx_unit 8192 -> 1024) and the drift gauge."""
     r = httpx.get(rig.url + "/thresholds/advice", params={"window": "60s"}, timeout=120)
     assert r.status_code == 200, r.text[:500]

@@ -1,4 +1,4 @@
-"""Ranks that crash and restart, with the real sidecar compacting their files (issue 23 item 4).
+"""Ranks that crash and restart, with the real sidecar compacting their files.
 
 `flyserve simulate --engines 2 --ranks 2 --restart-every 0.7 --max-restarts 12` kills one rank
 process at a time (SIGKILL, so its files stay, live gauges included) and starts it again as a new

@@ -1,6 +1,6 @@
 """The README's tour is examples/tour.sh, and this test runs it: every line, in a shell that stops at
-the first failing one, from the repository root, with no activated venv (issue 14: the tour named
-files that did not exist and assumed an activated venv)."""
+the first failing one, from the repository root, with no activated venv (a tour that names files
+that do not exist or assumes an activated venv fails here)."""
 
 from __future__ import annotations
 

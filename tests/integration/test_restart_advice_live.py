@@ -1,4 +1,4 @@
-"""Issue 25's case: the seed's gfx950 thresholds on the h200 cost table, `flyserve simulate
+"""The seed's gfx950 thresholds on the h200 cost table, `flyserve simulate
 --workload seed-32k-c32 --profile gfx950 --costs h200` read by the sidecar app started with
 ``costs="h200"``. Nearly all of the regret is decode-only batches, which take decode_path (fixed at
 start): advice names decode_path with its saving under "needs a restart" and keeps it out of the
@@ -79,7 +79,7 @@ def test_advice_names_decode_path_as_a_restart_and_keeps_it_out_of_the_patch(tmp
     gfx = Thresholds.load("gfx950")
     routed, oracle = _replay_routed(gfx)
     assert adv["before"]["routed_over_oracle"] == pytest.approx(routed / oracle, rel=1e-9)
-    assert adv["before"]["routed_over_oracle"] > 1.4  # the issue's 1.51 (1000 steps here: 1.57)
+    assert adv["before"]["routed_over_oracle"] > 1.4  # the reported 1.51 (1000 steps here: 1.57)
 
     # decode_path: named, priced, marked, and not in the ready PATCH.
     restart = {x["knob"]: x for x in adv["restart"]}

@@ -1,10 +1,12 @@
-"""Issue 22 items 2, 9, 10 and "expensive work never runs where probes are answered", against the
-real processes: `flyserve sidecar --costs h200` beside `flyserve simulate` (two ranks).
+"""Half-open connections, advice floods, big-number bodies, a keyed actor and "expensive work never
+runs where probes are answered", against the real processes: `flyserve sidecar --costs h200`
+beside `flyserve simulate` (two ranks).
 
 While each flood runs, /healthz is probed on a fresh connection every 0.2 s and must answer 200 in
 under 1 s, and a PATCH with the token must be applied by both ranks, at one step, within the bound
-docs/operations.md states ("How a version reaches the ranks"). Was, on main: ~530 half-open
-connections made every request answer 503; 45 GET /thresholds/advice timed out every endpoint."""
+docs/operations.md states ("How a version reaches the ranks"). Without these defences: ~530
+half-open connections made every request answer 503; 45 GET /thresholds/advice timed out every
+endpoint."""
 
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def assert_probes_and_apply(probe: Probe, m: Apply) -> None:
     print(f"\n/healthz p50 {probe.quantile(0.5) * 1e3:.0f} ms p99 {probe.quantile(0.99) * 1e3:.0f} ms; {m}")
 
 
-def test_2_six_hundred_half_open_connections_keep_neither_probes_nor_a_patch_out(tmp_path: Path) -> None:
+def test_six_hundred_half_open_connections_keep_neither_probes_nor_a_patch_out(tmp_path: Path) -> None:
     with rig(tmp_path) as r:
         flood = HalfOpenFlood(r.url, r.port, n=600)
         flood.start()
@@ -72,7 +74,7 @@ def test_2_six_hundred_half_open_connections_keep_neither_probes_nor_a_patch_out
             flood.stop()
 
 
-def test_2_a_connection_that_sends_no_head_is_dropped_at_the_head_deadline(tmp_path: Path) -> None:
+def test_a_connection_that_sends_no_head_is_dropped_at_the_head_deadline(tmp_path: Path) -> None:
     with rig(tmp_path, "--head-timeout", "1", "--request-timeout", "30") as r:
         s = socket.create_connection(("127.0.0.1", r.port), timeout=5)
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never the blank line
@@ -113,7 +115,7 @@ def test_45_concurrent_advice_requests_never_hold_up_probes_or_a_patch(tmp_path:
         assert flood.sent >= 45 and set(flood.statuses) <= {"200", "200-stale", "503", "409"}, flood.statuses
 
 
-def test_10_and_9_big_numbers_and_deep_nesting_are_named_and_the_actor_is_keyed(tmp_path: Path) -> None:
+def test_big_numbers_and_deep_nesting_are_named_and_the_actor_is_keyed(tmp_path: Path) -> None:
     with rig(tmp_path) as r:
         with httpx.Client(base_url=r.url, timeout=30) as c:
             for method, path, key in (
@@ -144,7 +146,7 @@ def test_10_and_9_big_numbers_and_deep_nesting_are_named_and_the_actor_is_keyed(
             flood.stop()
         assert_probes_and_apply(probe, m)
         assert set(flood.statuses) <= {"400", "422"} and flood.sent > 10, flood.statuses
-        # item 9: the actor shown to anyone is not a plain hash of the token.
+        # The actor shown to anyone is not a plain hash of the token.
         actor = httpx.get(r.url + "/thresholds", timeout=10).json()["actor"]
         assert actor.startswith("token-hmac:") and hashlib.sha256(TOKEN.encode()).hexdigest()[:8] not in actor
         audit = [json.loads(ln) for ln in (r.state / "audit.jsonl").read_text().splitlines()]

@@ -193,7 +193,7 @@ def test_a_comment_only_edit_is_one_no_op_not_a_reload_loop(
     assert plane.snapshot().version == 1
 
 
-def test_4_an_edit_made_while_the_state_dir_cannot_be_written_is_published_once_it_can(
+def test_an_edit_made_while_the_state_dir_cannot_be_written_is_published_once_it_can(
     tmp_path: Path, plane: ControlPlane, stopper: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A config edit made while the state directory is read-only or full is published once it
@@ -231,7 +231,7 @@ def _io(fn, snap):
         raise ControlIOError(f"cannot publish version {snap.version}: {exc.strerror}") from exc
 
 
-def test_5_a_file_written_in_two_parts_publishes_only_the_whole(
+def test_a_file_written_in_two_parts_publishes_only_the_whole(
     tmp_path: Path, plane: ControlPlane, stopper: list
 ) -> None:
     """`min_seq_len: 20`, then 0.2 s later `48\\n`: without settling, a version with 20 was

@@ -114,7 +114,7 @@ def test_liveness_is_confirmed_only_by_the_process_table(tmp_path: Path, other_p
 # ---------------------------------------------------------------- forged reports do not pin
 
 
-def test_3_forged_reports_from_another_host_do_not_move_the_step_of_confirmed_ranks(
+def test_forged_reports_from_another_host_do_not_move_the_step_of_confirmed_ranks(
     plane: ControlPlane,
 ) -> None:
     """Three plausible forgeries outvoted two real ranks: effective_step near 1e11 (was)."""
@@ -128,7 +128,7 @@ def test_3_forged_reports_from_another_host_do_not_move_the_step_of_confirmed_ra
     assert entry["ranks"] == {"confirmed": 2, "unconfirmed": 3, "unconfirmed_ignored": 3}
 
 
-def test_3_local_forgeries_with_live_pids_are_capped_within_the_bound(
+def test_local_forgeries_with_live_pids_are_capped_within_the_bound(
     plane: ControlPlane, other_process: int
 ) -> None:
     """A forger on this host, as the ranks' user, naming a live pid: confirmed like a rank, so only
@@ -149,7 +149,7 @@ def test_3_local_forgeries_with_live_pids_are_capped_within_the_bound(
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
 
 
-def test_3_with_only_unconfirmed_ranks_the_bound_still_holds(plane: ControlPlane) -> None:
+def test_with_only_unconfirmed_ranks_the_bound_still_holds(plane: ControlPlane) -> None:
     """Ranks in another pid namespace (a container that does not share it): none confirmed; the
     forgeries are as unconfirmed as they are, and the lowest rank still anchors the step."""
     for r in (0, 1):
@@ -160,7 +160,7 @@ def test_3_with_only_unconfirmed_ranks_the_bound_still_holds(plane: ControlPlane
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
 
 
-def test_3_the_bound_holds_for_any_forged_reports() -> None:
+def test_the_bound_holds_for_any_forged_reports() -> None:
     """effective.py's bound, over random sets of forged reports (any step, rate, class, engine)
     next to one honest rank: effective_step <= its projection + the bound."""
     rng = random.Random(22)
@@ -202,7 +202,7 @@ def test_3_the_bound_holds_for_any_forged_reports() -> None:
         assert plan.engine_steps["0"] <= bound_steps(p, r), (rate, age, plan)
 
 
-def test_3_unconfirmed_reports_with_a_low_step_or_a_slow_rate_do_not_pull_a_confirmed_engine_down() -> None:
+def test_unconfirmed_reports_with_a_low_step_or_a_slow_rate_do_not_pull_a_confirmed_engine_down() -> None:
     """Two confirmed ranks at step ~10,000 and 50 steps/s; forged reports "from another host" at
     step 0 or with a rate of 0.001 steps/s. Was: the lowest projection of every live rank anchored
     the engine, so the change's step landed far in the past (each rank applied at its own next
@@ -231,7 +231,7 @@ def test_3_unconfirmed_reports_with_a_low_step_or_a_slow_rate_do_not_pull_a_conf
     assert alone >= 10_010 + math.ceil(50.0 * 0.5) + math.ceil(50.0 * LEAD_S)
 
 
-def test_3_a_forgery_over_a_live_ranks_own_file_contradicts_its_history(tmp_path: Path) -> None:
+def test_a_forgery_over_a_live_ranks_own_file_contradicts_its_history(tmp_path: Path) -> None:
     """Rank 0's own file rewritten with its confirmed pid and start time but a step 1e9: the reader
     saw that process at step 2000 a moment ago, so the report is refused (replaced by the rank's last
     credible report, so the rank stays live at its own step), and its next own report is believed."""
@@ -252,7 +252,7 @@ def test_3_a_forgery_over_a_live_ranks_own_file_contradicts_its_history(tmp_path
     assert sorted(r.step for r in plane.store.reports(now=now[0])) == [2000, 2020]
 
 
-def test_3_a_forged_applied_version_does_not_exhaust_version_numbers(plane: ControlPlane) -> None:
+def test_a_forged_applied_version_does_not_exhaust_version_numbers(plane: ControlPlane) -> None:
     """A report "from another host" claiming version 10**18 - 1 applied, next to confirmed ranks:
     the next version was 10**18, refused as exhausted - every change refused while it stayed."""
     for r in (0, 1):
@@ -264,7 +264,7 @@ def test_3_a_forged_applied_version_does_not_exhaust_version_numbers(plane: Cont
 # ---------------------------------------------------------------- the reader is not gamed by mtimes
 
 
-def test_4_files_dated_ahead_do_not_push_live_ranks_out(plane: ControlPlane) -> None:
+def test_files_dated_ahead_do_not_push_live_ranks_out(plane: ControlPlane) -> None:
     ranks = plane.state_dir.ranks_dir
     for r in (0, 1):
         plane.store.write_rank_report(real_report(r), rank=r)
@@ -279,7 +279,7 @@ def test_4_files_dated_ahead_do_not_push_live_ranks_out(plane: ControlPlane) -> 
     assert plane.store.skipped_rank_files >= 300
 
 
-def test_4_fresh_garbage_under_valid_names_is_read_after_the_ranks(plane: ControlPlane) -> None:
+def test_fresh_garbage_under_valid_names_is_read_after_the_ranks(plane: ControlPlane) -> None:
     """Names and mtimes are anyone's: 600 files touched 'now' under rank names, and names that are
     not the writer's (leading zeros, an engine-0 prefix, a report under another rank's name)."""
     ranks = plane.state_dir.ranks_dir
@@ -307,7 +307,7 @@ def _drop_success_line(plane: ControlPlane, version: int) -> None:
     log.write_text("".join(keep))
 
 
-def test_6_a_version_in_force_whose_history_was_pruned_is_not_recorded_abandoned(tmp_path: Path) -> None:
+def test_a_version_in_force_whose_history_was_pruned_is_not_recorded_abandoned(tmp_path: Path) -> None:
     from flyserve.control.repair import repair
 
     plane = ControlPlane(tmp_path / "state", history_keep=2)
@@ -322,7 +322,7 @@ def test_6_a_version_in_force_whose_history_was_pruned_is_not_recorded_abandoned
     assert [(e["version"], e["result"]) for e in completions] == [(3, "success")]  # was "abandoned"
 
 
-def test_6_a_version_never_in_force_whose_history_file_stayed_is_abandoned(tmp_path: Path) -> None:
+def test_a_version_never_in_force_whose_history_file_stayed_is_abandoned(tmp_path: Path) -> None:
     """The other half: a writer killed after the history file, before current.json; the next writer
     numbers above it (never making it current). Its history file exists below current."""
     from flyserve.control import store as store_mod
