@@ -302,7 +302,7 @@ def parse_json(raw: bytes | str, *, source: str, max_depth: int = MAX_JSON_DEPTH
             text,
             parse_float=_float,
             parse_constant=_constant,
-            **({"parse_int": _long_int} if long_ints else {}),
+            parse_int=_long_int if long_ints else None,  # None: json.loads' default, as if not passed
         )
     except RecursionError:
         raise SafeReadError(
