@@ -107,7 +107,7 @@ def trials_cmd(
     check: Annotated[
         bool,
         typer.Option(
-            "--check", help="Exit 1 when a target of issue 30 that this run covers is missed or unproven."
+            "--check", help="Exit 1 when a target this run covers (docs/autopilot.md) is missed or unproven."
         ),
     ] = False,
 ) -> None:

@@ -178,7 +178,7 @@ class Regret(_Frozen):
     unpriceable: str | None = Field(description="Why the latest unpriced sample could not be priced.")
     unpriceable_samples: int
     future_samples: int = Field(
-        0, description="Samples dated more than 5 s ahead of the sidecar's clock: never priced (issue 22 item 5)."
+        0, description="Samples dated more than 5 s ahead of the sidecar's clock: never priced (a clock that far ahead is not believed)."
     )
     sample_ranks: dict[str, int] = Field(
         default_factory=dict,
