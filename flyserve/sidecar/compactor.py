@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flyserve.control import ControlPlane
-from flyserve.telemetry import metrics as tm
 from flyserve.files.processes import pid_alive
+from flyserve.telemetry import metrics as tm
 from flyserve.telemetry.compaction import CompactionReport, compact
 
 log = logging.getLogger("flyserve.sidecar")
