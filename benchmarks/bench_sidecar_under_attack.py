@@ -70,7 +70,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=12.0, help="Seconds per attack (probing throughout).")
     ap.add_argument("--patches", type=int, default=3, help="PATCHes per attack, each timed to its apply.")
-    ap.add_argument("--only", action="append", choices=sorted(rig_mod.ATTACKS), help="Run only these (repeatable).")
+    ap.add_argument(
+        "--only", action="append", choices=sorted(rig_mod.ATTACKS), help="Run only these (repeatable)."
+    )
     args = ap.parse_args()
     names = args.only or list(rig_mod.ATTACKS)
     rows = []

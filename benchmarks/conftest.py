@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _support import fast_tier_guard  # tests/ is on pythonpath (pyproject.toml)
 from pytest_benchmark.fixture import BenchmarkFixture
 
 
@@ -67,3 +68,23 @@ def benchmark(benchmark: BenchmarkFixture) -> CheckedBenchmark:
     benchmark.__class__ = CheckedBenchmark
     benchmark.calls = 0
     return benchmark  # type: ignore[return-value]
+
+
+# The benchmarks are in the fast tier (pytest -m "not slow"); tests/conftest.py's guard, here too: one
+# that starts a subprocess or connects a socket fails unless marked slow.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with fast_tier_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with fast_tier_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    with fast_tier_guard(item):
+        return (yield)

@@ -21,16 +21,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-import torch
-from vllm.v1.attention.backend import CommonAttentionMetadata
+from _support import lazy_module, module_requires
 
 from flyserve.telemetry import metrics
 from flyserve.vllm.eligibility import PrefillKernelSpec
 from flyserve.vllm.routing import routing_class
 from flyserve.vllm.runtime import RankRuntime
+
+if TYPE_CHECKING:
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+# vLLM's own CommonAttentionMetadata: importing vLLM runs `uname -p` (its platform probe), so slow; vllm
+# and torch are imported when a benchmark runs, not when the module is collected
+pytestmark = pytest.mark.slow
+torch = lazy_module("torch")
+required_modules = module_requires("torch", "vllm")
 
 HEADS = 16
 STEPS = {
@@ -41,6 +50,8 @@ STEPS = {
 
 
 def _metadata(query_lens: list[int], max_seq_len: int) -> CommonAttentionMetadata:
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
     q = np.asarray(query_lens, dtype=np.int32)
     qsl = torch.from_numpy(np.concatenate([[0], np.cumsum(q)]).astype(np.int32))
     n = len(query_lens)

@@ -76,10 +76,14 @@ def tables(data: Mapping[str, Any]) -> str:
                     "| benchmark | min | median | ratio |", "|---|---:|---:|---:|"]  # fmt: skip
             for b in sorted(rows, key=lambda b: b["stats"]["min"]):
                 st = b["stats"]
-                out.append(f"| `{b['name']}` | {_us(st['min'])} | {_us(st['median'])} | {st['min'] / base:.2f}x |")
+                out.append(
+                    f"| `{b['name']}` | {_us(st['min'])} | {_us(st['median'])} | {st['min'] / base:.2f}x |"
+                )
             out.append("")
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-        raise BenchmarkDocError(f"benchmark JSON: missing or bad field ({type(exc).__name__}: {exc})") from None
+        raise BenchmarkDocError(
+            f"benchmark JSON: missing or bad field ({type(exc).__name__}: {exc})"
+        ) from None
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -7,11 +7,18 @@ the run; on a developer machine without the extra it still skips, saying what to
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import multiprocessing.util
 import os
 import shutil
+import socket
+import subprocess
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -39,7 +46,41 @@ def require_module(name: str, install: str = "run scripts/setup.sh") -> ModuleTy
         raise  # unreachable: fail/skip raise
 
 
-def require_binary(name: str, install: str = "install Debian's `prometheus` package (scripts/setup.sh does)") -> str:
+# Every run collects every test module (``-m "not slow"`` deselects after collection), so a heavy
+# import at module level (vllm, torch: seconds each) costs the fast tier even when its tests are
+# deselected. A test module imports them the way these two let it: when a test runs.
+
+
+def module_requires(*names: str, install: str = "run scripts/setup.sh") -> Any:
+    """An autouse, module-scoped fixture that does ``require_module(name)`` for each name before the
+    module's first test, not when the module is collected: ``required_modules = module_requires("vllm")``."""
+
+    @pytest.fixture(autouse=True, scope="module")
+    def required_modules() -> None:
+        for name in names:
+            require_module(name, install)
+
+    return required_modules
+
+
+class _LazyModule(ModuleType):
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_") or attr == "pytestmark":  # pytest's probes of a module's globals
+            raise AttributeError(attr)
+        return getattr(require_module(self.__name__, self.__dict__["_install"]), attr)
+
+
+def lazy_module(name: str, install: str = "run scripts/setup.sh") -> Any:
+    """``name``, imported (by ``require_module``) when one of its attributes is first read:
+    ``torch = lazy_module("torch")`` at module level imports nothing while the module is collected."""
+    lazy = _LazyModule(name)
+    lazy.__dict__["_install"] = install
+    return lazy
+
+
+def require_binary(
+    name: str, install: str = "install Debian's `prometheus` package (scripts/setup.sh does)"
+) -> str:
     """The path of executable ``name`` on PATH, or fail under CI / skip elsewhere."""
     path = shutil.which(name)
     if path is None:
@@ -92,3 +133,101 @@ def require_executable(path: Path, install: str) -> Path:
         _missing(f"executable {path.name!r}", install, f"no {path.parent.parent.name}/bin/{path.name}")
         raise AssertionError("unreachable")
     return path
+
+
+# The fast tier, ``pytest -m "not slow"``: tests that start no subprocess, connect no socket
+# (127.0.0.1 included) and run no external tool. Everything under these directories is slow
+# (tests/conftest.py marks it); elsewhere a test that does any of it carries the mark itself.
+SLOW_TIERS = ("integration", "e2e", "gpu")
+
+
+def in_slow_tier(path: Path) -> bool:
+    tier = tier_of(path)
+    return tier < len(TIERS) and TIERS[tier] in SLOW_TIERS
+
+
+class FastTierGuard:
+    """While installed, starting a subprocess or connecting a socket raises (pytest's Failed, which
+    ``except Exception`` does not swallow) and is recorded, so the test fails even where the code under
+    test catches it or runs it in a thread. In-process ASGI clients (httpx.ASGITransport, fastapi's
+    TestClient) and typer's CliRunner use no socket and no subprocess: they pass."""
+
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
+        self.violations: list[str] = []
+
+    @staticmethod
+    def _where() -> str:
+        """The innermost caller outside the standard library (a library's call) and in the repository."""
+        stdlib = os.path.dirname(os.__file__)
+        found: dict[str, str] = {}
+        for frame in reversed(traceback.extract_stack()[:-3]):
+            name = frame.filename
+            if name == __file__ or (name.startswith(stdlib + os.sep) and "site-packages" not in name):
+                continue
+            key = "repo" if name.startswith(str(REPO) + os.sep) and "/.venv" not in name else "lib"
+            found.setdefault(key, f"{name.removeprefix(str(REPO) + os.sep)}:{frame.lineno}")
+            if "repo" in found:
+                break
+        return " from " + " <- ".join(found.values()) if found else ""
+
+    def refuse(self, what: str) -> None:
+        msg = (
+            f"{self.nodeid} {what}{self._where()}, and it is not marked slow: the fast tier "
+            "(pytest -m 'not slow') starts no subprocess, connects no socket and runs no external tool. "
+            "mark it slow (a module-level `pytestmark = pytest.mark.slow` or `@pytest.mark.slow`), or "
+            "move it to tests/integration"
+        )
+        self.violations.append(msg)
+        pytest.fail(msg, pytrace=False)
+
+    def install(self, mp: pytest.MonkeyPatch) -> None:
+        guard = self
+
+        def execute_child(popen: subprocess.Popen, args: Any, *rest: Any, **kw: Any) -> None:
+            guard.refuse(f"started a subprocess ({args if isinstance(args, str | bytes) else list(args)!r})")
+
+        def connect(sock: socket.socket, address: Any) -> Any:
+            guard.refuse(f"connected a socket to {address!r}")
+
+        def process_call(name: str) -> Any:
+            def refused(*args: Any, **kw: Any) -> Any:
+                guard.refuse(f"called {name}{args[:2]!r}")
+
+            return refused
+
+        # subprocess.run/check_output/Popen and asyncio's subprocesses all start the child here.
+        mp.setattr(subprocess.Popen, "_execute_child", execute_child)
+        mp.setattr(socket.socket, "connect", connect)
+        mp.setattr(socket.socket, "connect_ex", connect)
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+            if hasattr(os, name):
+                mp.setattr(os, name, process_call(f"os.{name}"))
+        # multiprocessing's spawn and forkserver start methods (fork goes through os.fork)
+        mp.setattr(multiprocessing.util, "spawnv_passfds", process_call("multiprocessing spawn"))
+
+
+FAST_TIER_GUARD = pytest.StashKey[FastTierGuard]()
+
+
+@contextlib.contextmanager
+def fast_tier_guard(item: pytest.Item) -> Iterator[None]:
+    """Around one phase (setup, call, teardown: module-scoped fixtures included) of an item not marked
+    slow: the item's guard installed, and the phase failed afterwards if anything was refused, caught
+    by the code under test or not."""
+    if item.get_closest_marker("slow") is not None:
+        yield
+        return
+    guard = item.stash.setdefault(FAST_TIER_GUARD, FastTierGuard(item.nodeid))
+    with pytest.MonkeyPatch.context() as mp:
+        guard.install(mp)
+        try:
+            yield
+        except BaseException as exc:  # the phase fails already (the refusal itself, as a rule)
+            refused, guard.violations = guard.violations, []
+            if refused and isinstance(exc, pytest.skip.Exception):  # a skip does not hide one
+                pytest.fail("\n".join(dict.fromkeys(refused)), pytrace=False)
+            raise
+    refused, guard.violations = guard.violations, []
+    if refused:
+        pytest.fail("\n".join(dict.fromkeys(refused)), pytrace=False)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _support import tier_of
+from _support import FAST_TIER_GUARD, FastTierGuard, fast_tier_guard, in_slow_tier, tier_of
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_DATA = Path(__file__).resolve().parent / "data"
@@ -21,6 +21,38 @@ def seed_cases() -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config, items) -> None:
-    """Fast to slow (unit, benchmarks, integration, e2e, gpu): a broken unit test shows in seconds."""
+    """Every test under tests/integration, tests/e2e and tests/gpu is slow; fast to slow (unit,
+    benchmarks, integration, e2e, gpu): a broken unit test shows in seconds."""
+    for item in items:
+        if in_slow_tier(Path(str(item.path))):
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: tier_of(Path(str(item.path))))
+
+
+# The fast tier's guard (_support.FastTierGuard): a test not marked slow that starts a subprocess or
+# connects a socket fails, saying "mark it slow". Around each phase, not a function-scoped fixture:
+# a module-scoped fixture (kubectl kustomize in test_deploy_manifests) is set up before any of those.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with fast_tier_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with fast_tier_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    with fast_tier_guard(item):
+        return (yield)
+
+
+@pytest.fixture
+def fast_tier(request) -> FastTierGuard | None:
+    """The guard of this test (None when it is marked slow): its tests read and clear its violations."""
+    return request.node.stash.get(FAST_TIER_GUARD, None)

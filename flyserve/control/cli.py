@@ -49,11 +49,13 @@ CreateOpt = typer.Option(
     "--create",
     help="Initialise the state directory if it is not one yet (else a typo'd path is refused).",
 )
-AssignmentsArg = typer.Argument(..., metavar="KEY=VALUE", help="KEY=VALUE pairs, e.g. min_seq_len=2048 lpt=never.")
+AssignmentsArg = typer.Argument(
+    ..., metavar="KEY=VALUE", help="KEY=VALUE pairs, e.g. min_seq_len=2048 lpt=never."
+)
 KeysArg = typer.Argument(
     ...,
     metavar="KEY",
-    help="Keys whose override to clear (each falls back to the file's value, else the profile's)."
+    help="Keys whose override to clear (each falls back to the file's value, else the profile's).",
 )
 ConfigOpt = typer.Option(
     None,

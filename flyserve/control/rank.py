@@ -81,7 +81,9 @@ class RankControl:
         self._last_rate_sample: tuple[float, int] = (self.started, 0)
         self._recent_rates: deque[float] = deque(maxlen=RATE_PEAK_REPORTS)
         self.late_applies = 0  # versions this rank learned of after their effective step
-        count_late_applies(self.rank, 0)  # the series exists from the start: panels and alerts read 0, not no data
+        count_late_applies(
+            self.rank, 0
+        )  # the series exists from the start: panels and alerts read 0, not no data
         self.applied: list[tuple[int, int, int]] = []  # (version, effective_step, applied_step), bounded
         self.mode = FILE_POLLING  # becomes ENGINE_CHANNEL at the first apply_pushed(); never goes back
         # The prefill kernel as found at start (kernel, revision, off_reason), set by the vLLM

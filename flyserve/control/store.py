@@ -317,7 +317,9 @@ class Store:
         (control.profile_trust); a rank never loads the profile and skips this."""
         if not self.check_profile or not isinstance(data, dict):
             return
-        reason = stored_profile_refusal(data.get("profile"), own_profile=self.own_profile, state_dir=self.dir.path)
+        reason = stored_profile_refusal(
+            data.get("profile"), own_profile=self.own_profile, state_dir=self.dir.path
+        )
         if reason is not None:
             raise ControlIOError(f"{what}: profile: {reason}", path=str(path))
 

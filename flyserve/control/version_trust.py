@@ -89,7 +89,9 @@ def confirmed_anchor(
     return _lowest_applied(reports, Liveness.CONFIRMED, now=now, stale_after_s=stale_after_s, record=record)
 
 
-def live_anchor(reports: Iterable[RankReport], *, now: float, stale_after_s: float, record: int) -> int | None:
+def live_anchor(
+    reports: Iterable[RankReport], *, now: float, stale_after_s: float, record: int
+) -> int | None:
     """confirmed_anchor, or, where no rank is confirmed (ranks in another pid namespace, or on
     another host), the lowest version a fresh unconfirmed report has applied and the chain
     believes. Without it three planted history names 1,000,000 apart (even empty ``*.bad`` files)

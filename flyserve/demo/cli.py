@@ -211,6 +211,7 @@ def demo(
     ] = 0.0,
 ) -> None:
     """Run vLLM on the CPU with flyserve's dual-kernel backend, drive traffic, change a threshold live."""
+
     def echo(message: str, err: bool = False) -> None:
         """Every line of the demo: the sidecar's and vLLM's answers are in some, so through printable."""
         typer.echo(printable_block(message), err=err)

@@ -103,7 +103,9 @@ def open_regular(
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise NotRegularFileError(name, "a symlink, not a regular file (symlinks are not followed)") from None
+            raise NotRegularFileError(
+                name, "a symlink, not a regular file (symlinks are not followed)"
+            ) from None
         if exc.errno == errno.EISDIR:
             raise NotRegularFileError(name, "not a regular file (a directory)") from None
         if exc.errno in (errno.ENXIO, errno.EWOULDBLOCK):

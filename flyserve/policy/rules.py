@@ -50,7 +50,7 @@ class Decision:
 _INTERNED: dict[tuple[str, str, bool | None], Decision] = {}
 for _p in PATHS:
     for _r in REASONS:
-        for _l in ((True, False) if _p == PREFILL else (None,)):
+        for _l in (True, False) if _p == PREFILL else (None,):
             _INTERNED[(_p, _r, _l)] = Decision(_p, _r, _l, VARIANT[_p])
 
 

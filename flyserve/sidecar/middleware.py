@@ -212,7 +212,11 @@ class AdmissionMiddleware:
         if self.in_flight >= self.max_requests and not self._reserved(scope):
             tm.SIDECAR_SHED_REQUESTS.inc()
             body = json.dumps(
-                {"detail": f"more than {self.max_requests} requests in progress; retry", "field": None, "errors": []}
+                {
+                    "detail": f"more than {self.max_requests} requests in progress; retry",
+                    "field": None,
+                    "errors": [],
+                }
             ).encode()
             await send(
                 {

@@ -178,7 +178,8 @@ class Regret(_Frozen):
     unpriceable: str | None = Field(description="Why the latest unpriced sample could not be priced.")
     unpriceable_samples: int
     future_samples: int = Field(
-        0, description="Samples dated more than 5 s ahead of the sidecar's clock: never priced (a clock that far ahead is not believed)."
+        0,
+        description="Samples dated more than 5 s ahead of the sidecar's clock: never priced (a clock that far ahead is not believed).",
     )
     sample_ranks: dict[str, int] = Field(
         default_factory=dict,
@@ -417,7 +418,9 @@ class AdviceSampleRank(_Frozen):
     rank: int
     samples: int = Field(description="Samples of this rank in the window.")
     samples_by_path: dict[str, int]
-    decisions: int | None = Field(description="Its dispatch decisions counted over the window (or since start).")
+    decisions: int | None = Field(
+        description="Its dispatch decisions counted over the window (or since start)."
+    )
     corroborated: bool
     reason: str | None = None
 

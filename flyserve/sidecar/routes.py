@@ -297,6 +297,7 @@ async def put_thresholds(
     dry_run: DryRun = False,
 ) -> ChangeResponse:
     """Replace the whole override layer: keys left out fall back to the config file, then the profile."""
+
     def run() -> ChangeResponse:
         r = _plane(request).replace(
             body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
@@ -315,6 +316,7 @@ async def patch_thresholds(
     dry_run: DryRun = False,
 ) -> ChangeResponse:
     """Set some overrides; a key set to null drops its override (JSON merge-patch style)."""
+
     def run() -> ChangeResponse:
         r = _plane(request).apply_overrides(
             body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
@@ -333,8 +335,11 @@ async def rollback_thresholds(
     dry_run: DryRun = False,
 ) -> ChangeResponse:
     """Publish a new version whose values equal an earlier one's (see /thresholds/history)."""
+
     def run() -> ChangeResponse:
-        r = _plane(request).rollback(body.version, actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run)
+        r = _plane(request).rollback(
+            body.version, actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run
+        )
         return _respond(request, r, dry_run)
 
     return await _change_thread(request, run)
@@ -345,6 +350,7 @@ async def reload_config(
     request: Request, actor: Actor, if_match: IfMatch = None, dry_run: DryRun = False
 ) -> ChangeResponse:
     """Re-read the operator config file and publish it (what SIGHUP or a file edit would do)."""
+
     # Counted in flyserve_config_reloads_total by the control plane.
     def run() -> ChangeResponse:
         r = _plane(request).reload(actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run)

@@ -216,7 +216,9 @@ class DeadlineH11Protocol(H11Protocol):
             self._waiting_since = None  # inside a request now: never evicted
         waiting = state in (h11.IDLE, h11.SEND_BODY)
         if waiting and self._request_timer is None:
-            self._request_timer = self.loop.call_later(self.request_timeout_s, self._timed_out, "request_timeout")
+            self._request_timer = self.loop.call_later(
+                self.request_timeout_s, self._timed_out, "request_timeout"
+            )
         elif not waiting and self._request_timer is not None:
             self._request_timer.cancel()
             self._request_timer = None
@@ -274,7 +276,9 @@ def server_config(
         host=host,
         port=port,
         workers=1,
-        http=protocol_class(request_timeout_s, head_timeout_s=head_timeout_s, max_connections=max_connections),
+        http=protocol_class(
+            request_timeout_s, head_timeout_s=head_timeout_s, max_connections=max_connections
+        ),
         log_level=log_level.lower(),
         timeout_graceful_shutdown=5,
         timeout_keep_alive=int(max(1, keep_alive_s)),

@@ -303,7 +303,9 @@ class StatsService:
         )
         # Regret and drift leave out the ranks whose decision counters do not back their samples.
         ev = self.sample_evidence((p.sample for p in self.pricing.window(HORIZON_S)), HORIZON_S)
-        self.pricing.set_uncorroborated(frozenset((r.engine, r.rank) for r in ev.ranks if r.refused is not None))
+        self.pricing.set_uncorroborated(
+            frozenset((r.engine, r.rank) for r in ev.ranks if r.refused is not None)
+        )
         drift = self.pricing.regret_drift()
         for path, ratio in drift.items():
             tm.COST_DRIFT.labels(path).set(float("nan") if ratio is None else ratio)

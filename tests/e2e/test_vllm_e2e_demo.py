@@ -51,6 +51,7 @@ def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_mode
     }
     assert finite and all(math.isfinite(r) and r > 0 for r in finite.values()), drift
     assert before["prefill_ratio_of_prefill_batches"] > after["prefill_ratio_of_prefill_batches"]
+
     # The flip raised min_seq_len (96 -> 256): a larger share of the batches with a prefill row falls
     # back for short context. Shares, not counts: the phases' batch counts depend on the machine's speed.
     def short_share(phase: dict) -> float:

@@ -427,7 +427,7 @@ def run_scenario(stack: LiveStack, *, phase_s: float = 8.0, log=print) -> Scenar
     )
     stack.wait_for(
         "a prefill batch refused (short_context) under the refusing version",
-        f"sum(increase(flyserve_dispatch_decisions_total{{reason=\"short_context\"}}[{RATE_INTERVAL}]))",
+        f'sum(increase(flyserve_dispatch_decisions_total{{reason="short_context"}}[{RATE_INTERVAL}]))',
         timeout_s=120,
     )
     mark("refusal seen")

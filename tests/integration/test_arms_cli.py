@@ -215,7 +215,9 @@ def test_a_dns_failure_names_no_results_file_that_does_not_exist(tmp_path, _stat
     )  # fmt: skip
     assert r.exit_code == 3, r.output
     assert "no results file was written" in r.output and "so far are in" not in r.output
-    assert not list(tmp_path.rglob("*.arms-results.jsonl"))  # neither beside the prompts nor in the state home
+    assert not list(
+        tmp_path.rglob("*.arms-results.jsonl")
+    )  # neither beside the prompts nor in the state home
 
 
 def test_default_results_path_is_outside_the_prompts_directory(tmp_path):
@@ -229,4 +231,6 @@ def test_default_results_path_is_outside_the_prompts_directory(tmp_path):
     other = tmp_path / "sub"
     other.mkdir()
     assert default_results_path(write_prompts(other, PROMPTS), env) != p
-    assert default_results_path(prompts, {"HOME": str(tmp_path / "h")}).is_relative_to(tmp_path / "h" / ".local")
+    assert default_results_path(prompts, {"HOME": str(tmp_path / "h")}).is_relative_to(
+        tmp_path / "h" / ".local"
+    )

@@ -173,7 +173,9 @@ def test_four_ranks_switch_together_through_file_api_and_configmap_swaps(tmp_pat
             eff, at = applied[v]
             assert eff == history[v].effective_step
             if learned[v] < eff:  # known in time: exactly at the effective step
-                assert at == eff, f"rank {r} applied version {v} at step {at}, not at its effective step {eff}"
+                assert at == eff, (
+                    f"rank {r} applied version {v} at step {at}, not at its effective step {eff}"
+                )
             else:  # learned late (a loaded machine): at once, at the step it learned of it (or the next)
                 assert at in (learned[v], learned[v] + 1), (r, v, eff, at, learned[v])
                 late.append((r, v))

@@ -290,7 +290,9 @@ def _forged_lines(n: int) -> str:
     now = time.time()
     line = {"query_lens": [1] * 31 + [1024], "max_seq_len": 9216, "num_heads": 32, "causal": True,
             "seq_lens": [8192] * 31 + [9216], "path": "prefill", "head_size": 128, "block_size": 16}  # fmt: skip
-    return "".join(json.dumps({"step": 10**6 + i, "time": round(now - 0.01 * i, 3)} | line) + "\n" for i in range(n))
+    return "".join(
+        json.dumps({"step": 10**6 + i, "time": round(now - 0.01 * i, 3)} | line) + "\n" for i in range(n)
+    )
 
 
 def test_forged_samples_make_advice_refuse_with_409_naming_samples(rig: Rig) -> None:
@@ -308,13 +310,17 @@ def test_forged_samples_make_advice_refuse_with_409_naming_samples(rig: Rig) -> 
             forged.write_text(_forged_lines(300))
             # Priced first (the sampler reads live ranks' files each second), so the one advice
             # request below is refused before any fit.
-            wait_for(lambda: rig.priced_60s() >= base + 300, timeout=60, what="the forged samples to be priced")
+            wait_for(
+                lambda: rig.priced_60s() >= base + 300, timeout=60, what="the forged samples to be priced"
+            )
             r = httpx.get(rig.url + "/thresholds/advice", params={"window": "60s"}, timeout=120)
             assert r.status_code == 409, r.text[:500]
             body = r.json()
             assert body["field"] == "samples", body
             assert body["samples"]["used"] >= 300
-            assert f"{body['samples']['used']} samples from ranks" in body["detail"] and "0-4" in body["detail"]
+            assert (
+                f"{body['samples']['used']} samples from ranks" in body["detail"] and "0-4" in body["detail"]
+            )
             bad = [x for x in body["samples"]["ranks"] if not x["corroborated"]]
             assert [(x["engine"], x["rank"]) for x in bad] == [(0, 4)], body
             out = subprocess.run(

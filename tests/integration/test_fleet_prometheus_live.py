@@ -259,7 +259,9 @@ def test_the_analysis_flags_the_bad_version_passes_the_good_and_gives_no_data_fo
         def fleet_status() -> dict[str, dict]:
             from flyserve.cli import app  # in this process: the command as the CLI runs it, no start-up
 
-            res = CliRunner().invoke(app, ["fleet", "status", "--prometheus", prom, "--window", RATE_WINDOW, "--json"])
+            res = CliRunner().invoke(
+                app, ["fleet", "status", "--prometheus", prom, "--window", RATE_WINDOW, "--json"]
+            )
             assert res.exit_code == 1, res.output  # 1: a replica disagrees or is unhealthy
             st = json.loads(res.output)
             assert st["majority_content"] == queries_content(contents["r0"])

@@ -151,8 +151,10 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         # slow start (a CI run: a PATCH at once got an 18-step margin for the 3 s lead, so about 6
         # steps/s, for ranks stepping at 50/s, and both ranks applied it 13 steps late). These tests are about attacks, not that.
         wait_for(
-            lambda: len(got := rig.real_reports()) == 2
-            and all((d.get("steps_per_s") or 0) >= 0.5 / STEP_INTERVAL_S for d in got.values()),
+            lambda: (
+                len(got := rig.real_reports()) == 2
+                and all((d.get("steps_per_s") or 0) >= 0.5 / STEP_INTERVAL_S for d in got.values())
+            ),
             timeout=90,
             what="both ranks to report a step rate of at least half the simulated one",
             every=0.2,

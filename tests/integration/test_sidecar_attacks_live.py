@@ -263,9 +263,7 @@ def test_a_stream_over_the_cap_is_refused_while_every_stream_reads(tmp_path: Pat
         wait_for(lambda: read_events(sc.url, 1, {}) != [], timeout=30, what="a stream slot after two closed")
 
 
-def test_a_burst_of_new_streams_at_the_cap_cannot_push_out_the_readers(
-    tmp_path: Path, stopper: list
-) -> None:
+def test_a_burst_of_new_streams_at_the_cap_cannot_push_out_the_readers(tmp_path: Path, stopper: list) -> None:
     """Every slot held by a client that reads (flyserve top): a burst of new stream connections gets
     503 with Retry-After, each counted as "full", and the readers keep receiving events throughout."""
     sc = start_sidecar(tmp_path, "--max-streams", "2", "--stream-min-interval", "0.1")

@@ -189,10 +189,12 @@ def test_stats_match_decisions_and_patch_switches_all_ranks_at_one_step(sidecar:
             # A page computed after the ranks' last reports: the cache may serve one up to its TTL
             # plus the refresher's grace (2 s) old on a busy machine (sidecar/cache.py).
             s = wait_for(
-                lambda: (p := c.get("/dispatch-stats").json())["ranks"]
-                and len(p["ranks"]) == ranks
-                and all(rv["step"] == steps - 1 for rv in p["ranks"])
-                and p,
+                lambda: (
+                    (p := c.get("/dispatch-stats").json())["ranks"]
+                    and len(p["ranks"]) == ranks
+                    and all(rv["step"] == steps - 1 for rv in p["ranks"])
+                    and p
+                ),
                 timeout=15,
                 what="a page with every rank's last step",
             )
@@ -266,7 +268,10 @@ def test_killed_rank_is_stale_not_an_error(sidecar: Sidecar):
             # The live rank keeps counting. A cached page may be served up to its TTL plus the
             # refresher's grace (2 s) old on a busy machine (sidecar/cache.py), so wait, bounded.
             s2 = wait_for(
-                lambda: (s := c.get("/dispatch-stats").json())["totals"]["batches"] > s1["totals"]["batches"] and s,
+                lambda: (
+                    (s := c.get("/dispatch-stats").json())["totals"]["batches"] > s1["totals"]["batches"]
+                    and s
+                ),
                 timeout=15,
                 what="the live rank's batches to grow",
             )
@@ -301,10 +306,12 @@ def test_auth_conflict_validation_and_size_errors(sidecar: Sidecar):
         # Reload results, counted by the control plane inside the sidecar, reach /metrics (within
         # its TTL plus the refresher's grace on a busy machine).
         text = wait_for(
-            lambda: (t := c.get("/metrics").text)
-            and 'flyserve_config_reloads_total{result="success",source="api"} 1.0' in t
-            and 'flyserve_config_reloads_total{result="invalid",source="api"} 1.0' in t
-            and t,
+            lambda: (
+                (t := c.get("/metrics").text)
+                and 'flyserve_config_reloads_total{result="success",source="api"} 1.0' in t
+                and 'flyserve_config_reloads_total{result="invalid",source="api"} 1.0' in t
+                and t
+            ),
             timeout=15,
             what="the reload counters in /metrics",
         )
@@ -329,7 +336,7 @@ def test_shutdown_does_not_hang_on_open_stream(sidecar: Sidecar):
     # uvicorn re-raises the captured SIGTERM after its graceful shutdown: -15 is the clean exit.
     assert sidecar.proc.returncode in (0, -signal.SIGTERM)
     # Whatever arrived after the first event is whole events, each a complete stats payload.
-    data = [line[len("data: "):] for line in rest if line.startswith("data: ")]
+    data = [line[len("data: ") :] for line in rest if line.startswith("data: ")]
     assert all(json.loads(d)["totals"] is not None for d in data), data
     log = sidecar.log.read_text()
     # uvicorn logs this when its graceful timeout (5 s) cancels a task: the stream did not end on its own.

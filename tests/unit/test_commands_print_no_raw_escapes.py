@@ -177,6 +177,7 @@ def _advice() -> dict:
     }
 
 
+@pytest.mark.slow  # a real HTTP server on 127.0.0.1
 def test_advise_prints_a_hostile_answer_escaped_and_a_non_object_as_an_error() -> None:
     from flyserve.control.cli import register as control
     from flyserve.sidecar.cli import register as sidecar
@@ -223,6 +224,7 @@ def _arms_report(model: str) -> dict:
     }
 
 
+@pytest.mark.slow  # a real HTTP server on 127.0.0.1
 def test_arms_report_and_errors_print_a_server_s_words_escaped(tmp_path: Path) -> None:
     from rich.console import Console
 

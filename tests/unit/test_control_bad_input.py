@@ -142,6 +142,7 @@ def open_tmp() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.slow  # python subprocesses
 def test_a_state_dir_that_is_not_writable(open_tmp: Path) -> None:
     """Really unwritable: control/ is read-only and the writer is not root (root ignores modes, so
     as root the attempt runs in a child process that drops to user nobody). audit.jsonl stays appendable."""
@@ -149,7 +150,9 @@ def test_a_state_dir_that_is_not_writable(open_tmp: Path) -> None:
     plane.apply_overrides({"lpt": "never"}, actor="alice")
     sd = plane.state_dir
     before = published_bytes(plane)
-    os.chmod(sd.path, 0o755)  # flyserve creates it 0700; here another user must reach control/ to be refused there
+    os.chmod(
+        sd.path, 0o755
+    )  # flyserve creates it 0700; here another user must reach control/ to be refused there
     os.chmod(sd.lock_file, 0o666)
     os.chmod(sd.audit_log, 0o666)
     modes = {p: p.stat().st_mode for p in (sd.control_dir, sd.history_dir)}
@@ -194,7 +197,9 @@ def blocked_flock_waiters(path: Path) -> int:
     """Processes blocked in flock() on ``path`` right now (the ``->`` lines of /proc/locks)."""
     ino = os.stat(path).st_ino
     lines = Path("/proc/locks").read_text().splitlines()
-    return sum(1 for line in lines if "->" in line and " FLOCK " in line and line.split()[6].endswith(f":{ino}"))
+    return sum(
+        1 for line in lines if "->" in line and " FLOCK " in line and line.split()[6].endswith(f":{ino}")
+    )
 
 
 _WRITER = """
@@ -211,6 +216,7 @@ for n in range(int(sys.argv[3])):
 """
 
 
+@pytest.mark.slow  # python subprocesses
 def test_two_writers_at_once_serialise(tmp_path: Path) -> None:
     """Two processes publish concurrently: no lost update, versions 1..N each exactly once."""
     state, n = tmp_path / "state", 10

@@ -125,6 +125,7 @@ def test_state_dir_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monk
     assert ControlPlane(tmp_path / "env-state").snapshot().thresholds.min_seq_len == 3000
 
 
+@pytest.mark.slow  # runs `flyserve thresholds watch` in a subprocess
 def test_watch_runs_until_sigterm_and_reloads_on_edit_and_sighup(tmp_path: Path) -> None:
     import signal
     import subprocess

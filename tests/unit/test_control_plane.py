@@ -237,6 +237,7 @@ def test_an_engine_restart_resets_the_step_floor(tmp_path: Path) -> None:
     assert p.apply_overrides({"min_seq_len": 5100}, actor="a").snapshot.effective_step == 108
 
 
+@pytest.mark.slow  # a python subprocess (a dead rank)
 def test_poisoned_and_dead_rank_reports_do_not_pin_the_effective_step(tmp_path: Path) -> None:
     """A stray ranks/7.json with step 1e9, or Infinity/1e308/1e400
     values, or the report of a process that is gone, must not move effective_step (nor raise)."""

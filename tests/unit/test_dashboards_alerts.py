@@ -35,18 +35,21 @@ def _alerts() -> list[dict]:
     return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
 
 
+@pytest.mark.slow  # runs promtool
 def test_promtool_check_rules():
     r = _run("check", "rules", "config/alerts.yml")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"SUCCESS: {len(_alerts())} rules found" in r.stdout
 
 
+@pytest.mark.slow  # runs promtool
 def test_promtool_unit_tests_of_every_alert_pass():
     r = _run("test", "rules", "config/alerts_test.yml")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout
 
 
+@pytest.mark.slow  # runs promtool
 def test_promtool_check_config():
     r = _run("check", "config", "config/prometheus.yml")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -129,6 +132,7 @@ MUTANTS = [
 ]
 
 
+@pytest.mark.slow  # runs promtool
 @pytest.mark.parametrize(("alert", "old", "new"), MUTANTS, ids=[f"{a}:{n}" for a, _, n in MUTANTS])
 def test_promtool_unit_tests_notice_a_changed_rule(tmp_path, alert, old, new):
     """The unit tests bite: with one clause of one alert changed, promtool reports that alert."""

@@ -201,6 +201,7 @@ def _promtool() -> str:
     return path
 
 
+@pytest.mark.slow  # runs promtool
 def test_every_dashboard_query_parses_with_promtool(tmp_path):
     """Each query (variables substituted) as a recording rule: promtool parses it with Prometheus's parser."""
     rules = [
@@ -216,6 +217,7 @@ def test_every_dashboard_query_parses_with_promtool(tmp_path):
     assert f"{len(rules)} rules found" in r.stdout
 
 
+@pytest.mark.slow  # runs promtool
 def test_promtool_would_catch_a_broken_query(tmp_path):
     """The check above can fail: a query with a syntax error is refused."""
     path = tmp_path / "bad.yml"

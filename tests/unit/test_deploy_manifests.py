@@ -16,6 +16,8 @@ import pytest
 import yaml
 from _support import require_executable
 
+pytestmark = pytest.mark.slow  # kubectl kustomize (a module fixture renders deploy/), checkov and git
+
 REPO = Path(__file__).resolve().parents[2]
 TEST_DATA = REPO / "tests" / "data"
 BASE = REPO / "deploy" / "base"

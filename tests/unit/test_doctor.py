@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from _support import require_module
+from _support import module_requires
 from contract_fakes import (
     FLYDSL_REVISIONS,
     FakeFlyDSL,
@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from flyserve.doctor import checks
 
-require_module("vllm")
-require_module("torch")
+pytestmark = pytest.mark.slow  # importing vLLM runs `uname -p` (its platform probe)
+required_modules = module_requires("vllm", "torch")  # imported when a test runs, not at collection
 
 
 def by_name(rep_checks):

@@ -12,12 +12,14 @@ import sys
 import types
 from pathlib import Path
 
-from _support import require_module
+import pytest
+from _support import module_requires
 from contract_fakes import AITER_CONTRACT, fake_function, load_contract
 
 from flyserve.doctor import aiter_calls, checks
 
-require_module("vllm")
+pytestmark = pytest.mark.slow  # importing vLLM runs `uname -p` (its platform probe)
+required_modules = module_requires("vllm")  # imported when a test runs, not at collection
 
 CALL_034 = (
     "q", "k", "v", "out", "cu_seqlens_q", "max_seqlen_q", "seqused_k", "max_seqlen_k", "softmax_scale",

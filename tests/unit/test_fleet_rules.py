@@ -69,12 +69,14 @@ def test_the_rules_the_issue_names_and_their_expressions():
         assert "by (instance" not in expr  # target labels kept whole (pod, rollout hash, ...)
 
 
+@pytest.mark.slow  # runs promtool
 def test_promtool_check_rules():
     r = _run("check", "rules", "config/fleet_rules.yml")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"SUCCESS: {len(rules.RULES)} rules found" in r.stdout
 
 
+@pytest.mark.slow  # runs promtool
 def test_promtool_unit_tests_of_the_fleet_rules_pass():
     r = _run("test", "rules", "config/fleet_rules_test.yml")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -102,6 +104,7 @@ MUTANTS = [
 ]
 
 
+@pytest.mark.slow  # runs promtool
 @pytest.mark.parametrize(
     ("record", "old", "new"), MUTANTS, ids=[f"{m[0]}:{i}" for i, m in enumerate(MUTANTS)]
 )
@@ -116,6 +119,7 @@ def test_the_unit_tests_notice_a_changed_rule(tmp_path: Path, record: str, old: 
 # --------------------------------------------------------------------------- the analysis queries
 
 
+@pytest.mark.slow  # runs promtool
 def test_the_queries_parse_for_every_engine(tmp_path: Path):
     """Each engine's rendering is valid PromQL (promtool parses it as a recording rule)."""
     doc = {
@@ -155,6 +159,7 @@ def _verdict_expr(q: queries.AnalysisQuery, canary: str, stable: str) -> str:
     return f"({sides}) <= bool {q.pass_max!r}"
 
 
+@pytest.mark.slow  # runs promtool
 @pytest.mark.parametrize(
     ("canary", "stable", "expected"),
     [

@@ -169,6 +169,7 @@ def test_answers_that_are_not_prometheus_are_clear_errors(raw: bytes, status: in
         fleet_status(_prom(raw=raw, status=status))
 
 
+@pytest.mark.slow  # connects to 127.0.0.1:1 (nothing listens)
 def test_bad_options_and_an_unreachable_prometheus_exit_2(tmp_path):
     from flyserve.cli import app
 

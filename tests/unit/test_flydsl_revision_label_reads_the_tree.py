@@ -14,13 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from _support import require_module
+from _support import lazy_module, module_requires, require_module
 from contract_fakes import CONTRACTS
 
 from flyserve.vllm import flydsl_kernel as fk
 from flyserve.vllm import flydsl_tree, kv_views
 
-torch = require_module("torch")
+torch = lazy_module("torch")  # imported when a test runs, not at collection
+required_modules = module_requires("torch")
 COMMIT = "02ecfe12c6633892954270bc4d363ab96dc5c10a"
 CONTRACT = json.loads((CONTRACTS / "flydsl_flash_attn_func-main-02ecfe12.json").read_text())
 PRE = json.loads((CONTRACTS / "flydsl_paged_preconditions.json").read_text())["revisions"]["main-02ecfe12"]
@@ -106,6 +107,7 @@ def test_vllm_034_layouts_predict_what_flydsl_would_copy():
     assert "pages are not page_size rows apart" in fk.kv_layout_problem(k, v, pr1056)
 
 
+@pytest.mark.slow  # importing vLLM runs `uname -p` (its platform probe)
 def test_the_backend_predicts_on_vllms_own_split():
     """kv_views' tensor split by the installed vLLM's own _split_kv_cache gives kv_views' views."""
     require_module("vllm")

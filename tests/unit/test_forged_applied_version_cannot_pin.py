@@ -71,7 +71,9 @@ def test_an_unconfirmed_claim_one_step_above_the_record(plane: ControlPlane) -> 
     assert_changes_reach(plane, rc)
 
 
-def test_planted_history_names_do_not_lift_the_plane_beside_ranks_it_cannot_confirm(plane: ControlPlane) -> None:
+def test_planted_history_names_do_not_lift_the_plane_beside_ranks_it_cannot_confirm(
+    plane: ControlPlane,
+) -> None:
     """Ranks in another pid namespace: their fresh reports are unconfirmed. Three planted names
     1,000,000 apart (empty ``*.bad`` files: a credible chain of names) once lifted the plane's
     floor to 3,000,000, so ``circuit open`` was published as 3000001, the rank at 3 refused it and

@@ -9,6 +9,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SKIP_DIRS = {".git", ".venv", ".venv-checkov", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis",
              ".benchmarks", "results", "dist", "build"}  # fmt: skip
@@ -18,10 +20,17 @@ TEXT_SUFFIXES = {".py", ".sh", ".md", ".toml", ".yaml", ".yml", ".json", ".txt",
 def _files() -> list[Path]:
     """The files a clone carries: tracked, or untracked and not ignored (git's own view, so an
     ignored build folder such as .flydsl/ or a venv never counts, whatever its name)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, capture_output=True, check=True, timeout=60,
-    ).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     out = []
     for name in listed:
         if not name:
@@ -35,6 +44,7 @@ def _files() -> list[Path]:
     return out
 
 
+@pytest.mark.slow  # runs git
 def test_nothing_reads_a_shared_directory_beside_the_checkout():
     pattern = re.compile(r"""(\.\./shared|["']shared["']\s*[,)/]|/\s*["']shared["'])""")
     bad = []
@@ -47,6 +57,7 @@ def test_nothing_reads_a_shared_directory_beside_the_checkout():
     assert bad == []
 
 
+@pytest.mark.slow  # runs git
 def test_no_file_names_a_path_of_this_machine():
     pattern = re.compile(r"(?<![\w.])/(work|root)/\w")
     bad = []

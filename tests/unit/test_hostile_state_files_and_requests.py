@@ -258,6 +258,7 @@ except ControlIOError as exc:
 """
 
 
+@pytest.mark.slow  # a python subprocess
 def test_audit_reads_refuse_an_endless_file(tmp_path: Path) -> None:
     """audit.jsonl a symlink to /dev/zero: a plain read reads without end and fills the reader's
     memory (seen: the OOM killer took a 24 GB test process). Run in a child capped at
@@ -385,9 +386,7 @@ def _broken_entry_counter_file(metrics_dir: Path) -> Path:
     return f
 
 
-def test_a_broken_metrics_entry_is_left_out_of_a_scrape(
-    sidecar_client, tmp_path: Path, monkeypatch
-) -> None:
+def test_a_broken_metrics_entry_is_left_out_of_a_scrape(sidecar_client, tmp_path: Path, monkeypatch) -> None:
     """A true header over an entry prometheus_client cannot parse would make every /metrics a 500;
     the file is left out, the rest is scraped, the gauge counts it."""
     from flyserve.telemetry import multiprocess

@@ -9,7 +9,7 @@ import math
 import types
 
 import pytest
-from _support import require_module
+from _support import lazy_module, module_requires, require_module
 from contract_fakes import (
     FLYDSL_REVISIONS,
     FakeFlyDSL,
@@ -24,7 +24,8 @@ from flyserve.lab.kernels import (
     kernel_names,
 )
 
-torch = require_module("torch")
+torch = lazy_module("torch")  # imported when a test runs, not at collection
+required_modules = module_requires("torch")
 
 H, HKV, D, BS = 4, 2, 16, 4
 
@@ -106,6 +107,7 @@ def _args(causal=True):
     return (q, kc, vc, out, cu, su, table, 6, 7, 1 / math.sqrt(D), causal)
 
 
+@pytest.mark.slow  # importing vLLM runs `uname -p` (its platform probe)
 def test_triton_unified_call_binds_to_vllms_real_signature(monkeypatch):
     require_module("vllm")
     from vllm.v1.attention.backends import triton_attn

@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "flyserve"
 
+
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -195,7 +196,9 @@ def test_the_package_root_holds_only_the_package_and_the_command_table():
     room nobody drew on the map (docs/architecture.md)."""
     loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in {"__init__.py", "cli.py"})
     assert loose == []
-    assert all((d / "__init__.py").is_file() for d in PACKAGE.iterdir() if d.is_dir() and d.name != "__pycache__")
+    assert all(
+        (d / "__init__.py").is_file() for d in PACKAGE.iterdir() if d.is_dir() and d.name != "__pycache__"
+    )
 
 
 def test_the_files_room_imports_nothing_of_flyserve():

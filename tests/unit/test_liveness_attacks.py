@@ -79,6 +79,7 @@ def other_process() -> Iterator[int]:
 # ---------------------------------------------------------------- liveness: what the process table says
 
 
+@pytest.mark.slow  # python subprocesses (live and dead pids)
 def test_liveness_is_confirmed_only_by_the_process_table(tmp_path: Path, other_process: int) -> None:
     from flyserve.control.reports import Liveness, is_live, liveness
 
@@ -128,6 +129,7 @@ def test_forged_reports_from_another_host_do_not_move_the_step_of_confirmed_rank
     assert entry["ranks"] == {"confirmed": 2, "unconfirmed": 3, "unconfirmed_ignored": 3}
 
 
+@pytest.mark.slow  # python subprocesses (live and dead pids)
 def test_local_forgeries_with_live_pids_are_capped_within_the_bound(
     plane: ControlPlane, other_process: int
 ) -> None:

@@ -173,6 +173,7 @@ def test_a_forgery_renamed_over_a_lone_confirmed_ranks_file_does_not_pin(plane: 
     assert plane.store.live_ranks(now=NOW) == 1  # the rank stays live (its last own report)
 
 
+@pytest.mark.slow  # subprocesses (live, dead and reused pids)
 def test_another_live_pid_under_a_confirmed_ranks_name_is_refused(
     plane: ControlPlane, other_process: int
 ) -> None:
@@ -190,6 +191,7 @@ def test_another_live_pid_under_a_confirmed_ranks_name_is_refused(
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
 
 
+@pytest.mark.slow  # subprocesses (live, dead and reused pids)
 def test_a_restarted_rank_takes_its_key_once_the_old_process_is_gone(plane: ControlPlane) -> None:
     """The rule does not lock out a real restart: the old process exited, the new one reports."""
     old = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -202,6 +204,7 @@ def test_a_restarted_rank_takes_its_key_once_the_old_process_is_gone(plane: Cont
     assert [(r.pid, r.step) for r in plane.store.reports(now=NOW)] == [(os.getpid(), 5)]
 
 
+@pytest.mark.slow  # subprocesses (live, dead and reused pids)
 @needs_root
 def test_a_writer_of_another_uid_naming_its_own_process_is_not_confirmed(
     plane: ControlPlane, foreign_process: int
@@ -245,6 +248,7 @@ def test_the_owner_checked_is_the_one_of_the_file_read(
 # ---------------------------------------------------------------- pid reuse
 
 
+@pytest.mark.slow  # subprocesses (live, dead and reused pids)
 def test_a_reused_pid_is_not_the_rank(plane: ControlPlane, other_process: int) -> None:
     """A rank's report names a pid that now belongs to another process (started later than the
     rank recorded). Was: live and confirmed - a dead rank counted, its step planned from."""
@@ -293,6 +297,7 @@ def test_an_implausible_start_time_refuses_the_report(field: str, value: Any) ->
 # ---------------------------------------------------------------- ranks/ is sticky
 
 
+@pytest.mark.slow  # subprocesses (live, dead and reused pids)
 def test_ranks_dir_is_sticky_so_another_uid_cannot_replace_a_ranks_file() -> None:
     """ranks/ writable by another uid (a shared volume): that uid could os.replace its forgery
     over a rank's own file. A rank now gives ranks/ the sticky bit: only a file's owner may rename
@@ -348,6 +353,7 @@ def _write(state: Path, rank: int, d: dict[str, Any]) -> None:
     (state / "ranks" / f"{rank}.json").write_text(json.dumps(d))
 
 
+@pytest.mark.slow  # subprocesses (live, dead and reused pids)
 def test_readyz_forged_reports_do_not_stand_in_for_ranks_that_are_gone(
     sidecar: Any, tmp_path: Path, other_process: int
 ) -> None:
@@ -368,6 +374,7 @@ def test_readyz_forged_reports_do_not_stand_in_for_ranks_that_are_gone(
     assert "3 unconfirmed" in got.json()["detail"]
 
 
+@pytest.mark.slow  # subprocesses (live, dead and reused pids)
 def test_readyz_a_reused_pid_is_not_a_live_rank(sidecar: Any, tmp_path: Path, other_process: int) -> None:
     """A fresh report whose pid now belongs to another process (the rank died, the pid was
     reused). Was: /readyz 200 for up to the 30 s staleness window, and the rank gauge 1."""
@@ -400,6 +407,7 @@ def test_a_bad_file_for_one_look_does_not_erase_the_ranks_history(plane: Control
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
 
 
+@pytest.mark.slow  # subprocesses (live, dead and reused pids)
 def test_an_exited_unreaped_rank_does_not_hold_its_key(plane: ControlPlane) -> None:
     """The old rank process exited but its parent has not reaped it (a zombie: kill 0 and /proc
     still answer). Its successor under the same name must not be refused as a forgery."""

@@ -277,6 +277,7 @@ def _advise(adv: dict) -> tuple[int, str]:
     return res.exit_code, res.output
 
 
+@pytest.mark.slow  # a real HTTP server on 127.0.0.1
 @pytest.mark.parametrize(
     "patch",
     [
@@ -299,6 +300,7 @@ def _curl_line(out: str) -> str:
     return line
 
 
+@pytest.mark.slow  # a real HTTP server on 127.0.0.1
 def test_advise_quotes_a_hostile_body_so_the_shell_expands_nothing(tmp_path: Path) -> None:
     hostile = "'$(touch x)'`touch y`;touch z"
     code, out = _advise(_advice(_patch(method="PUT", body={"min_seq_len": hostile})))

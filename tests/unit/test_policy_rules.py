@@ -27,7 +27,9 @@ SEED = Thresholds.profile("gfx950")
 
 
 def shape(lens, ctx, heads=16, causal=True, t=SEED):
-    return BatchShape.from_query_lens(np.array(lens), max_seq_len=ctx, num_heads=heads, causal=causal, thresholds=t)
+    return BatchShape.from_query_lens(
+        np.array(lens), max_seq_len=ctx, num_heads=heads, causal=causal, thresholds=t
+    )
 
 
 def test_profile_matches_seed_constants(seed_cases):
@@ -178,7 +180,14 @@ def test_decision_is_deterministic(lens, ctx, heads, t, causal):
 
 
 @settings(max_examples=300, deadline=None)
-@given(lens=lens_st, ctx=ctx_st, heads=heads_st, t=thresholds_st, bump=st.integers(0, 100_000), which=st.sampled_from(["min_seq_len", "min_qblock_rows"]))
+@given(
+    lens=lens_st,
+    ctx=ctx_st,
+    heads=heads_st,
+    t=thresholds_st,
+    bump=st.integers(0, 100_000),
+    which=st.sampled_from(["min_seq_len", "min_qblock_rows"]),
+)
 def test_raising_a_minimum_never_admits_more(lens, ctx, heads, t, bump, which):
     s = shape(lens, ctx, heads, t=t)
     raised = getattr(t, which) + bump

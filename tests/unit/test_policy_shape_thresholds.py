@@ -87,7 +87,12 @@ def test_not_a_mapping():
 
 @pytest.mark.parametrize(
     "text,reason",
-    [("", "empty"), ("block_m: [1,\n", "malformed YAML"), ("- 1\n- 2\n", "mapping"), ("block_m: 128\nblock_m", "malformed")],
+    [
+        ("", "empty"),
+        ("block_m: [1,\n", "malformed YAML"),
+        ("- 1\n- 2\n", "mapping"),
+        ("block_m: 128\nblock_m", "malformed"),
+    ],
 )
 def test_yaml_errors(text, reason):
     with pytest.raises(ThresholdsError, match=reason):

@@ -59,6 +59,7 @@ def test_each_tested_version_is_accepted(version: str):
     assert backend.check_version(version) >= (0, 20)
 
 
+@pytest.mark.slow  # a python subprocess
 def test_importing_flyserve_metrics_under_an_unknown_version_fails_loudly():
     """A fresh interpreter where prometheus-client reports 0.99.0: the import itself fails."""
     code = (

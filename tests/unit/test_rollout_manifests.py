@@ -26,6 +26,8 @@ import pytest
 import yaml
 from _support import require_executable
 
+pytestmark = pytest.mark.slow  # runs kubectl kustomize (a module fixture) and the supervisor in sh
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 CRDS = REPO / "tests" / "data" / "crds"

@@ -73,4 +73,7 @@ def test_a_group_without_test_bare_uses_its_np_diff():
     data = {"benchmarks": [_bench("select", "test_2_rows_select", 6e-6, 5e-6),
                            _bench("select", "test_2_rows_np_diff", 2.5e-6, 2e-6)]}  # fmt: skip
     text = rb.tables(data)
-    assert "min of `test_2_rows_np_diff`" in text and "| `test_2_rows_select` | 5.00 us | 6.00 us | 2.50x |" in text
+    assert (
+        "min of `test_2_rows_np_diff`" in text
+        and "| `test_2_rows_select` | 5.00 us | 6.00 us | 2.50x |" in text
+    )

@@ -34,7 +34,9 @@ class Clock:
         return self.t
 
 
-def write_samples(state: Path, *, rank: int, steps: range, time_of, engine: int = 0, path: str = "prefill") -> None:
+def write_samples(
+    state: Path, *, rank: int, steps: range, time_of, engine: int = 0, path: str = "prefill"
+) -> None:
     w = ShapeSampleWriter(state, rank=rank, engine=engine, capacity=len(steps) + 1)
     w.set_layer(head_size=128, block_size=16)
     for s in steps:

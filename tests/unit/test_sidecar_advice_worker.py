@@ -134,6 +134,7 @@ def test_shape_files_are_read_only_by_the_sampler_and_the_advice_worker(tmp_path
     assert all(n.startswith(("flyserve-sidecar-sampler", "flyserve-advice")) for n in readers), readers
 
 
+@pytest.mark.slow  # a python subprocess
 def test_a_fit_stuck_for_ever_does_not_hold_up_the_process_exit() -> None:
     """A fit blocked on a bad file (a FIFO) must not keep the sidecar from exiting on SIGTERM."""
     import subprocess

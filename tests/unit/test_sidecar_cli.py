@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from flyserve.cli import app
@@ -44,6 +45,7 @@ def test_simulate_validates_before_starting_anything(tmp_path: Path):
     assert not (tmp_path / "ranks").exists()  # nothing was started
 
 
+@pytest.mark.slow  # runs the command in a subprocess
 def test_simulate_one_rank_runs_the_real_path(tmp_path: Path):
     """One rank, a few steps, no sleeping: counters, report and shape sample appear; exit 0."""
     from flyserve.sidecar.stats import read_counters
@@ -81,6 +83,7 @@ def _sidecar_proc(*args: str, env: dict[str, str] | None = None, timeout: float 
     )
 
 
+@pytest.mark.slow  # runs the command in a subprocess
 def test_sidecar_with_an_unknown_profile_fails_first_with_one_error_line(tmp_path: Path):
     """`--profile gfx955` started and answered /healthz 200; only GET /thresholds (422) told."""
     p = _sidecar_proc("--profile", "gfx955", "--state-dir", str(tmp_path / "s"), "--port", "1")
@@ -91,12 +94,22 @@ def test_sidecar_with_an_unknown_profile_fails_first_with_one_error_line(tmp_pat
     assert "--profile" in lines[0] and not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow  # runs the command in a subprocess
 def test_simulate_with_an_unknown_profile_logs_one_error_line_first(tmp_path: Path):
     import subprocess
     import sys
 
     p = subprocess.run(
-        [sys.executable, "-m", "flyserve.cli", "simulate", "--profile", "mi355", "--state-dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "flyserve.cli",
+            "simulate",
+            "--profile",
+            "mi355",
+            "--state-dir",
+            str(tmp_path),
+        ],
         capture_output=True,
         check=False,
         text=True,
@@ -108,6 +121,7 @@ def test_simulate_with_an_unknown_profile_logs_one_error_line_first(tmp_path: Pa
     assert "cpu-tiny" in lines[0] and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # runs the command in a subprocess
 def test_sidecar_port_in_use_names_the_flag_before_any_listening_line(tmp_path: Path):
     import socket
 
@@ -126,6 +140,7 @@ def test_sidecar_port_in_use_names_the_flag_before_any_listening_line(tmp_path: 
     assert "sidecar on http" not in p.stderr  # never claimed to listen
 
 
+@pytest.mark.slow  # runs the command in a subprocess
 def test_simulate_quiet_prints_no_progress(tmp_path: Path):
     r = runner.invoke(
         app,
@@ -146,6 +161,7 @@ def test_sidecar_switch_interval_out_of_range_names_the_flag(tmp_path: Path):
         assert list(tmp_path.iterdir()) == [], bad  # refused before anything was created
 
 
+@pytest.mark.slow  # runs the command in a subprocess
 def test_sidecar_sets_and_says_its_thread_switch_interval(tmp_path: Path):
     """The real process: its start line carries the interval it runs with (Python's default is 5 ms;
     docs/performance.md section 12: 1 ms took the 64-rank p99 of /dispatch-stats from 31 to 9.9 ms)."""

@@ -20,7 +20,10 @@ def test_prefill_kernel_reaches_the_rank_view():
 def test_off_reason_is_shown_and_bounded():
     pk = {"kernel": "flydsl-dualwave", "revision": None, "off_reason": "FlyDSL not importable " + "x" * 5000}
     (v,) = rank_views([_report(prefill_kernel=pk)], {}, now=100.5, stale_after_s=5)
-    assert v.prefill_kernel.off_reason.startswith("FlyDSL not importable") and len(v.prefill_kernel.off_reason) == 400
+    assert (
+        v.prefill_kernel.off_reason.startswith("FlyDSL not importable")
+        and len(v.prefill_kernel.off_reason) == 400
+    )
 
 
 def test_malformed_prefill_kernel_is_dropped():

@@ -122,6 +122,7 @@ WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a python subprocess writes the files
 def test_read_counters_from_real_multiprocess_files(tmp_path: Path):
     # A separate process writes through the real recorder, as a rank does.
     subprocess.run([sys.executable, "-c", WRITER, str(tmp_path)], check=True, timeout=60)

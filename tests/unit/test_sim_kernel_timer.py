@@ -45,6 +45,7 @@ def test_a_workload_that_is_neither_a_name_nor_a_shape_log_is_refused(tmp_path: 
         validate(_args(workload=str(bad)))
 
 
+@pytest.mark.slow  # runs `flyserve simulate` in a subprocess
 def test_a_shape_log_replays_and_every_step_is_timed_with_the_cost_model(tmp_path: Path):
     trace = generate(WorkloadSpec(4096, 8, 4, num_requests=8, range_ratio=0.5), name="t")
     log = tmp_path / "t.jsonl"

@@ -20,6 +20,7 @@ def test_check_profile_logs_one_error_line_and_raises(capsys: pytest.CaptureFixt
     assert len(err) == 1 and err[0].startswith("ERROR flyserve.startup: --profile: unknown profile 'nope'")
 
 
+@pytest.mark.slow  # flyserve.vllm.plugin imports vLLM, which runs `uname -p` (its platform probe)
 def test_vllm_plugin_exits_on_a_bad_profile_before_registering_anything(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):

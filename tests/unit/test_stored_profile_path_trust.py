@@ -52,7 +52,9 @@ def copy_profile(dest: Path, *, mode: int = 0o644) -> Path:
     return dest
 
 
-def test_a_profile_path_inside_the_state_directory_is_refused_and_repair_undoes_it(plane: ControlPlane) -> None:
+def test_a_profile_path_inside_the_state_directory_is_refused_and_repair_undoes_it(
+    plane: ControlPlane,
+) -> None:
     evil = copy_profile(plane.state_dir.path / "evil.yaml")
     plant_profile(plane, evil)
     with pytest.raises(ControlIOError, match="inside the state directory"):
@@ -77,11 +79,16 @@ def test_a_profile_path_others_can_change_is_refused(
 
 
 @pytest.mark.parametrize("target", ["/dev/zero", "gone.yaml"], ids=["device", "missing"])
-def test_a_profile_path_to_a_device_or_nothing_is_refused_before_it_is_read(tmp_path: Path, target: str) -> None:
+def test_a_profile_path_to_a_device_or_nothing_is_refused_before_it_is_read(
+    tmp_path: Path, target: str
+) -> None:
     link = tmp_path / "profile.yaml"
     link.symlink_to(target)
     reason = stored_profile_refusal(str(link), own_profile="gfx950", state_dir=tmp_path / "state")
-    assert reason in ("the profile path is not a regular file", "the profile path cannot be checked (No such file or directory)")
+    assert reason in (
+        "the profile path is not a regular file",
+        "the profile path cannot be checked (No such file or directory)",
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")

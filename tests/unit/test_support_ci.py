@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs pytest in a subprocess
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,7 +28,12 @@ def _run_plugin_tests(tmp_path: Path, *, ci: str | None) -> subprocess.Completed
         env["FLYSERVE_CI"] = ci
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_vllm_plugin.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 

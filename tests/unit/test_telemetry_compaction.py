@@ -25,6 +25,8 @@ from flyserve.telemetry._prom_backend import encode_values_file, read_values_fil
 from flyserve.telemetry.compaction import JOURNAL, compact, parse_name, reading
 from flyserve.telemetry.multiprocess import SoundFilesCollector
 
+pytestmark = pytest.mark.slow  # its metrics files are written by python subprocesses (dead ranks)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # One child process: counts for `rank`, sets its live gauges and the control "max" gauge, then

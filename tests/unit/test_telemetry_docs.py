@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from flyserve.telemetry import metrics
@@ -44,6 +45,7 @@ def test_promql_examples_use_known_metrics() -> None:
                 assert metrics.METRIC_TYPES[base] == "histogram", (name, q)
 
 
+@pytest.mark.slow  # runs promtool
 def test_promql_examples_parse(tmp_path: Path) -> None:
     rules = {
         "groups": [

@@ -193,6 +193,7 @@ def test_bad_arguments_are_named() -> None:
         KernelTimer(0, clock="host").path("mystery")
 
 
+@pytest.mark.slow  # a python subprocess (a fresh interpreter)
 def test_importing_telemetry_does_not_import_torch() -> None:
     code = (
         "import sys; import flyserve.telemetry.gpu_timer, flyserve.telemetry.recorder, "

@@ -181,6 +181,7 @@ def _promtool_check(text: bytes) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # a python subprocess or promtool
 def test_promtool_check_metrics_is_clean_on_the_exposition() -> None:
     if not os.path.exists(PROMTOOL):
         pytest.fail(f"{PROMTOOL} is required (scripts/setup.sh installs Prometheus)")
@@ -200,6 +201,7 @@ def test_promtool_check_metrics_is_clean_on_the_exposition() -> None:
     assert res.stdout.strip() == "" and res.stderr.strip() == "", res.stdout + res.stderr
 
 
+@pytest.mark.slow  # a python subprocess or promtool
 def test_promtool_flags_a_bad_exposition() -> None:
     """The promtool check above can fail: a counter without _total is reported."""
     res = _promtool_check(b"# HELP x_count a\n# TYPE x_count counter\nx_count 1\n")
@@ -271,6 +273,7 @@ def _collect(d: Path) -> CollectorRegistry:
     return reg
 
 
+@pytest.mark.slow  # a python subprocess or promtool
 def test_metrics_land_in_flyserve_dir_even_when_vllm_sets_the_env_var(tmp_path: Path) -> None:
     ours, vllms = tmp_path / "metrics", tmp_path / "vllm"
     ours.mkdir()
@@ -333,6 +336,7 @@ def test_metrics_land_in_flyserve_dir_even_when_vllm_sets_the_env_var(tmp_path: 
     assert generate_latest(reg).count(b"flyserve_dispatch_decisions_total{") == 2 * len(PATHS) * len(REASONS)
 
 
+@pytest.mark.slow  # a python subprocess or promtool
 def test_wipe_removes_only_dead_processes_files(tmp_path: Path) -> None:
     d = tmp_path / "m"
     d.mkdir()
@@ -360,6 +364,7 @@ _SIDECAR_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a python subprocess or promtool
 def test_sidecar_exposition_merges_files_and_own_metrics(tmp_path: Path) -> None:
     d = tmp_path / "m"
     d.mkdir()
@@ -387,6 +392,7 @@ def test_sidecar_exposition_merges_files_and_own_metrics(tmp_path: Path) -> None
     assert res.returncode == 0 and not res.stdout.strip(), res.stdout + res.stderr
 
 
+@pytest.mark.slow  # a python subprocess or promtool
 def test_in_process_mode_without_any_multiprocess_setup() -> None:
     """No setup_multiprocess, no env var: plain in-process values (unit tests, the sidecar's own)."""
     code = textwrap.dedent(
@@ -420,6 +426,7 @@ def test_in_process_mode_without_any_multiprocess_setup() -> None:
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
+@pytest.mark.slow  # a python subprocess or promtool
 def test_setup_multiprocess_rebinds_an_existing_recorder(tmp_path: Path) -> None:
     """A recorder built before setup_multiprocess keeps counting, into the files."""
     code = textwrap.dedent(
@@ -482,6 +489,7 @@ _GROW_AND_FORK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a python subprocess or promtool
 def test_counts_survive_file_growth_and_fork(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     res = subprocess.run(

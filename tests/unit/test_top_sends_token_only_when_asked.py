@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 
 from flyserve.top.stream import StatsStream
 
+pytestmark = pytest.mark.slow  # real HTTP servers on 127.0.0.1
+
 TOKEN = "s3cret-token-for-the-guarded-stream"
 EVENT = b"data: " + json.dumps({"live_ranks": 1, "ranks": [], "engines": []}).encode() + b"\n\n"
 
@@ -67,7 +69,9 @@ def test_without_a_token_a_401_says_which_it_needs() -> None:
     with scripted_server(lambda req, conn: answer(conn, "401 Unauthorized")) as srv:
         stream = StatsStream(srv.url, interval=0.05).start()
         try:
-            assert wait_until(lambda: "--token-file or $FLYSERVE_SIDECAR_TOKEN" in (stream.latest().error or ""))
+            assert wait_until(
+                lambda: "--token-file or $FLYSERVE_SIDECAR_TOKEN" in (stream.latest().error or "")
+            )
         finally:
             stream.stop()
     assert all("authorization" not in r.headers for r in srv.requests)
@@ -84,7 +88,9 @@ def test_a_redirect_is_not_followed_so_the_token_cannot_go_elsewhere() -> None:
         with scripted_server(redirect) as srv:
             stream = StatsStream(srv.url, interval=0.05, token=TOKEN).start()
             try:
-                assert wait_until(lambda: "redirect (HTTP 307), not followed" in (stream.latest().error or ""))
+                assert wait_until(
+                    lambda: "redirect (HTTP 307), not followed" in (stream.latest().error or "")
+                )
                 assert wait_until(lambda: len(srv.requests) >= 2)
             finally:
                 stream.stop()

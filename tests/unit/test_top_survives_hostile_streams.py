@@ -97,6 +97,7 @@ def test_line_endings_and_a_line_cut_across_chunks() -> None:
     assert dropped.lines == 0
 
 
+@pytest.mark.slow  # a real HTTP server on 127.0.0.1
 def test_an_endless_line_from_a_real_socket_is_dropped_and_the_reader_resyncs() -> None:
     def handler(req, conn) -> None:
         conn.sendall(sse_head())
@@ -138,6 +139,7 @@ NOT_OBJECTS = [
 ]
 
 
+@pytest.mark.slow  # a real HTTP server on 127.0.0.1
 def test_payloads_that_are_not_objects_are_counted_and_the_last_good_one_stays() -> None:
     looked = threading.Event()
 
@@ -254,6 +256,7 @@ def test_escape_sequences_in_every_field_never_reach_the_screen(hostile: str) ->
         assert "\\x1b]52;c;ZXZpbA==\\x07" in shown
 
 
+@pytest.mark.slow  # a real HTTP server on 127.0.0.1
 def test_top_once_prints_no_raw_escape_from_the_stream() -> None:
     from flyserve.top.cli import register
 

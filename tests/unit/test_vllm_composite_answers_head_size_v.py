@@ -17,9 +17,10 @@ import json
 import logging
 
 import pytest
-from _support import REPO, require_module
+from _support import REPO, module_requires
 
-require_module("vllm")
+pytestmark = pytest.mark.slow  # importing vLLM runs `uname -p` (its platform probe)
+required_modules = module_requires("vllm")  # imported when a test runs, not at collection
 
 RECORD_034 = json.loads(
     (REPO / "tests" / "data" / "contracts" / "vllm_touchpoints" / "0.34.0.json").read_text(encoding="utf-8")

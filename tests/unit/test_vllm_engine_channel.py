@@ -131,6 +131,7 @@ def test_the_worker_method_applies_in_order_and_a_bad_push_changes_nothing(
     assert rt.control.current(7).version == 3
 
 
+@pytest.mark.slow  # importing vLLM runs `uname -p` (its platform probe)
 def test_install_adds_the_method_vllm_resolves_on_every_worker() -> None:
     require_module("vllm")
     from vllm.v1.worker.worker_base import WorkerWrapperBase

@@ -15,13 +15,14 @@ import logging
 from types import SimpleNamespace
 
 import pytest
-from _support import require_module
+from _support import lazy_module, module_requires
 from contract_fakes import FLYDSL_REVISIONS, FakeFlyDSL, PreconditionError
 
 from flyserve.vllm import flydsl_kernel as fk
 
-torch = require_module("torch")
-require_module("vllm")
+pytestmark = pytest.mark.slow  # importing vLLM runs `uname -p` (its platform probe)
+torch = lazy_module("torch")  # vllm and torch are imported when a test runs, not at collection
+required_modules = module_requires("torch", "vllm")
 
 REVISIONS = sorted(FLYDSL_REVISIONS)
 MAIN, PR1056 = "main-11c4174d", "pr1056-943152de"
@@ -41,8 +42,10 @@ def fake(request, monkeypatch) -> FakeFlyDSL:
     return f
 
 
-def batch(query_lens, seq_lens, *, page=64, heads=8, kv_heads=2, head=128, dtype=torch.bfloat16, seed=0):
-    """A paged batch in vLLM's terms: random q and K/V, a shuffled block table, 3-D out."""
+def batch(query_lens, seq_lens, *, page=64, heads=8, kv_heads=2, head=128, dtype=None, seed=0):
+    """A paged batch in vLLM's terms: random q and K/V, a shuffled block table, 3-D out. dtype: a torch
+    dtype or its name (bfloat16 when not given)."""
+    dtype = getattr(torch, dtype or "bfloat16") if dtype is None or isinstance(dtype, str) else dtype
     g = torch.Generator().manual_seed(seed)
     nb = [-(-s // page) for s in seq_lens]
     total = sum(nb) + 2
@@ -169,7 +172,7 @@ def test_a_renamed_added_or_dropped_keyword_fails(fake, mutation, monkeypatch):
     [
         ({"page": 16}, "page_size"),
         ({"head": 96}, "head_dim"),
-        ({"dtype": torch.float32}, "dtype"),
+        ({"dtype": "float32"}, "dtype"),  # a name: torch is imported when a test runs
     ],
 )
 def test_preconditions_of_the_paged_path(fake, change, match):

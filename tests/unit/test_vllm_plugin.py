@@ -5,9 +5,10 @@ from __future__ import annotations
 import importlib.metadata
 
 import pytest
-from _support import require_module
+from _support import module_requires
 
-require_module("vllm")
+pytestmark = pytest.mark.slow  # importing vLLM runs `uname -p` (its platform probe)
+required_modules = module_requires("vllm")  # imported when a test runs, not at collection
 
 
 @pytest.fixture

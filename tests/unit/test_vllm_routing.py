@@ -268,7 +268,6 @@ def test_shape_log_is_a_loadable_trace(state, tmp_path, monkeypatch):
     assert [x["path"] for x in lines] == [PREFILL, UNIFIED, UNIFIED]
 
 
-
 def test_shape_log_skips_steps_without_host_seq_lens(state, tmp_path, monkeypatch, caplog):
     """A vLLM whose seq_lens live only on the device (no seq_lens_cpu_upper_bound): no shape-log
     line (that would be a device read), one warning, and the step is still routed."""
@@ -289,6 +288,7 @@ def test_shape_log_skips_steps_without_host_seq_lens(state, tmp_path, monkeypatc
         "flyserve shape log: no host copy of seq_lens in this vLLM; not logging"
     ]
     assert r.last_decision.path == UNIFIED  # routed all the same
+
 
 def test_select_hot_path_benchmark(state, benchmark):
     """select() with the real DispatchRecorder on a 16-row mixed batch (pytest-benchmark table with

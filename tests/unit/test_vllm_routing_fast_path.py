@@ -11,11 +11,12 @@ zero-length padding rows, a padded num_actual_tokens, 0 rows).
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
+from _support import lazy_module
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,8 @@ from flyserve.vllm.eligibility import PrefillKernelSpec
 from flyserve.vllm.host_view import HostView
 from flyserve.vllm.routing import routing_class
 from flyserve.vllm.runtime import RankRuntime
+
+torch = lazy_module("torch")  # imported when a test runs, not at collection
 
 SEED = Thresholds.load("gfx950")
 HEADS = 4
@@ -170,7 +173,9 @@ def routings(tmp_path_factory):
 
 
 # vLLM's query_start_loc_cpu: a prefix slice of one persistent CPU buffer, rewritten every step.
-_QSL_BUFFER = torch.zeros(64, dtype=torch.int32)
+@functools.cache
+def _qsl_buffer():
+    return torch.zeros(64, dtype=torch.int32)
 
 
 def _check_select(
@@ -190,12 +195,12 @@ def _check_select(
     md.query_start_loc_cpu = qsl
     if torch_buffer:
         n = qsl.size
-        _QSL_BUFFER[:n] = torch.from_numpy(qsl)
-        _QSL_BUFFER[n:] = -7  # stale rows past the batch must never be read
-        md.query_start_loc_cpu = _QSL_BUFFER[:n]
+        _qsl_buffer()[:n] = torch.from_numpy(qsl)
+        _qsl_buffer()[n:] = -7  # stale rows past the batch must never be read
+        md.query_start_loc_cpu = _qsl_buffer()[:n]
     variant = r.select(md)
     if torch_buffer:
-        _QSL_BUFFER[:] = -9  # vLLM rewrites its buffer for the next step
+        _qsl_buffer()[:] = -9  # vLLM rewrites its buffer for the next step
     ring = rt.shape_sample._ring
     if ring and ring[-1][0] == rt.step:  # a sampled step (1 in N): the sample holds its own copy
         assert [int(x) for x in ring[-1][1]] == list(lens)
@@ -421,11 +426,11 @@ def test_sampled_mixed_step_keeps_its_rows_after_vllm_rewrites_the_buffer(routin
     for k in range(3):
         md = step_metadata(lens, 8192, True)
         n = len(lens) + 1
-        _QSL_BUFFER[:n] = torch.from_numpy(md.query_start_loc_cpu)
-        md.query_start_loc_cpu = _QSL_BUFFER[:n]
+        _qsl_buffer()[:n] = torch.from_numpy(md.query_start_loc_cpu)
+        md.query_start_loc_cpu = _qsl_buffer()[:n]
         r._next_sample = rt.step + 1  # sample the next step
         r.select(md)
         step, q = rt.shape_sample._ring[-1][:2]
         assert step == rt.step
-        _QSL_BUFFER[:] = k  # the next step's rewrite
+        _qsl_buffer()[:] = k  # the next step's rewrite
         assert q.tolist() == lens

@@ -9,7 +9,7 @@ execute_model.
 from __future__ import annotations
 
 import pytest
-from _support import require_module
+from _support import module_requires
 from test_vllm_routing import DECODE, MIXED, layer, metadata, vllm_config
 
 from flyserve.policy import PREFILL, UNIFIED
@@ -19,7 +19,8 @@ from flyserve.vllm.forward_switch import SWITCH
 from flyserve.vllm.routing import routing_class
 from flyserve.vllm.runtime import RankRuntime
 
-require_module("vllm")
+pytestmark = pytest.mark.slow  # importing vLLM runs `uname -p` (its platform probe)
+required_modules = module_requires("vllm")  # imported when a test runs, not at collection
 
 
 class CountingRecorder:

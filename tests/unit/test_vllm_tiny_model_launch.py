@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from _support import require_module
+from _support import module_requires, require_module
 
-require_module("transformers")
+required_modules = module_requires("transformers")  # imported when a test runs, not at collection
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +104,7 @@ def test_patch_leaves_a_regular_vllm_alone(monkeypatch):
     assert md.version is before and md.version("vllm") == "0.31.1"
 
 
+@pytest.mark.slow  # starts the launcher in a subprocess
 def test_free_port_and_start_failure_is_reported(tmp_path):
     """A server that cannot start fails fast with its log, and leaves no process behind."""
     require_module("vllm")

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import REPO, require_module
+from _support import REPO, module_requires
 
-require_module("vllm")
+pytestmark = pytest.mark.slow  # importing vLLM runs `uname -p` (its platform probe)
+required_modules = module_requires("vllm")  # imported when a test runs, not at collection
 
 RECORDS_DIR = REPO / "tests" / "data" / "contracts" / "vllm_touchpoints"
 _spec = importlib.util.spec_from_file_location(
