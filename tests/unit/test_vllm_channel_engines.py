@@ -120,6 +120,7 @@ def run_plugin(plane: ControlPlane, client: AsyncLLMLike, monkeypatch, until) ->
     return asyncio.run(scenario())
 
 
+@pytest.mark.slow  # the plugin imports vLLM (6 s on the 2-core VM)
 def test_every_engine_of_a_dp_client_gets_each_version_not_only_the_first(plane, monkeypatch):
     """Before: the plugin pushed through collective_rpc, which answered for engine 0 only; engine
     1's workers were never checked, and the pusher recorded 'every worker answered'."""
@@ -191,6 +192,7 @@ def test_an_engine_missing_from_the_answers_is_not_confirmed(plane):
     assert pusher.pushed_version == -1
 
 
+@pytest.mark.slow  # the plugin imports vLLM (6 s on the 2-core VM)
 def test_only_api_server_0_pushes(plane, monkeypatch):
     engines = [Engine(plane, 0), Engine(plane, 1)]
     p = run_plugin(plane, AsyncLLMLike(DPClient(engines, client_index=1)), monkeypatch, lambda p: True)
@@ -198,6 +200,7 @@ def test_only_api_server_0_pushes(plane, monkeypatch):
     assert {rc.mode for e in engines for rc in e.ranks} == {"file polling"}
 
 
+@pytest.mark.slow  # the plugin imports vLLM (6 s on the 2-core VM)
 def test_reports_through_the_channel_show_every_engine_in_dispatch_stats(plane, monkeypatch):
     from fastapi.testclient import TestClient
 

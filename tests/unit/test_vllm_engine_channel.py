@@ -276,6 +276,7 @@ def test_poll_interval_must_be_positive(plane: ControlPlane, monkeypatch: pytest
 # ---------------------------------------------------------------------- the endpoint plugin
 
 
+@pytest.mark.slow  # the plugin imports vLLM (6 s on the 2-core VM)
 def test_endpoint_plugin_attaches_before_init_state_returns(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
