@@ -38,6 +38,7 @@ def _seqs(store: Store, limit: int | None = None) -> list[int]:
     return [e["seq"] for e in store.read_audit(limit) if "seq" in e]
 
 
+@pytest.mark.slow  # 0.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_writes_past_the_limit_rotate_and_the_retention_holds(tmp_path: Path) -> None:
     store = _store(tmp_path)
     _write(store, 0, 400)  # about 400 kB: six times the limit
@@ -50,6 +51,7 @@ def test_writes_past_the_limit_rotate_and_the_retention_holds(tmp_path: Path) ->
     assert total <= SMALL.bound_bytes
 
 
+@pytest.mark.slow  # 0.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_a_lowered_retention_drops_the_surplus_files_at_the_next_rotation(tmp_path: Path) -> None:
     store = _store(tmp_path, AuditRotation(max_bytes=64 << 10, keep=4))
     _write(store, 0, 330)

@@ -98,6 +98,7 @@ def test_the_core_is_pure_python():
     assert imported <= {"__future__", "math", "dataclasses", "enum", "functools"}
 
 
+@pytest.mark.slow  # 1.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_aa_false_promotion_stays_within_the_bound_when_looked_at_after_every_pair():
     """A/A (both arms the same), GPU-like noise, a decision after every pair. min_effect 0 puts the
     test at its edge: nothing but the confidence sequence stands between noise and a promotion.
@@ -249,6 +250,7 @@ def test_the_trials_command_prints_json_with_the_rates():
     assert [t["met"] for t in doc["targets"]] == [None]  # 8 A/A trials prove nothing
 
 
+@pytest.mark.slow  # 0.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_the_trials_command_refuses_bad_input_by_flag():
     from flyserve.cli import app
 

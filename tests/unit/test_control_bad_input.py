@@ -53,6 +53,7 @@ FILE_CASES = {
 }
 
 
+@pytest.mark.slow  # 0.7 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @pytest.mark.parametrize("case", list(FILE_CASES))
 def test_a_bad_config_file_changes_nothing(running: tuple[ControlPlane, Path], case: str) -> None:
     plane, cfg = running

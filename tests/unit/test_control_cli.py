@@ -52,6 +52,7 @@ def test_changing_commands_share_their_metrics_through_the_state_dir(
     assert shared_metrics_calls == [Path(sd) / "metrics"]
 
 
+@pytest.mark.slow  # 0.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_set_show_unset_history_rollback(sd: str, tmp_path: Path) -> None:
     out = run("set", "min_seq_len=2048", "lpt=never", "--state-dir", sd, "--actor", "alice")
     assert "published version 1" in out and "min_seq_len: 1536 -> 2048" in out and "lpt: auto -> never" in out
@@ -73,6 +74,7 @@ def test_set_show_unset_history_rollback(sd: str, tmp_path: Path) -> None:
     assert [e["action"] for e in entries] == ["set", "set", "rollback"]
 
 
+@pytest.mark.slow  # 0.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_errors_name_the_field_and_exit_non_zero(sd: str) -> None:
     run("set", "min_seq_len=4096", "--state-dir", sd)
     before = Path(sd, "control", "current.json").read_bytes()

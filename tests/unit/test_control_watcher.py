@@ -14,6 +14,8 @@ import pytest
 from flyserve.control import ControlPlane, Watcher
 from flyserve.control._metrics import reload_count
 
+pytestmark = pytest.mark.slow  # 19 s on the 2-core VM: waits on file events and the poll backstop
+
 
 def wait_for(cond: Callable[[], bool], timeout_s: float = 60.0) -> bool:
     """Poll ``cond``; the deadline is generous (a loaded 2-core machine) and costs time only on failure."""

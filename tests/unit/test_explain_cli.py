@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from flyserve.cli import app
@@ -46,6 +47,7 @@ def test_json_output_agrees_with_decide():
     assert [r["verdict"] for r in doc["rules"]][:5] == ["pass"] * 4 + ["FAIL -> short_context"]
 
 
+@pytest.mark.slow  # 0.5 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_a_shape_log_line_and_an_advice_answer(tmp_path: Path):
     w = ShapeSampleWriter(tmp_path, rank=0, capacity=8)
     w.set_layer(head_size=128, block_size=16)
@@ -67,6 +69,7 @@ def test_a_shape_log_line_and_an_advice_answer(tmp_path: Path):
     assert code == 2 and "--index 5 is out of range (1 shapes)" in out
 
 
+@pytest.mark.slow  # 1.1 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_thresholds_file_and_a_published_version(tmp_path: Path):
     args = ("--query-lens", "4096", "--max-seq-len", "8192", "--num-heads", "16")
     code, out = run(*args)
@@ -89,6 +92,7 @@ def test_thresholds_file_and_a_published_version(tmp_path: Path):
     assert code == 2 and "--version 9: not in the history" in out
 
 
+@pytest.mark.slow  # 1.1 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_bad_input_is_named_and_refused(tmp_path: Path):
     secret = tmp_path / "secret.txt"
     secret.write_text("hunter2-token-value\n")

@@ -192,6 +192,7 @@ def test_content_text():
     )
 
 
+@pytest.mark.slow  # 0.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_the_queries_command_prints_each_engine():
     from flyserve.cli import app
 

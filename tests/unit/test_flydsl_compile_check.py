@@ -218,6 +218,7 @@ def test_child_env_sets_flydsls_real_switch_names(tmp_path):
     assert env["PYTHONPATH"].split(":")[0] == str(REPO)  # the child imports this flyserve
 
 
+@pytest.mark.slow  # 0.6 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_cli_refuses_bad_arguments_before_starting_anything(tmp_path, monkeypatch):
     from flyserve.cli import app
 

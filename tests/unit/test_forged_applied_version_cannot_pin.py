@@ -53,6 +53,7 @@ def assert_changes_reach(plane: ControlPlane, rc: RankControl) -> None:
         assert rc.snapshot.circuit_open is open_
 
 
+@pytest.mark.slow  # 0.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @pytest.mark.parametrize("claim", [10**18 - 2, 3 + MAX_VERSION_STEP])
 def test_a_confirmed_forgery_beside_a_running_rank(plane: ControlPlane, claim: int) -> None:
     rc = RankControl(plane.state_dir, rank=0, profile="gfx950")

@@ -175,6 +175,7 @@ def test_a_pushed_version_far_above_the_applied_one_is_refused(plane: ControlPla
 # ---------------------------------------------------------------- content the plane could not publish
 
 
+@pytest.mark.slow  # 0.5 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @pytest.mark.parametrize(
     ("over", "field"),
     [

@@ -32,6 +32,7 @@ def _synthetic(decode_winner: str, crossover_ctx: int) -> list[CostEntry]:
     return out
 
 
+@pytest.mark.slow  # 0.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @pytest.mark.parametrize("decode_winner", ["unified", "prefill"])
 def test_fit_finds_decode_path_and_the_crossover(decode_winner):
     entries = _synthetic(decode_winner, crossover_ctx=10000)
@@ -60,6 +61,7 @@ def test_profile_yaml_round_trips_with_header():
     assert Thresholds.from_yaml_text(text) == t
 
 
+@pytest.mark.slow  # 0.5 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_committed_h200_profile_was_produced_by_calibrate_and_generalises():
     text = profile_path("h200").read_text()
     header = [ln for ln in text.splitlines() if ln.startswith("#")]

@@ -135,6 +135,7 @@ def test_cli_replay_json_matches_hand(tmp_path):
     assert doc["reasons"] == {"no_prefill_rows": 1, "low_occupancy": 1, "admitted": 1}
 
 
+@pytest.mark.slow  # 1.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_cli_replay_table_and_plot(tmp_path):
     require_module("matplotlib")
     costs = tmp_path / "hand.json"
@@ -209,6 +210,7 @@ def test_committed_h200_table_loads_and_reproduces_its_grid():
                 assert abs(row["unified_err"]) < 1e-9 and abs(row["prefill_err"]) < 1e-9
 
 
+@pytest.mark.slow  # 0.7 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_cli_replay_takes_a_workload_name_as_its_argument():
     """A workload name as TRACE replays that workload, as `--workload NAME` does (was a TypeError:
     the --workload option shadowed the workload builder)."""

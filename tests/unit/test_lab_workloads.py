@@ -47,6 +47,7 @@ def test_hand_checked_small_trace():
     ]
 
 
+@pytest.mark.slow  # 1.1 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @pytest.mark.parametrize("name", list(SEED_WORKLOADS))
 def test_seed_workload_invariants(name):
     inp, out, conc = SEED_WORKLOADS[name]
@@ -66,6 +67,7 @@ def test_seed_workload_invariants(name):
         BatchShape.from_query_lens(s.query_lens, max_seq_len=s.max_seq_len, num_heads=32)
 
 
+@pytest.mark.slow  # 0.7 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_deterministic_and_seeded():
     a, b = workload("seed-8k-c8"), workload("seed-8k-c8")
     assert [s.query_lens.tolist() for s in a] == [s.query_lens.tolist() for s in b]

@@ -10,6 +10,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # 11 s on the 2-core VM: each test parses every module of flyserve
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "flyserve"
 

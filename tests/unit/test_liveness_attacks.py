@@ -162,6 +162,7 @@ def test_with_only_unconfirmed_ranks_the_bound_still_holds(plane: ControlPlane) 
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
 
 
+@pytest.mark.slow  # 0.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_the_bound_holds_for_any_forged_reports() -> None:
     """effective.py's bound, over random sets of forged reports (any step, rate, class, engine)
     next to one honest rank: effective_step <= its projection + the bound."""

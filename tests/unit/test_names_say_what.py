@@ -22,6 +22,8 @@ import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("flyserve", "scripts", "tests", "benchmarks")
 
@@ -103,6 +105,7 @@ def misnamed(paths: list[str]) -> list[str]:
     return [p for p in paths if Path(p).name.startswith("test") and _NAME.search(Path(p).stem)]
 
 
+@pytest.mark.slow  # 2.7 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_comments_docstrings_and_test_names_say_what_not_when() -> None:
     found = scan({str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in _py_files()})
     assert not found, "say what, not when:\n" + "\n".join(found)

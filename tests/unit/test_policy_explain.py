@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -89,6 +90,7 @@ def _on_boundaries(
     return lens, max(msl, max(lens), 0)
 
 
+@pytest.mark.slow  # 43.2 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     t=st.sampled_from(POOL),

@@ -161,6 +161,7 @@ thresholds_st = st.builds(
 )
 
 
+@pytest.mark.slow  # 1.2 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @settings(max_examples=300, deadline=None)
 @given(lens=st.lists(st.integers(0, 1), min_size=1, max_size=64), ctx=ctx_st, heads=heads_st, t=thresholds_st)
 def test_no_prefill_batch_always_takes_decode_path(lens, ctx, heads, t):
@@ -169,6 +170,7 @@ def test_no_prefill_batch_always_takes_decode_path(lens, ctx, heads, t):
     assert d.reason == NO_PREFILL_ROWS
 
 
+@pytest.mark.slow  # 1.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @settings(max_examples=300, deadline=None)
 @given(lens=lens_st, ctx=ctx_st, heads=heads_st, t=thresholds_st, causal=st.booleans())
 def test_decision_is_deterministic(lens, ctx, heads, t, causal):
@@ -179,6 +181,7 @@ def test_decision_is_deterministic(lens, ctx, heads, t, causal):
     assert decide(s1, t) == decide(s2, t) == decide(s1, t.merged({}))
 
 
+@pytest.mark.slow  # 1.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @settings(max_examples=300, deadline=None)
 @given(
     lens=lens_st,

@@ -79,6 +79,7 @@ def _modules() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if p != BACKEND_FILE)
 
 
+@pytest.mark.slow  # 2.0 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_no_other_module_imports_a_private_prometheus_client_module():
     offenders = []
     for path in _modules():
@@ -96,6 +97,7 @@ def test_no_other_module_imports_a_private_prometheus_client_module():
     assert offenders == []
 
 
+@pytest.mark.slow  # 0.9 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_no_other_module_touches_a_private_attribute_of_a_prometheus_client_object():
     """Attribute reads like ``child._value`` on anything but ``self`` (a class's own state is its own)."""
     offenders = []

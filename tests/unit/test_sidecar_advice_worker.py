@@ -32,6 +32,7 @@ class Gate:
                 self.active -= 1
 
 
+@pytest.mark.slow  # 0.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_45_concurrent_requests_start_one_fit_and_none_waits_past_the_deadline() -> None:
     gate = Gate()
     worker: FitWorker[str, str] = FitWorker(gate, deadline_s=0.3, fresh_s=60)
@@ -51,6 +52,7 @@ def test_45_concurrent_requests_start_one_fit_and_none_waits_past_the_deadline()
         worker.close()
 
 
+@pytest.mark.slow  # 0.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_after_a_change_a_slow_fit_answers_the_last_result_marked_stale() -> None:
     gate = Gate()
     gate.release.set()

@@ -91,6 +91,7 @@ def test_patch_applies_through_the_control_plane_with_audit(client: TestClient, 
     assert r.json()["thresholds"]["values"]["min_seq_len"] == 1536
 
 
+@pytest.mark.slow  # 0.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_if_match_mismatch_is_409_and_changes_nothing(client: TestClient):
     assert client.patch("/thresholds", json={"min_seq_len": 4096}, headers=AUTH).status_code == 200
     r = client.patch("/thresholds", json={"min_seq_len": 8192}, headers=AUTH | {"If-Match": "0"})
@@ -100,6 +101,7 @@ def test_if_match_mismatch_is_409_and_changes_nothing(client: TestClient):
     assert r.status_code == 422 and r.json()["field"] == "If-Match"
 
 
+@pytest.mark.slow  # 0.5 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -197,6 +199,7 @@ def test_reload_reads_the_config_file(tmp_path: Path):
         assert c.post("/reload", headers=AUTH | {"If-Match": "7"}).status_code == 409
 
 
+@pytest.mark.slow  # 1.9 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_config_file_is_watched_without_a_reload_call(tmp_path: Path):
     """An edit of the operator's file reaches the published thresholds with no POST /reload, and a
     bad edit changes nothing (the running values stay, the invalid reload is audited)."""
@@ -287,6 +290,7 @@ def test_metrics_has_sidecar_and_rank_gauges(client: TestClient, tmp_path: Path)
     assert "flyserve_ranks_agree 1.0" in text
 
 
+@pytest.mark.slow  # 1.1 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_sse_stream_sends_the_payload(client: TestClient):
     with client.stream("GET", "/dispatch-stats/stream?interval=0.05&max_events=3") as r:
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -295,6 +299,7 @@ def test_sse_stream_sends_the_payload(client: TestClient):
     assert "totals" in json.loads(events[0][len("data: ") :])
 
 
+@pytest.mark.slow  # 0.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_openapi_security_only_on_mutations(client: TestClient):
     spec = client.get("/openapi.json").json()
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"

@@ -33,6 +33,7 @@ def test_sidecar_has_no_token_flag():
     assert r.exit_code == 0 and "--token-file" in r.output and "--token " not in r.output
 
 
+@pytest.mark.slow  # 0.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_simulate_validates_before_starting_anything(tmp_path: Path):
     r = runner.invoke(
         app, ["simulate", "--state-dir", str(tmp_path), "--workload", "seed-9k-c1", "--steps", "5"]
@@ -154,6 +155,7 @@ def test_simulate_quiet_prints_no_progress(tmp_path: Path):
 # ----------------------------------------------------------------------------- the switch interval
 
 
+@pytest.mark.slow  # 0.5 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_sidecar_switch_interval_out_of_range_names_the_flag(tmp_path: Path):
     for bad in ("500", "-1", "nan", "inf", "1e-9"):
         r = runner.invoke(app, ["sidecar", "--state-dir", str(tmp_path / "s"), "--switch-interval-ms", bad])

@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from pydantic import SecretStr
@@ -20,6 +21,8 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 from flyserve.sidecar.app import create_app
 from flyserve.sidecar.settings import SidecarSettings
 from flyserve.telemetry.shape_sample import ShapeSampleWriter
+
+pytestmark = pytest.mark.slow  # 13 s on the 2-core VM: schemathesis examples for every operation
 
 TOKEN = "fuzz-token-0123456789abcdef"
 _STATE = Path(tempfile.mkdtemp(prefix="flyserve-sidecar-fuzz-"))

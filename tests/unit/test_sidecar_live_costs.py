@@ -72,6 +72,7 @@ def prefix(name: str, n: int) -> Trace:
     return Trace(f"{name}[:{n}]", tr.steps[:n], tr.meta)
 
 
+@pytest.mark.slow  # 0.7 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_live_regret_equals_replay_on_the_same_trace(tmp_path, h200_model):
     trace = prefix("seed-8k-c32", 1000)
     t = Thresholds.load("gfx950")
@@ -105,6 +106,7 @@ def test_reading_the_same_files_again_prices_nothing_twice(tmp_path):
     assert len(seen) == 300 and lp.regret()["windows"]["900s"]["samples"] == 300
 
 
+@pytest.mark.slow  # 1.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_advice_for_gfx950_on_h200_prices_is_confirmed_by_replay(tmp_path, h200_model):
     """The seed gfx950 profile on a workload priced by the H200 table: advice fitted on the live
     samples; replay of the whole trace under the advised values confirms routed/oracle on the
@@ -202,6 +204,7 @@ def test_no_kernel_times_no_drift(tmp_path):
     assert lp.regret_drift() == {"unified": None, "prefill": None}
 
 
+@pytest.mark.slow  # 0.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_advice_changes_nothing_the_window_cannot_pay_for(tmp_path):
     """Thresholds that already route every sampled batch to its faster path get no advice, even
     where the fitter's tie-break would widen knobs (the h200 profile on the h200 table)."""
@@ -212,6 +215,7 @@ def test_advice_changes_nothing_the_window_cannot_pay_for(tmp_path):
     assert res.changes == {} and res.proposed == h200
 
 
+@pytest.mark.slow  # 1.6 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_advice_keeps_only_the_knobs_that_pay(tmp_path, h200_model):
     trace = workload("seed-8k-c32")
     gfx = Thresholds.load("gfx950")

@@ -26,6 +26,7 @@ def test_every_start_only_field_has_an_adviser_and_is_never_a_run_time_knob():
         assert "restart" in Thresholds.model_fields[f].description
 
 
+@pytest.mark.slow  # 0.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_decode_path_already_cheapest_is_not_advised(tmp_path):
     h200 = Thresholds.load("h200")  # decode_path prefill: the faster path for decode on the h200 table
     trace = prefix("seed-32k-c32", 300)
@@ -34,6 +35,7 @@ def test_decode_path_already_cheapest_is_not_advised(tmp_path):
     assert "decode_path" not in {r.knob for r in res.restart}
 
 
+@pytest.mark.slow  # 0.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_gfx950_on_h200_advises_decode_path_and_prices_block_size(tmp_path):
     gfx = Thresholds.load("gfx950")
     trace = prefix("seed-32k-c32", 300)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from flyserve.control.reports import RankReport
 from flyserve.control.store import Store
 from flyserve.control.witness import StepWitness
@@ -48,6 +50,7 @@ class _InterleavingWitness:
         return self._refused
 
 
+@pytest.mark.slow  # 1.0 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_a_reader_gets_the_refused_count_of_its_own_look(tmp_path: Path) -> None:
     store = Store(tmp_path / "state")
     fake = _InterleavingWitness()

@@ -63,6 +63,7 @@ def test_metric_names_are_the_agreed_ones() -> None:
     assert metrics.KERNEL_SECONDS_BUCKETS[0] == 1e-5 and metrics.KERNEL_SECONDS_BUCKETS[-1] == 1.0
 
 
+@pytest.mark.slow  # 0.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_every_series_exists_before_the_first_decision() -> None:
     DispatchRecorder(rank=41)
     r = "41"
@@ -93,6 +94,7 @@ def _known_shapes(seed_cases: dict) -> list[tuple[list[int], int]]:
     return shapes
 
 
+@pytest.mark.slow  # 1.6 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_counters_match_the_decisions_of_a_known_sequence(seed_cases: dict) -> None:
     t = Thresholds()
     heads = seed_cases["num_heads"]

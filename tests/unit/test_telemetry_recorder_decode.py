@@ -7,12 +7,15 @@ must equal the other's, counters, histograms (buckets and sums), the step and ve
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flyserve.policy import NO_PREFILL_ROWS, PREFILL, UNIFIED, BatchShape, decision_for
 from flyserve.telemetry import metrics
 from flyserve.telemetry.recorder import DispatchRecorder
+
+pytestmark = pytest.mark.slow  # 6 s on the 2-core VM: hypothesis examples
 
 
 def _rank_samples(rank: str) -> dict[tuple, float]:

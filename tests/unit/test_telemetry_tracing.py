@@ -59,6 +59,7 @@ def test_ratio_from_environment_and_bad_values(monkeypatch: pytest.MonkeyPatch) 
     assert t.sampler.ratio == 0.25  # a rejected change leaves the ratio as it was
 
 
+@pytest.mark.slow  # 0.3 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_sampler_ratio_changes_reach_an_existing_tracer() -> None:
     """The tracer is created first (as a running engine's is); only then is the ratio changed."""
     exp = InMemorySpanExporter()

@@ -213,6 +213,7 @@ def _every_field(stats: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow  # 6.6 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_the_view_draws_any_payload() -> None:
     rng = random.Random(20240611)
     for i in range(400):

@@ -196,6 +196,7 @@ def test_the_check_refuses_with_the_reason(base, make):
     assert not (base / "payload-ran").exists()  # reading an entry never runs it
 
 
+@pytest.mark.slow  # 1.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @pytest.mark.parametrize("make", BAD)
 def test_compile_refuses_the_cache_dir_naming_path_and_reason(base, make, monkeypatch):
     from flyserve.cli import app

@@ -220,6 +220,7 @@ def _check_select(
     return recorded
 
 
+@pytest.mark.slow  # 3.6 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     lens=lens_st,
@@ -279,6 +280,7 @@ def test_select_equals_decide_on_the_full_shape(
     _check_select(routings, lens, max_seq_len, causal, t, capture_variant, torch_buffer=torch_buffer)
 
 
+@pytest.mark.slow  # 1.5 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     lens=lens_st,
@@ -306,6 +308,7 @@ def test_select_reads_only_num_reqs_rows(
     )
 
 
+@pytest.mark.slow  # 0.7 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     rows=st.integers(1, 300),
@@ -342,6 +345,7 @@ def test_decode_fast_path_touches_no_array(routings):
     assert r.select(md) == 0 and r.last_decision.reason == "no_prefill_rows"
 
 
+@pytest.mark.slow  # 1.6 s on the 2-core VM (fast-tier tests take under 0.3 s)
 @settings(max_examples=400, deadline=None)
 @given(lens=lens_st, dq=st.integers(1, 4), bm_log=st.integers(0, 9), max_seq_len=st.integers(1, 10**6))
 def test_from_step_equals_the_full_shape(lens, dq, bm_log, max_seq_len):

@@ -7,6 +7,7 @@ import json
 import pytest
 from _support import module_requires, require_module
 
+pytestmark = pytest.mark.slow  # 3 s on the 2-core VM: imports transformers, builds a tiny model
 required_modules = module_requires("transformers")  # imported when a test runs, not at collection
 
 

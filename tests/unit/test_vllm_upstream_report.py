@@ -14,6 +14,8 @@ import zipfile
 import pytest
 from _support import REPO
 
+pytestmark = pytest.mark.slow  # 11 s on the 2-core VM: builds and reads synthetic vLLM trees, wheels
+
 _spec = importlib.util.spec_from_file_location(
     "vllm_upstream", REPO / "scripts" / "contracts" / "vllm_upstream.py"
 )
