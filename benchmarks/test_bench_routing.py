@@ -217,3 +217,34 @@ def test_forward_flyserve_impl(benchmark, flyserve_impl, checked: bool) -> None:
         benchmark(lambda: flyserve_impl.forward(None, None, None, None, None, _AMD, None))
     finally:
         SWITCH.set(False)
+
+
+# ----------------------------------------------------------------- during a switchback trial
+
+
+@pytest.fixture
+def trial_control(routing, tmp_path: Path) -> Iterator[object]:
+    """The routing's rank on a version that runs a switchback trial (blocks of 32 steps, the
+    candidate routing decode steps the same way), in place of its own control for one benchmark."""
+    from flyserve.control import RankControl
+    from flyserve.control.snapshot import Trial
+
+    rc = RankControl(tmp_path / "state", 0, profile="gfx950", report=False)
+    base = rc.snapshot
+    candidate = base.thresholds.merged({"min_seq_len": base.thresholds.min_seq_len + 1})
+    trial = Trial("bench", 1, 32, 200_000, candidate)
+    rc.current(routing.rt.step)  # the blocks start at the routing's next step
+    assert rc.apply_pushed(base.replace(version=1, trial=trial)) == (True, "applied")
+    real = routing.rt.control
+    routing.rt.control = rc
+    try:
+        yield rc
+    finally:
+        routing.rt.control = real
+
+
+def test_decode_256_select_during_a_trial(benchmark, routing, trial_control) -> None:
+    """select() on decode steps while the ranks alternate arms: the same one compare per step
+    (the block boundary is the pending step), beside test_decode_256_select in the same group."""
+    _bench_select(benchmark, routing, "decode-256", ("unified", "no_prefill_rows"))
+    assert trial_control.report_dict()["trial"] is not None

@@ -4,6 +4,12 @@ A daemon thread (about once a second) writes ranks/<rank>.json and looks at cont
 when a new version appears it is queued with its effective_step, and current() switches when the
 step reaches it. Every rank gets the same effective_step from the publisher, so all switch together;
 a rank that learns of a version late switches at its next step and reports applied_step.
+
+A version that carries a switchback trial runs the current thresholds and the candidate in blocks
+(flyserve.autopilot.switchback): the next block boundary is folded into the same pending step, so
+a trial's step costs the same one compare, and the arm of a step is a function of the plan and the
+step alone, the same on every rank of the engine. After the last block the rank is back on the
+current thresholds by itself, whether or not anything is published again.
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
 
+from flyserve.autopilot.switchback import CANDIDATE_ARM, CURRENT_ARM, SwitchbackPlan
 from flyserve.control._metrics import count_late_applies
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import StateDir, default_state_dir
@@ -117,6 +125,14 @@ class RankControl:
         self.applied_step = 0
         self._known_version = snap.version
         self.applied.append((snap.version, snap.effective_step, 0))
+        # What current() returns: the applied version, or during a trial's block the arm's snapshot
+        self._active = snap
+        self._plan: SwitchbackPlan | None = None
+        self._arms: tuple[ConfigSnapshot, ConfigSnapshot] = (snap, snap)
+        self._boundary = _NEVER  # the next step at which the trial's arm may change
+        self._start_trial(snap, snap.step_for(self.engine))
+        self._enter_block(0)
+        self._pending_step = self._boundary
 
     # ------------------------------------------------------------------ hot path
 
@@ -125,10 +141,11 @@ class RankControl:
         self._step = step
         if step >= self._pending_step:
             self._switch(step)
-        return self._snapshot
+        return self._active
 
     def _switch(self, step: int) -> None:
-        """Apply the newest queued version whose effective_step has come (rare: once per version).
+        """Apply the newest queued version whose effective_step has come (rare: once per version),
+        then take the trial's arm for this step (once per block).
 
         Versions are whole snapshots, so older queued ones are applied with it (in order, at this
         step) even if their own step lies ahead: a version published with a step far ahead (a
@@ -139,16 +156,45 @@ class RankControl:
             for i, s in enumerate(self._pending):
                 if s.step_for(self.engine) <= step:
                     n = i + 1
-            if n == 0:
-                return
-            due, self._pending = self._pending[:n], self._pending[n:]
-            self._pending_step = self._next_pending_step()
-            for s in due:
-                self.applied.append((s.version, s.step_for(self.engine), step))
-            del self.applied[:-256]
-            self._snapshot = due[-1]
-            self._effective = due[-1].step_for(self.engine)
-            self.applied_step = step
+            if n:
+                due, self._pending = self._pending[:n], self._pending[n:]
+                for s in due:
+                    self.applied.append((s.version, s.step_for(self.engine), step))
+                del self.applied[:-256]
+                self._snapshot = due[-1]
+                self._effective = due[-1].step_for(self.engine)
+                self.applied_step = step
+                # A new version ends the running trial here; its own trial (if any) starts at its
+                # effective step, which every rank of the engine holds (a late rank joins mid-plan).
+                self._start_trial(due[-1], self._effective)
+            self._enter_block(step)
+            self._pending_step = min(self._next_pending_step(), self._boundary)
+
+    def _start_trial(self, snap: ConfigSnapshot, first_step: int) -> None:
+        """Take ``snap``'s trial (or none) with its blocks from ``first_step``: the two arms'
+        snapshots are built here, once per version, so a block boundary only picks one."""
+        self._active = snap
+        self._plan = None if snap.trial is None else snap.trial.plan(first_step)
+        if snap.trial is None:
+            self._arms = (snap, snap)
+            return
+        tid = snap.trial.trial_id
+        self._arms = (
+            replace(snap, arm=CURRENT_ARM, trial_id=tid),
+            replace(snap, thresholds=snap.trial.candidate, arm=CANDIDATE_ARM, trial_id=tid),
+        )
+
+    def _enter_block(self, step: int) -> None:
+        """The arm ``step`` runs and the step at which that may change (the plan alone decides:
+        every rank of the engine, however late it learned of the version, gets the same)."""
+        plan = self._plan
+        if plan is None:
+            self._active, self._boundary = self._snapshot, _NEVER
+            return
+        block = plan.block_of(step)
+        self._active = self._snapshot if block is None else self._arms[plan.arm_of_block(block)]
+        nxt = plan.next_boundary(step)
+        self._boundary = _NEVER if nxt is None else nxt
 
     def _next_pending_step(self) -> int:
         """The earliest step at which a queued version is due (call under _lock)."""
@@ -156,8 +202,22 @@ class RankControl:
 
     @property
     def snapshot(self) -> ConfigSnapshot:
-        """The applied snapshot (what current() returns now), without reporting a step."""
+        """The applied version, without reporting a step (during a trial's block current() returns
+        the arm's snapshot of it: ``active``)."""
         return self._snapshot
+
+    @property
+    def active(self) -> ConfigSnapshot:
+        """What current() returned last: the applied version, or its trial arm's snapshot."""
+        return self._active
+
+    def trial_at(self, step: int) -> dict[str, Any] | None:
+        """{"id", "block", "arm"} of the trial block ``step`` falls in, or None outside one."""
+        plan = self._plan
+        block = None if plan is None else plan.block_of(step)
+        if plan is None or block is None:
+            return None
+        return {"id": plan.trial_id, "block": block, "arm": plan.arm_of_block(block)}
 
     @property
     def step(self) -> int:
@@ -183,7 +243,7 @@ class RankControl:
                 return False, "unordered executor"
             self.mode = ENGINE_CHANNEL
             self._pending.clear()
-            self._pending_step = _NEVER
+            self._pending_step = self._boundary  # a running trial goes on until a version replaces it
             if snap is None:
                 return False, "switched"
             cur = self._snapshot.version
@@ -200,6 +260,11 @@ class RankControl:
             # steps (computed for file polling) do not hold here.
             self._snapshot = snap.replace(effective_step=step, engine_steps={})
             self._effective = step
+            # Its trial's blocks start at that step (every worker applies it at the same one);
+            # current(step) takes the first block's arm.
+            self._start_trial(self._snapshot, step)
+            self._boundary = step if self._plan is not None else _NEVER
+            self._pending_step = self._boundary
             self._known_version = max(self._known_version, snap.version)
             self.applied.append((snap.version, step, step))
             del self.applied[:-256]
@@ -316,7 +381,7 @@ class RankControl:
                 return
             self._pending.extend(new)
             self._pending.sort(key=lambda s: s.version)
-            self._pending_step = self._next_pending_step()
+            self._pending_step = min(self._next_pending_step(), self._boundary)
         late = [s.version for s in new if s.step_for(self.engine) < self._step]
         if late:
             self.late_applies += len(late)
@@ -363,6 +428,7 @@ class RankControl:
             "prefill_kernel": self.prefill_kernel,
             "steps_per_s": None if rate is None else round(rate, 3),
             "late_applies": self.late_applies,
+            "trial": self.trial_at(self._step),
             "time": now,
         }
 

@@ -15,8 +15,20 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
+from flyserve.autopilot.switchback import (
+    SwitchbackPlan,
+    SwitchbackPlanError,
+    check_block_fields,
+    check_trial_id,
+)
 from flyserve.control.paths import MAX_VERSION
-from flyserve.policy.thresholds import FIELDS, Thresholds, ThresholdsError, unknown_key_error
+from flyserve.policy.thresholds import (
+    FIELDS,
+    START_ONLY_FIELDS,
+    Thresholds,
+    ThresholdsError,
+    unknown_key_error,
+)
 
 SOURCES: tuple[str, ...] = ("default", "file", "api", "cli", "rollback")
 """Who made a version: the profile alone at start, the operator file, the HTTP API, the CLI, a rollback."""
@@ -31,6 +43,85 @@ def _frozen(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(m)) if m else _EMPTY
 
 
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """A switchback trial a version carries: the candidate thresholds and how its blocks run.
+
+    The blocks start at the version's effective step for each engine (every rank of an engine holds
+    that step, file polling and engine channel alike), so a trial holds no step of its own: the
+    step says when, which the content hash leaves out as it leaves out ``effective_step``.
+    Everything a trial holds is content, in the hash."""
+
+    trial_id: str
+    seed: int
+    block_steps: int
+    blocks: int
+    candidate: Thresholds
+
+    def __post_init__(self) -> None:
+        check_trial_id(self.trial_id)
+        check_block_fields(seed=self.seed, block_steps=self.block_steps, blocks=self.blocks)
+
+    def plan(self, first_step: int) -> SwitchbackPlan:
+        """The blocks from ``first_step`` on (raises SwitchbackPlanError if it would end too late)."""
+        return SwitchbackPlan(self.trial_id, self.seed, first_step, self.block_steps, self.blocks)
+
+    def check_against(self, current: Thresholds, *, source: str | None = None) -> None:
+        """The candidate must keep every start-only field of the current thresholds: a trial
+        switches arms between two engine steps, and a start-only field (CUDA graphs captured for
+        it) would need a restart. Raises ThresholdsError naming ``trial.candidate.<field>``."""
+        moved = [k for k in START_ONLY_FIELDS if getattr(self.candidate, k) != getattr(current, k)]
+        if moved:
+            reason = "fixed at server start: a trial's candidate must keep the current value"
+            raise ThresholdsError([(f"trial.candidate.{k}", reason) for k in moved], source=source)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.trial_id,
+            "seed": self.seed,
+            "block_steps": self.block_steps,
+            "blocks": self.blocks,
+            "candidate": self.candidate.model_dump(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: object, *, source: str | None = None) -> Trial:
+        """Validate a snapshot's ``trial`` field; ThresholdsError names the field (``trial.<name>``)."""
+        if not isinstance(d, Mapping):
+            raise ThresholdsError([("trial", f"must be a mapping, got {type(d).__name__}")], source=source)
+        unknown = sorted(str(k) for k in d if k not in _TRIAL_KEYS)
+        if unknown:
+            raise ThresholdsError(
+                [(f"trial.{unknown_key_error(k)[0]}", "unknown key") for k in unknown], source=source
+            )
+        missing = [k for k in sorted(_TRIAL_KEYS) if k not in d]
+        if missing:
+            raise ThresholdsError([(f"trial.{k}", "missing") for k in missing], source=source)
+        if not isinstance(d["candidate"], Mapping):
+            reason = f"must be a mapping of threshold names to values, got {type(d['candidate']).__name__}"
+            raise ThresholdsError([("trial.candidate", reason)], source=source)
+        try:
+            candidate = Thresholds.parse(d["candidate"], source=source)
+        except ThresholdsError as exc:
+            raise ThresholdsError(
+                [(f"trial.candidate.{f}", r) for f, r in exc.errors], source=source
+            ) from None
+        try:
+            return cls(
+                trial_id=d.get("id"),  # type: ignore[arg-type]  # checked in __post_init__
+                seed=d.get("seed"),  # type: ignore[arg-type]
+                block_steps=d.get("block_steps"),  # type: ignore[arg-type]
+                blocks=d.get("blocks"),  # type: ignore[arg-type]
+                candidate=candidate,
+            )
+        except SwitchbackPlanError as exc:
+            name = "id" if exc.field == "trial_id" else exc.field
+            raise ThresholdsError([(f"trial.{name}", exc.reason)], source=source) from None
+
+
+_TRIAL_KEYS = frozenset(("id", "seed", "block_steps", "blocks", "candidate"))
+
+
 def content_sha256(
     *,
     profile: str,
@@ -38,19 +129,24 @@ def content_sha256(
     file_values: Mapping[str, Any],
     overrides: Mapping[str, Any],
     circuit_open: bool,
+    trial: Trial | None = None,
 ) -> str:
     """The identity of a version's content: same layers and same effective values -> same hash.
 
     Publishing content whose hash equals the current one is a no-op (no new version), which is
-    what makes several watchers of one file (sidecar and rank 0) safe.
+    what makes several watchers of one file (sidecar and rank 0) safe. A trial is content (two
+    versions that differ only by it run different thresholds); without one the document, and so
+    the hash of every version written before trials existed, is what it was.
     """
-    doc = {
+    doc: dict[str, Any] = {
         "profile": profile,
         "thresholds": thresholds.model_dump(),
         "file": dict(file_values),
         "overrides": dict(overrides),
         "circuit_open": bool(circuit_open),
     }
+    if trial is not None:
+        doc["trial"] = trial.to_dict()
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(blob).hexdigest()
 
@@ -92,6 +188,17 @@ class ConfigSnapshot:
     engine_steps: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     """engine -> effective step ('*': engines with no live rank at publish time). Empty: every
     engine uses ``effective_step``. Not part of the content hash: it says when, not what."""
+    trial: Trial | None = None
+    """A switchback trial from the effective step on (None: the thresholds alone)."""
+    arm: int | None = None
+    """Set by a rank on the snapshot it runs during a trial's block (0 current, 1 candidate); None
+    outside a block. Never written to a file: the published version is the one with arm None."""
+    trial_id: str | None = None
+    """The trial whose block this snapshot runs (with ``arm``); None outside a block."""
+
+    def plan_for(self, engine: int) -> SwitchbackPlan | None:
+        """The trial's blocks for ``engine``: from its effective step on (None without a trial)."""
+        return None if self.trial is None else self.trial.plan(self.step_for(engine))
 
     def step_for(self, engine: int) -> int:
         """The engine step from which ``engine``'s ranks use this version."""
@@ -117,10 +224,16 @@ class ConfigSnapshot:
         config_file: str | None = None,
         file_sha256: str | None = None,
         engine_steps: Mapping[str, int] | None = None,
+        trial: Trial | None = None,
     ) -> ConfigSnapshot:
         """A snapshot with its derived fields (sha256, provenance, conflicts) computed, not trusted."""
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+        if trial is not None:
+            trial.check_against(thresholds)
+            trial.plan(int(effective_step))  # its blocks must end by MAX_STEP
+            for step in (engine_steps or {}).values():
+                trial.plan(int(step))
         fv, ov = dict(file_values or {}), dict(overrides or {})
         return cls(
             version=int(version),
@@ -130,6 +243,7 @@ class ConfigSnapshot:
                 file_values=fv,
                 overrides=ov,
                 circuit_open=circuit_open,
+                trial=trial,
             ),
             thresholds=thresholds,
             source=source,
@@ -146,6 +260,7 @@ class ConfigSnapshot:
             file_sha256=file_sha256,
             conflicts=_frozen({k: _frozen(v) for k, v in conflicts_of(fv, ov).items()}),
             engine_steps=_frozen({str(k): int(v) for k, v in (engine_steps or {}).items()}),
+            trial=trial,
         )
 
     def replace(self, **changes: Any) -> ConfigSnapshot:
@@ -165,6 +280,7 @@ class ConfigSnapshot:
             "config_file": self.config_file,
             "file_sha256": self.file_sha256,
             "engine_steps": self.engine_steps,
+            "trial": self.trial,
         }
         args.update(changes)
         return ConfigSnapshot.build(**args)
@@ -198,6 +314,7 @@ class ConfigSnapshot:
             "circuit_open": self.circuit_open,
             "circuit_reason": self.circuit_reason,
             **({"engine_steps": dict(self.engine_steps)} if self.engine_steps else {}),
+            **({"trial": self.trial.to_dict()} if self.trial is not None else {}),
         }
 
     @classmethod
@@ -210,9 +327,13 @@ class ConfigSnapshot:
         """
         try:
             f = d.get("file") or {}
+            thresholds = Thresholds.parse(d["thresholds"], source=source)
+            trial = None if d.get("trial") is None else Trial.from_dict(d["trial"], source=source)
+            if trial is not None:
+                trial.check_against(thresholds, source=source)
             snap = cls.build(
                 version=int(d["version"]),
-                thresholds=Thresholds.parse(d["thresholds"], source=source),
+                thresholds=thresholds,
                 source=str(d["source"]),
                 actor=str(d.get("actor", "")),
                 time=float(d["time"]),
@@ -225,9 +346,13 @@ class ConfigSnapshot:
                 config_file=f.get("path"),
                 file_sha256=f.get("sha256"),
                 engine_steps={str(k): int(v) for k, v in (d.get("engine_steps") or {}).items()},
+                trial=trial,
             )
         except ThresholdsError:
             raise
+        except SwitchbackPlanError as exc:  # the trial's blocks from the effective step on
+            name = "effective_step" if exc.field == "first_step" else f"trial.{exc.field}"
+            raise ThresholdsError([(name, exc.reason)], source=source) from None
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ThresholdsError(
                 [("<snapshot>", f"not a snapshot document: {type(exc).__name__}")], source=source
