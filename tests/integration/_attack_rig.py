@@ -200,6 +200,36 @@ def _probe_loop(port: int, every: float, timeout: float, stop: Any, out: Any) ->
 
 
 @contextlib.contextmanager
+def recording_healthz(
+    url: str, times: list[float], failures: list[str], every: float = 0.2
+) -> Iterator[None]:
+    """GET ``url``/healthz every ``every`` s in a thread while the block runs: each answer's time
+    into ``times``, each failure (a status other than 200, an HTTP error's name) into ``failures``."""
+    stop = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(timeout=5) as c:
+            while not stop.is_set():
+                t = time.monotonic()
+                try:
+                    status = c.get(url + "/healthz").status_code
+                    times.append(time.monotonic() - t)
+                    if status != 200:
+                        failures.append(f"status {status}")
+                except httpx.HTTPError as exc:
+                    failures.append(type(exc).__name__)
+                stop.wait(every)
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(10)
+
+
+@contextlib.contextmanager
 def probing(port: int, *, every: float = 0.2, timeout: float = 5.0) -> Iterator[Probe]:
     """/healthz probed from a separate process (as a kubelet would) while the block runs."""
     probe = Probe()

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _attack_rig import free_port, recording_healthz
 
 from flyserve.control import Store
 from flyserve.control.effective import CONSENSUS_S, CONSENSUS_STEPS
@@ -43,12 +43,6 @@ STEP_MARGIN = 8
 STEP_INTERVAL_S = 0.02
 REPORT_LAG_S = 1.5
 MEMORY_LIMIT_BYTES = 512 << 20  # deploy/'s limit for the sidecar container
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(pred: Callable[[], object], *, timeout: float, what: str, every: float = 0.1) -> object:
@@ -157,28 +151,8 @@ def probing_healthz(rig: Rig) -> Iterator[None]:
     """/healthz every 0.2 s in a thread: each answer's time, or what went wrong."""
     rig.healthz_s.clear()
     rig.healthz_failures.clear()
-    stop = threading.Event()
-
-    def probe() -> None:
-        with httpx.Client(timeout=5) as c:
-            while not stop.is_set():
-                t = time.monotonic()
-                try:
-                    status = c.get(rig.url + "/healthz").status_code
-                    rig.healthz_s.append(time.monotonic() - t)
-                    if status != 200:
-                        rig.healthz_failures.append(f"status {status}")
-                except httpx.HTTPError as exc:
-                    rig.healthz_failures.append(type(exc).__name__)
-                stop.wait(0.2)
-
-    t = threading.Thread(target=probe, daemon=True)
-    t.start()
-    try:
+    with recording_healthz(rig.url, rig.healthz_s, rig.healthz_failures):
         yield
-    finally:
-        stop.set()
-        t.join(10)
 
 
 @contextlib.contextmanager

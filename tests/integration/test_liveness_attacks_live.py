@@ -15,7 +15,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _attack_rig import free_port, recording_healthz
 
 from flyserve.control import ControlPlane, Store
 from flyserve.control.effective import CONSENSUS_S, CONSENSUS_STEPS
@@ -38,12 +38,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 STEP_MARGIN = 8
 STEP_INTERVAL_S = 0.02  # the simulated engine: about 50 steps/s
 REPORT_LAG_S = 1.5  # a rank writes its report about once a second: the apply is seen that much later
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(pred: Callable[[], object], *, timeout: float, what: str, every: float = 0.05) -> object:
@@ -169,28 +163,8 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 @contextlib.contextmanager
 def probing_healthz(rig: Rig) -> Iterator[None]:
     """/healthz every 0.2 s in a thread: each answer's time, or what went wrong."""
-    stop = threading.Event()
-
-    def probe() -> None:
-        with httpx.Client(timeout=5) as c:
-            while not stop.is_set():
-                t = time.monotonic()
-                try:
-                    status = c.get(rig.url + "/healthz").status_code
-                    rig.healthz_s.append(time.monotonic() - t)
-                    if status != 200:
-                        rig.healthz_failures.append(f"status {status}")
-                except httpx.HTTPError as exc:
-                    rig.healthz_failures.append(type(exc).__name__)
-                stop.wait(0.2)
-
-    t = threading.Thread(target=probe, daemon=True)
-    t.start()
-    try:
+    with recording_healthz(rig.url, rig.healthz_s, rig.healthz_failures):
         yield
-    finally:
-        stop.set()
-        t.join(10)
 
 
 def patch_and_time_the_apply(rig: Rig, value: int) -> dict:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _attack_rig import free_port
 
 from flyserve.control import ControlPlane
 
@@ -28,12 +29,6 @@ pytestmark = pytest.mark.integration
 
 TOKEN = "attack-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(pred: Callable[[], object], *, timeout: float, what: str, every: float = 0.2) -> object:
