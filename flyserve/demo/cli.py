@@ -85,11 +85,17 @@ def _start_sidecar(work: Path, state: Path, stack: Stack) -> Sidecar:
 
 def _start_vllm(model: Path, work: Path, state: Path, stack: Stack, echo: Any) -> Any:
     from flyserve.vllm.launch import VllmServer, flyserve_env
+    from flyserve.vllm.runtime import SHAPE_LOG_ENV
 
     # The tiny model has 2 layers: time 1 forward in 16 (not the serving default, 1 in 256) so the
     # kernel panel fills within the demo's minutes.
     # Every step into the shape sample: the sidecar prices the demo's few hundred steps (regret, advice).
-    env = flyserve_env(state, PROFILE, FLYSERVE_KERNEL_TIMER_EVERY="16", FLYSERVE_SHAPE_SAMPLE_EVERY="1")
+    # flyserve_env clears every FLYSERVE_* variable; a shape log asked for ($FLYSERVE_SHAPE_LOG: every
+    # step's shape, path, reason and thresholds version) is the one kept, so a run can be checked batch by batch.
+    asked = {SHAPE_LOG_ENV: os.environ[SHAPE_LOG_ENV]} if os.environ.get(SHAPE_LOG_ENV) else {}
+    env = flyserve_env(
+        state, PROFILE, FLYSERVE_KERNEL_TIMER_EVERY="16", FLYSERVE_SHAPE_SAMPLE_EVERY="1", **asked
+    )
     server = VllmServer(model, SERVE_ARGS, env=env, log_path=work / "vllm.log")
     stack.push("vllm serve", server.stop)
     server.start(

@@ -4,22 +4,53 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from flyserve.control import Store
+from flyserve.policy import BatchShape, Thresholds, decide
+from flyserve.vllm.tiny_model import HEADS
+
 pytestmark = pytest.mark.e2e
+
+FLIP_VERSION = 2  # the demo's live change (flyserve.demo.cli FLIP); 1 is the profile, 3 the advice
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The shape log's step rows (the header line skipped)."""
+    return [json.loads(line) for line in path.read_text().splitlines()[1:] if line.strip()]
+
+
+def _decided(row: dict[str, Any], t: Thresholds) -> tuple[str, str]:
+    """decide()'s (path, reason) for a logged batch's shape under ``t``."""
+    shape = BatchShape.from_query_lens(
+        row["query_lens"], max_seq_len=row["max_seq_len"], num_heads=HEADS, thresholds=t
+    )
+    d = decide(shape, t)
+    return d.path, d.reason
 
 
 def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_model, tmp_path):
     summary_path = tmp_path / "summary.json"
+    shape_log = tmp_path / "shapes-{rank}.jsonl"  # every step: shape, path, reason, thresholds version
     proc = subprocess.run(
         [sys.executable, "-m", "flyserve.cli", "demo", "--duration", "24", "--model-dir", str(tiny_model),
-         "--summary-json", str(summary_path)],
+         "--summary-json", str(summary_path), "--keep"],
         capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "FLYSERVE_SHAPE_LOG": str(shape_log)},
     )  # fmt: skip
     out = proc.stdout + proc.stderr
+    history: dict[int, Any] = {}
+    if summary_path.is_file():  # --keep: the versions' history is read below, then the folder goes
+        work = Path(json.loads(summary_path.read_text())["work_dir"])
+        history = {v: Store(work / "state").read_version(v) for v in (1, FLIP_VERSION)}
+        shutil.rmtree(work, ignore_errors=True)
     assert proc.returncode == 0, out[-4000:]
     for step in ("[1/5]", "[2/5]", "[3/5]", "[4/5]", "[5/5]", "stopping vllm serve", "stopping sidecar"):
         assert step in out
@@ -50,11 +81,33 @@ def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_mode
         p: d["median_ratio"] for p, d in drift.items() if d["samples"] and d["median_ratio"] is not None
     }
     assert finite and all(math.isfinite(r) and r > 0 for r in finite.values()), drift
-    assert before["prefill_ratio_of_prefill_batches"] > after["prefill_ratio_of_prefill_batches"]
+    assert before["batches_with_prefill_rows"] > 0 and after["batches_with_prefill_rows"] > 0
 
-    # The flip raised min_seq_len (96 -> 256): a larger share of the batches with a prefill row falls
-    # back for short context. Shares, not counts: the phases' batch counts depend on the machine's speed.
-    def short_share(phase: dict) -> float:
-        return phase["reasons"].get("short_context", 0) / max(1, phase["batches_with_prefill_rows"])
-
-    assert short_share(after) > short_share(before)
+    # The live change took effect, batch by batch: the engine logged batches under the flip's version,
+    # each took decide()'s path for its shape under that version's thresholds, none below the new
+    # context floor went to prefill, and those version 1 would have routed otherwise went to unified
+    # for short context. Not the two phases' prefill shares: they differ by a few of ~27 batches, and
+    # on a loaded machine the ordering reversed (15.4% before, 18.5% after, measured); how many
+    # batches the flip moved depends on the shapes the load produced, so it is printed, not bounded.
+    assert history[1] is not None and history[FLIP_VERSION] is not None
+    v1, flip = history[1].thresholds, history[FLIP_VERSION].thresholds
+    assert flip.min_seq_len == 256 and v1.min_seq_len == 96  # the demo's FLIP over cpu-tiny
+    assert flip.model_dump() == v1.merged({"min_seq_len": 256}).model_dump()
+    rows = _rows(Path(str(shape_log).replace("{rank}", "0")))
+    under_flip = [x for x in rows if x["version"] == FLIP_VERSION]
+    with_prefill_row = [x for x in under_flip if max(x["query_lens"]) >= flip.min_query_len]
+    assert with_prefill_row, f"no batch with a prefill row logged under version {FLIP_VERSION}"
+    for x in under_flip:
+        assert (x["path"], x["reason"]) == _decided(x, flip), x
+        assert x["path"] != "prefill" or x["max_seq_len"] >= flip.min_seq_len, x
+    moved = [x for x in with_prefill_row if _decided(x, v1) != (x["path"], x["reason"])]
+    assert all(_decided(x, v1)[0] == "prefill" and x["path"] == "unified" for x in moved), moved
+    assert all(x["reason"] == "short_context" and x["max_seq_len"] < flip.min_seq_len for x in moved)
+    print(
+        f"\nunder version {FLIP_VERSION}: {len(under_flip)} batches, {len(with_prefill_row)} with a prefill "
+        f"row, {len(moved)} of them routed otherwise than version 1 would have"
+    )
+    # Version 1's batches (the first phase) followed version 1 the same way.
+    for x in rows:
+        if x["version"] == 1:
+            assert (x["path"], x["reason"]) == _decided(x, v1), x
