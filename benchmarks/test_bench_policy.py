@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flyserve.policy import BatchShape, Thresholds, decide
+from flyserve.policy import BatchShape, decide
+from flyserve.thresholds_files import load_profile
 
-SEED = Thresholds.profile("gfx950")
+SEED = load_profile("gfx950")
 # A chunked-prefill step: 248 decode rows, then 8 prefill chunks of 1024 tokens.
 _LENS = np.array([1] * 248 + [1024] * 8, dtype=np.int32)
 QSL = np.concatenate([[0], np.cumsum(_LENS)]).astype(np.int32)

@@ -19,13 +19,14 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from flyserve.policy import BatchShape, Thresholds, decide
+from flyserve.policy import BatchShape, decide
 from flyserve.telemetry import metrics
 from flyserve.telemetry.gpu_timer import KernelTimer
 from flyserve.telemetry.recorder import DispatchRecorder
 from flyserve.telemetry.tracing import Tracing, setup_tracing
+from flyserve.thresholds_files import load_profile
 
-SEED = Thresholds.profile("gfx950")
+SEED = load_profile("gfx950")
 # A chunked-prefill step (as in benchmarks/test_bench_policy.py): 248 decode rows, 8 chunks of 1024.
 _LENS = np.array([1] * 248 + [1024] * 8, dtype=np.int32)
 SHAPE = BatchShape.from_query_lens(_LENS, max_seq_len=61440, num_heads=16, thresholds=SEED)

@@ -41,7 +41,7 @@ app = typer.Typer(
 
 # Order is the order of `flyserve --help`.
 _COMMAND_MODULES = (
-    "flyserve.policy.cli",  # check-config, profiles
+    "flyserve.thresholds_files.cli",  # check-config, profiles
     "flyserve.control.cli",  # thresholds show|set|unset|rollback|history
     "flyserve.sidecar.cli",  # sidecar
     "flyserve.sim.cli",  # simulate

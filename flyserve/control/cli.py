@@ -347,8 +347,8 @@ def reload(
 def _first_version_changes(s: Any) -> str:
     """What the oldest version shown changed, against its profile's defaults (version 0): without
     this, version 1 read "-" although it is the change that matters most."""
-    from flyserve.policy.profiles import load_profile
     from flyserve.policy.thresholds import ThresholdsError
+    from flyserve.thresholds_files import load_profile
 
     try:
         base = load_profile(s.profile)

@@ -27,10 +27,10 @@ from flyserve.control.store import Store
 from flyserve.control.version_trust import MAX_VERSION_STEP, anchored_ceiling, live_anchor
 from flyserve.files import safe_read
 from flyserve.policy.errors import describe_value
-from flyserve.policy.profiles import load_profile
 from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES
 from flyserve.policy.safe_yaml import parse_mapping as parse_yaml_mapping
 from flyserve.policy.thresholds import FIELDS, START_ONLY_FIELDS, ThresholdsError, unknown_key_error
+from flyserve.thresholds_files import load_profile
 
 log = logging.getLogger("flyserve.control")
 

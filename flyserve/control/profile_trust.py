@@ -18,7 +18,7 @@ import os
 import stat
 from pathlib import Path
 
-from flyserve.policy.profile_paths import is_path_like
+from flyserve.thresholds_files.locate import is_path_like
 
 _WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 

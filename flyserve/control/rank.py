@@ -32,7 +32,7 @@ from flyserve.control.reports import HOST, PIDNS, own_proc_start
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
 from flyserve.control.version_trust import anchored_ceiling, believed, live_anchor
-from flyserve.policy.profiles import load_profile
+from flyserve.thresholds_files import load_profile
 
 log = logging.getLogger("flyserve.control")
 

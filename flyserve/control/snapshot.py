@@ -386,7 +386,7 @@ def check_layers(snap: ConfigSnapshot, *, source: str | None = None, check_profi
     "consistent". Values the profile alone sets are not compared: a profile file edited since (a
     new release) must not turn every kept version into a forgery. Raises ThresholdsError naming
     the layer and field (an unknown key is shown only as unknown_key_error shows it)."""
-    from flyserve.policy.profiles import load_profile
+    from flyserve.thresholds_files import load_profile
 
     bad = []
     for layer, values in (("file", snap.file_values), ("overrides", snap.overrides)):

@@ -341,7 +341,7 @@ def check_profile() -> Check:
 
     name = profile_name()
     try:
-        from flyserve.policy.profiles import load_profile
+        from flyserve.thresholds_files import load_profile
 
         t = load_profile(name)
     except Exception as exc:  # noqa: BLE001
@@ -361,9 +361,9 @@ def check_config_file() -> Check:
             "config-file", "ok", f"${CONFIG_ENV} unset: the profile's thresholds until one is published"
         )
     try:
-        from flyserve.policy.thresholds import Thresholds
+        from flyserve.thresholds_files import load_profile
 
-        Thresholds.load(path)
+        load_profile(path)
     except Exception as exc:  # noqa: BLE001
         return Check("config-file", "fail", f"${CONFIG_ENV}={path}: {_short(exc)}",
                      f"flyserve check-config {path}")  # fmt: skip

@@ -124,7 +124,8 @@ def read_sample(path: str, index: int) -> dict[str, Any]:
 
 def load_thresholds(profile: str, thresholds_file: Path | None, version: int | None, state_dir: Path | None):
     """(Thresholds, a line saying where they came from)."""
-    from flyserve.policy.thresholds import Thresholds, ThresholdsError, read_yaml_file
+    from flyserve.policy.thresholds import ThresholdsError
+    from flyserve.thresholds_files import load_profile, read_yaml_file
 
     if version is not None:
         if thresholds_file is not None:
@@ -151,7 +152,7 @@ def load_thresholds(profile: str, thresholds_file: Path | None, version: int | N
             )
         return snap.thresholds, f"version {snap.version} of {sd} ({snap.source}, sha256 {snap.sha256[:12]})"
     try:
-        base = Thresholds.load(profile)
+        base = load_profile(profile)
         if thresholds_file is None:
             return base, f"profile {profile}"
         return (

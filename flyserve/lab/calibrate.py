@@ -26,6 +26,7 @@ from flyserve.files.atomic import atomic_write
 from flyserve.policy import PREFILL, UNIFIED, Thresholds
 from flyserve.pricing.costs import CostEntry, CostTable
 from flyserve.pricing.fit import fit_thresholds
+from flyserve.thresholds_files import load_profile
 
 MAX_PARTIAL_BYTES = 256 << 20
 """A resume file holds one line per measured shape (a few hundred, under 1 MB); more is refused."""
@@ -177,7 +178,7 @@ def run_calibration(
         kernels = {UNIFIED: get_kernel(pair.unified), PREFILL: get_kernel(pair.prefill)}
     except KernelUnavailable as exc:
         raise CalibrationError(str(exc), 4) from exc
-    base = Thresholds.load(base_profile)
+    base = load_profile(base_profile)
     if block_m is not None:
         base = base.merged({"block_m": block_m})
 

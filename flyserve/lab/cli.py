@@ -75,7 +75,8 @@ def replay_cmd(
     from flyserve.lab.replay import model_price, plot_results, replay_many
     from flyserve.lab.workloads import TraceError, load_trace
     from flyserve.lab.workloads import workload as make_workload
-    from flyserve.policy import Thresholds, ThresholdsError
+    from flyserve.policy import ThresholdsError
+    from flyserve.thresholds_files import load_profile
 
     names = list(workload or [])
     if ALL in names:
@@ -95,7 +96,7 @@ def replay_cmd(
         _fail(str(exc))
     try:
         profiles = {
-            Path(p).stem if p.endswith((".yaml", ".yml")) else p: Thresholds.load(p)
+            Path(p).stem if p.endswith((".yaml", ".yml")) else p: load_profile(p)
             for p in (profile or ["gfx950"])
         }
     except ThresholdsError as exc:

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from flyserve.lab.calibrate import CalibrationError, GridPoint, atomic_write_text, build_grid, profile_yaml
-from flyserve.policy import PREFILL, UNIFIED, Thresholds
+from flyserve.policy import PREFILL, UNIFIED
 from flyserve.pricing.costs import CostEntry, CostTable
 from flyserve.pricing.fit import fit_thresholds
+from flyserve.thresholds_files import load_profile
 
 CPU_GRIDS: dict[str, dict[str, Any]] = {
     # The tiny model's serving range in the demo and CI: contexts of a few hundred to 2k tokens,
@@ -68,7 +69,7 @@ def run_cpu_calibration(
 
     points: list[GridPoint] = build_grid(CPU_GRIDS[grid])
     lay = CpuLayout(num_heads, num_kv_heads, head_size, block_size)
-    base = Thresholds.load(base_profile)
+    base = load_profile(base_profile)
     entries: list[CostEntry] = []
     threads = torch.get_num_threads()
     # One thread, fastest call: on a shared machine the scheduler only ever adds time (medians of

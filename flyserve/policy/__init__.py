@@ -1,7 +1,8 @@
 """The pure decision core: which kernel path runs a batch, and why.
 
-numpy and pydantic only; nothing here imports torch, vllm or anything above it
-(control, telemetry, sidecar, vllm, lab all import this package, never the reverse).
+numpy, pydantic and PyYAML only; nothing here imports torch, vllm or anything above it
+(control, telemetry, sidecar, vllm, lab all import this package, never the reverse), and nothing
+here reads a file: flyserve.thresholds_files finds and reads profiles and hands policy the bytes.
 """
 
 from flyserve.policy.rules import Decision, decide, decision_for

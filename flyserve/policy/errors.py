@@ -1,5 +1,6 @@
 """ThresholdsError: the one error of the policy layer, in a module of its own so that the YAML
-reader, the profile lookup and the Thresholds model can all raise it without importing each other.
+reader, the Thresholds model and the profile lookup (flyserve.thresholds_files) can all raise it
+without importing each other.
 """
 
 from __future__ import annotations

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from flyserve.files.safe_read import SafeReadError, read_bytes
 from flyserve.policy.errors import ThresholdsError, describe_value
-from flyserve.policy.profile_paths import is_path_like, profile_path
-from flyserve.policy.safe_yaml import MAX_DOCUMENT_BYTES, parse_mapping
+from flyserve.policy.safe_yaml import parse_mapping
 from flyserve.terminal.printable import printable
 
 __all__ = [
@@ -25,7 +22,6 @@ __all__ = [
     "START_ONLY_FIELDS",
     "Thresholds",
     "ThresholdsError",
-    "read_yaml_file",
     "unknown_key_error",
 ]
 
@@ -163,21 +159,11 @@ class Thresholds(BaseModel):
         return type(self).parse({**self.model_dump(), **dict(changes)}, source=source)
 
     @classmethod
-    def from_yaml_text(cls, text: str, *, source: str | None = None) -> Thresholds:
-        """Parse a YAML document. An empty document is an error: it is almost always a truncated write."""
+    def from_yaml_text(cls, text: str | bytes, *, source: str | None = None) -> Thresholds:
+        """Parse a YAML document (text, or the bytes of a file someone else read: policy reads no
+        file, flyserve.thresholds_files does). An empty document is an error: it is almost always a
+        truncated write."""
         return cls.parse(parse_mapping(text, source=source), source=source)
-
-    @classmethod
-    def load(cls, name_or_path: str | Path) -> Thresholds:
-        """A profile by name (``gfx950``, ``h200``) or a thresholds YAML file by path (anything with
-        a '/' or a .yaml/.yml suffix)."""
-        path = Path(name_or_path) if is_path_like(name_or_path) else profile_path(str(name_or_path))
-        return cls.parse(read_yaml_file(path), source=str(path))
-
-    @classmethod
-    def profile(cls, name: str) -> Thresholds:
-        """A named profile from config/profiles (``gfx950`` is the seed's values)."""
-        return cls.load(name)
 
     # ----------------------------------------------------------------- views
 
@@ -215,17 +201,6 @@ def _pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
             shown = f" (got {describe_value(got)})" if not isinstance(got, Mapping) else ""
             out.append((loc or "<document>", f"{msg}{shown}"))
     return out
-
-
-def read_yaml_file(path: Path) -> dict[str, Any]:
-    """A thresholds YAML file as a mapping (size-capped, safe loader); ThresholdsError if not."""
-    try:
-        raw = read_bytes(path, MAX_DOCUMENT_BYTES, source=str(path), follow_symlinks=True)
-    except SafeReadError as exc:
-        raise ThresholdsError([("<file>", exc.reason)], source=str(path)) from None
-    if raw is None:
-        raise ThresholdsError([("<file>", "no such file")], source=str(path))
-    return parse_mapping(raw, source=str(path))
 
 
 _PLAIN_KEY = re.compile(r"[a-z_][a-z0-9_]{0,31}", re.ASCII)

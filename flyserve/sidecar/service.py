@@ -19,7 +19,6 @@ from flyserve.control import ConfigSnapshot, ControlPlane
 from flyserve.control.rank import CONTROL_MODES
 from flyserve.control.reports import is_live as report_is_live
 from flyserve.control.reports import liveness as report_liveness
-from flyserve.policy.profiles import load_profile, profile_path
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.channel_view import Witnesses, read_channel_view
@@ -48,6 +47,7 @@ from flyserve.sidecar.stats import (
 )
 from flyserve.telemetry import metrics as tm
 from flyserve.telemetry.shape_sample import ShapeSample, read_shape_samples
+from flyserve.thresholds_files import load_profile, profile_path
 
 log = logging.getLogger("flyserve.sidecar")
 

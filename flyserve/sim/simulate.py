@@ -236,8 +236,8 @@ def parse_drift(items: list[str]) -> tuple[tuple[str, float], ...]:
 def validate(args: SimulateArgs) -> None:
     """Refuse bad arguments before any process starts; raises ValueError naming the option."""
     from flyserve.lab.workloads import TraceError, load_trace, workload_names
-    from flyserve.policy.profiles import load_profile
     from flyserve.policy.thresholds import ThresholdsError
+    from flyserve.thresholds_files import load_profile
 
     if args.ranks < 1:
         raise ValueError(f"--ranks must be >= 1 (got {args.ranks})")

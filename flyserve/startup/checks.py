@@ -22,8 +22,8 @@ class StartupError(RuntimeError):
 def profile_problem(name: str) -> str | None:
     """None when ``name`` is a usable profile (a shipped name, or a thresholds file path), else one
     line naming it and the ones available."""
-    from flyserve.policy.profiles import available_profiles, load_profile
     from flyserve.policy.thresholds import ThresholdsError
+    from flyserve.thresholds_files import available_profiles, load_profile
 
     try:
         load_profile(name)

@@ -148,7 +148,7 @@ def start_decode_path() -> str:
                 )
         return plane.snapshot().thresholds.decode_path
     except Exception:  # noqa: BLE001 - an unreadable state dir must not stop vLLM: use the profile
-        from flyserve.policy.profiles import load_profile
+        from flyserve.thresholds_files import load_profile
 
         return load_profile(profile_name()).decode_path
 

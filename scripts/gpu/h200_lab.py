@@ -26,10 +26,11 @@ def main(out: Path, quick: bool) -> None:
     from flyserve.lab.kernels import get_kernel
     from flyserve.lab.replay import model_price, price_trace, replay
     from flyserve.lab.workloads import workload, workload_names
-    from flyserve.policy import PATHS, Thresholds
+    from flyserve.policy import PATHS
+    from flyserve.thresholds_files import load_profile
 
     table = load_costs(out / "h200.json")
-    profiles = {"gfx950": Thresholds.load("gfx950"), "h200": Thresholds.load(str(out / "h200.yaml"))}
+    profiles = {"gfx950": load_profile("gfx950"), "h200": load_profile(str(out / "h200.yaml"))}
     results = []
     traces = {n: workload(n) for n in workload_names()}
     for bs in table.block_sizes:

@@ -201,13 +201,14 @@ def main(out_path: str, pairs: int = 30, host_only: bool = False) -> dict:
 
     from flyserve.lab import bench
     from flyserve.lab.kernels import get_kernel
-    from flyserve.policy import BatchShape, Thresholds, decide
+    from flyserve.policy import BatchShape, decide
+    from flyserve.thresholds_files import load_profile
     from flyserve.vllm.backends import PrefillStatus, _with_flyserve_parts
 
     cuda = torch.cuda.is_available()
     # --dry on a machine without CUDA: the same loops with a no-op kernel (checks the script runs).
     ua = get_kernel("triton_unified") if cuda else (lambda *a: None)
-    t = Thresholds.load("gfx950")
+    t = load_profile("gfx950")
     timer = rt.kernel_timer
     report["device"] = bench.device_info() if cuda else {"device": "none (dry run)"}
     report["timer_every_steps"] = getattr(timer, "every_steps", None)  # None: code before per-step mode

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from flyserve.policy import BatchShape, Thresholds, decide
+from flyserve.thresholds_files import load_profile
 from flyserve.vllm.launch import flyserve_env
 
 pytestmark = pytest.mark.e2e
@@ -94,7 +95,7 @@ def test_chunked_prefill_made_mixed_batches(engine):
 
 def test_recorded_decisions_equal_decide_on_vllms_shapes(engine):
     thresholds = {h["version"]: Thresholds.parse(h["thresholds"]) for h in engine["result"]["history"]}
-    thresholds.setdefault(0, Thresholds.load("cpu-tiny"))
+    thresholds.setdefault(0, load_profile("cpu-tiny"))
     opened_after, closed_at = _circuit_window(engine)
     checked = circuit_rows = 0
     for s in engine["shapes"]:

@@ -501,12 +501,13 @@ def kernel_load(state_dir: Path, workload_name: str, seconds: float, rate_hz: fl
 
     from flyserve.control import StateDir
     from flyserve.lab.workloads import workload
-    from flyserve.policy import BatchShape, Thresholds, decide
+    from flyserve.policy import BatchShape, decide
     from flyserve.telemetry import metrics
+    from flyserve.thresholds_files import load_profile
 
     state = StateDir(state_dir)
     metrics.setup_multiprocess(state.metrics_dir)
-    thresholds = Thresholds.profile("gfx950")
+    thresholds = load_profile("gfx950")
     steps: dict[str, list] = {"unified": [], "prefill": []}
     for ts in workload(workload_name):
         shape = BatchShape.from_query_lens(

@@ -25,6 +25,7 @@ from flyserve.pricing.costs import CostModel, load_costs
 from flyserve.sidecar.advise_cli import render
 from flyserve.sidecar.app import create_app
 from flyserve.sidecar.settings import SidecarSettings
+from flyserve.thresholds_files import load_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -76,7 +77,7 @@ def test_advice_names_decode_path_as_a_restart_and_keeps_it_out_of_the_patch(tmp
         after = _samples(c.get("/metrics").text)
     metrics = {k: v - before.get(k, 0.0) for k, v in after.items()}
 
-    gfx = Thresholds.load("gfx950")
+    gfx = load_profile("gfx950")
     routed, oracle = _replay_routed(gfx)
     assert adv["before"]["routed_over_oracle"] == pytest.approx(routed / oracle, rel=1e-9)
     assert adv["before"]["routed_over_oracle"] > 1.4  # the reported 1.51 (1000 steps here: 1.57)

@@ -24,6 +24,7 @@ import pytest
 
 from flyserve.lab.workloads import workload
 from flyserve.policy import BatchShape, Thresholds, decide
+from flyserve.thresholds_files import load_profile
 
 pytestmark = pytest.mark.integration
 
@@ -212,7 +213,7 @@ def test_stats_match_decisions_and_patch_switches_all_ranks_at_one_step(sidecar:
     # nobody is live to agree (null), not "true" by default.
     assert s["ranks_agree"] is (True if s["live_ranks"] else None), (s["live_ranks"], s["ranks_agree"])
 
-    old = Thresholds.profile("gfx950")
+    old = load_profile("gfx950")
     new = old.merged({"min_seq_len": 65536})
     exp = expected_decisions(name, steps, [(0, old), (effective, new)])
     totals = s["totals"]

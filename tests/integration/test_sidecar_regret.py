@@ -32,6 +32,7 @@ from flyserve.policy import Thresholds
 from flyserve.pricing.costs import CostModel, load_costs
 from flyserve.sidecar.app import create_app
 from flyserve.sidecar.settings import SidecarSettings
+from flyserve.thresholds_files import load_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -87,7 +88,7 @@ def test_live_regret_equals_replay_and_advice_applies(simulated: Path):
         reg = stats["regret"]
         assert reg["costs"] == "h200" and reg["unpriceable"] is None
         w = reg["windows"]["900s"]
-        expected = _replay(Thresholds.load("gfx950"))
+        expected = _replay(load_profile("gfx950"))
         assert w["samples"] == STEPS  # 2 TP ranks, each step priced once
         assert w["routed_over_oracle"] == pytest.approx(expected.routed_over_oracle, rel=1e-9)
         assert w["always_unified_s"] == pytest.approx(expected.unified_s, rel=1e-9)
@@ -128,7 +129,7 @@ def test_live_regret_equals_replay_and_advice_applies(simulated: Path):
         assert again["thresholds_version"] == 1 and again["changes"] == {} and again["patch"] is None
         assert again["before"]["prefill_batches"]["routed_over_oracle"] == pytest.approx(1.0, abs=0.02)
         # Replay under the thresholds now in force confirms it.
-        now = Thresholds.load("gfx950").merged(p["body"])
+        now = load_profile("gfx950").merged(p["body"])
         assert _replay(now).extra["prefill_batches_routed_over_oracle"] == pytest.approx(1.0, abs=0.02)
 
 

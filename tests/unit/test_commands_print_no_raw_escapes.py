@@ -103,7 +103,7 @@ def test_thresholds_repair_names_a_hostile_file_name_escaped(hostile_state: Path
 
 
 def test_check_config_names_a_hostile_file_escaped(tmp_path: Path) -> None:
-    from flyserve.policy.cli import register
+    from flyserve.thresholds_files.cli import register
 
     good = tmp_path / f"ok{IN_A_NAME}.yaml"
     good.write_text("min_seq_len: 2048\n")

@@ -13,6 +13,7 @@ import pytest
 
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.policy import Thresholds, ThresholdsError
+from flyserve.thresholds_files import load_profile
 
 MAX_AUDIT_LINE = 8192  # flyserve.control.store.MAX_AUDIT_LINE (checked in the test that uses it)
 
@@ -25,7 +26,7 @@ def repair(plane: ControlPlane):  # imported late: each test fails on its own be
 
 def parse_mapping(text: str) -> dict:
 
-    from flyserve.policy.profiles import parse_yaml_mapping
+    from flyserve.policy.safe_yaml import parse_mapping as parse_yaml_mapping
 
     return parse_yaml_mapping(text)
 
@@ -56,7 +57,7 @@ def test_truncated_current_and_no_history_still_serves_and_publishes_above(plane
     for f in plane.state_dir.history_dir.iterdir():
         f.unlink()
     s = plane.snapshot()  # used to raise ControlIOError (503 for ever)
-    assert s.version == 3 and s.thresholds == Thresholds.profile("gfx950")  # numbered from the audit log
+    assert s.version == 3 and s.thresholds == load_profile("gfx950")  # numbered from the audit log
     r = plane.apply_overrides({"min_seq_len": 5000}, actor="a").snapshot
     assert r.version == 4 and plane.store.read_current() == r
 

@@ -13,6 +13,7 @@ import pytest
 
 from flyserve.control import ControlPlane, RankControl
 from flyserve.policy import Thresholds
+from flyserve.thresholds_files import load_profile
 
 
 def report_step(plane: ControlPlane, step: int, rank: int = 9) -> None:
@@ -42,7 +43,7 @@ def test_starts_from_the_published_version_or_the_profile(tmp_path: Path, plane:
     rc = RankControl(plane.state_dir, 0, report=False)
     assert rc.current(0).version == 1
     empty = RankControl(tmp_path / "nothing", 0, profile="gfx950", report=False)
-    assert empty.current(0).version == 0 and empty.current(0).thresholds == Thresholds.profile("gfx950")
+    assert empty.current(0).version == 0 and empty.current(0).thresholds == load_profile("gfx950")
 
 
 def test_switches_exactly_at_the_effective_step(plane: ControlPlane) -> None:

@@ -170,7 +170,7 @@ def test_the_pod_wires_vllm_sidecar_state_config_and_token_together(resources):
     env = _env(vllm)
     assert env["FLYSERVE_ATTENTION"] == "1"  # without it flyserve silently does nothing
     assert env["VLLM_FLYDSL_KERNELS_PATH"].startswith("/")
-    from flyserve.policy.profiles import available_profiles
+    from flyserve.thresholds_files import available_profiles
 
     assert env["FLYSERVE_PROFILE"] in available_profiles()
     backend = vllm["args"][vllm["args"].index("--attention-backend") + 1]

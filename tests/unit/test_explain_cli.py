@@ -12,9 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from flyserve.cli import app
-from flyserve.policy import BatchShape, Thresholds, decide
+from flyserve.policy import BatchShape, decide
 from flyserve.pricing.costs import CostModel, load_costs
 from flyserve.telemetry.shape_sample import ShapeSampleWriter
+from flyserve.thresholds_files import load_profile
 
 runner = CliRunner()
 
@@ -38,7 +39,7 @@ def test_flags_with_costs_name_every_rule_the_path_and_the_oracle():
 
 
 def test_json_output_agrees_with_decide():
-    t = Thresholds.load("gfx950")
+    t = load_profile("gfx950")
     code, out = run("--query-lens", "1,2048", "--max-seq-len", "900", "--num-heads", "16", "--json")
     assert code == 0, out
     doc = json.loads(out)

@@ -24,8 +24,8 @@ from flyserve.control.version_trust import (
     believed,
     credible_max,
 )
-from flyserve.policy.profiles import load_profile
 from flyserve.policy.thresholds import ThresholdsError
+from flyserve.thresholds_files import load_profile
 
 NEAR_LIMIT = 10**18 - 2
 

@@ -15,7 +15,7 @@ from flyserve.lab.costs import CostEntry, CostModel, load_costs
 from flyserve.lab.replay import model_price, replay_many
 from flyserve.lab.workloads import workload
 from flyserve.policy import Thresholds
-from flyserve.policy.profiles import profile_path
+from flyserve.thresholds_files import load_profile, profile_path
 
 
 def _synthetic(decode_winner: str, crossover_ctx: int) -> list[CostEntry]:
@@ -36,7 +36,7 @@ def _synthetic(decode_winner: str, crossover_ctx: int) -> list[CostEntry]:
 @pytest.mark.parametrize("decode_winner", ["unified", "prefill"])
 def test_fit_finds_decode_path_and_the_crossover(decode_winner):
     entries = _synthetic(decode_winner, crossover_ctx=10000)
-    fit = fit_thresholds(entries, num_heads=32, base=Thresholds.load("gfx950"))
+    fit = fit_thresholds(entries, num_heads=32, base=load_profile("gfx950"))
     t = fit.thresholds
     assert t.decode_path == decode_winner
     assert fit.routed_s == pytest.approx(fit.oracle_s) and fit.wrong == 0
@@ -49,13 +49,13 @@ def test_fit_finds_decode_path_and_the_crossover(decode_winner):
 
 def test_fit_when_prefill_always_wins_turns_the_checks_off():
     entries = _synthetic("prefill", crossover_ctx=0)
-    t = fit_thresholds(entries, num_heads=32, base=Thresholds.load("gfx950")).thresholds
+    t = fit_thresholds(entries, num_heads=32, base=load_profile("gfx950")).thresholds
     assert (t.min_seq_len, t.max_seq_len, t.min_qblock_rows, t.prefill_enabled) == (0, 0, 0, True)
     assert t.decode_row_cap(8192) >= 256  # never too many decode rows in practice
 
 
 def test_profile_yaml_round_trips_with_header():
-    t = Thresholds.load("gfx950").merged({"decode_path": "prefill", "min_seq_len": 0})
+    t = load_profile("gfx950").merged({"decode_path": "prefill", "min_seq_len": 0})
     text = profile_yaml(t, ["flyserve thresholds profile: x", "command: flyserve calibrate ..."])
     assert text.startswith("# flyserve thresholds profile: x\n# command: flyserve calibrate")
     assert Thresholds.from_yaml_text(text) == t
@@ -68,7 +68,7 @@ def test_committed_h200_profile_was_produced_by_calibrate_and_generalises():
     assert any(ln.startswith("# command: flyserve calibrate") for ln in header)
     assert any(ln.startswith("# date: ") for ln in header)
     assert any("GPU: NVIDIA H200" in ln and "vLLM" in ln for ln in header)
-    h200 = Thresholds.load("h200")
+    h200 = load_profile("h200")
     assert h200.decode_path == "prefill"
     # the six seed workloads, priced by the committed table: within 2% of the oracle
     model = CostModel(load_costs("h200"))

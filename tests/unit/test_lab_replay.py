@@ -14,7 +14,7 @@ from flyserve.lab.cli import register
 from flyserve.lab.costs import CostEntry, CostModel, CostTable, CostTableError, load_costs
 from flyserve.lab.replay import price_trace, replay, replay_many, route_trace
 from flyserve.lab.workloads import Trace, TraceStep
-from flyserve.policy import Thresholds
+from flyserve.thresholds_files import load_profile
 
 
 def _trace() -> Trace:
@@ -34,7 +34,7 @@ def test_replay_arithmetic_by_hand():
     tr = _trace()
     index = {id(s): i for i, s in enumerate(tr)}
     costs = price_trace(tr, lambda s, p: HAND[index[id(s)]][0 if p == "unified" else 1])
-    r = replay(tr, Thresholds.load("gfx950"), costs, num_heads=32, profile="gfx950")
+    r = replay(tr, load_profile("gfx950"), costs, num_heads=32, profile="gfx950")
     # gfx950: step 0 no prefill row -> unified 1; step 1: 32 heads * 51 tokens < 48 * 256 -> unified 5;
     # step 2: 32 * 2000 >= 12288, ctx 2000 >= 1536 -> prefill 4
     assert r.routed_s == pytest.approx(1 + 5 + 4)
@@ -67,8 +67,8 @@ def test_replay_many_prices_once_and_differs_by_profile():
         calls.append((index[id(s)], p))
         return HAND[index[id(s)]][0 if p == "unified" else 1]
 
-    everything = Thresholds.load("gfx950").merged({"decode_path": "prefill", "min_qblock_rows": 0})
-    a, b = replay_many(tr, {"gfx950": Thresholds.load("gfx950"), "open": everything}, price, num_heads=32)
+    everything = load_profile("gfx950").merged({"decode_path": "prefill", "min_qblock_rows": 0})
+    a, b = replay_many(tr, {"gfx950": load_profile("gfx950"), "open": everything}, price, num_heads=32)
     assert len(calls) == 6  # 3 steps x 2 paths, shared by both profiles
     assert a.routed_s == pytest.approx(10)
     assert b.routed_s == pytest.approx(2 + 3 + 4) and b.prefill_ratio == 1.0

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from flyserve.policy import BatchShape, Thresholds, decide
 from flyserve.policy import explain as ex
 from flyserve.policy.vocabulary import NO_PREFILL_ROWS, SHORT_CONTEXT
+from flyserve.thresholds_files import load_profile
 
 
 def random_thresholds(rng: random.Random) -> Thresholds:
@@ -47,7 +48,7 @@ def random_thresholds(rng: random.Random) -> Thresholds:
 # Thresholds from a pool: drawing 15 fields per example tripled the test's time; 512 random valid
 # sets, each met about 20 times over the 10,000 examples, vary every knob.
 _rng = random.Random(25)
-POOL = [random_thresholds(_rng) for _ in range(512)] + [Thresholds.load(p) for p in ("gfx950", "h200")]
+POOL = [random_thresholds(_rng) for _ in range(512)] + [load_profile(p) for p in ("gfx950", "h200")]
 
 
 # Rows: decode-like (0-4 tokens), short chunks, long prompts; drawn as one integer each (cheap to draw).
@@ -115,7 +116,7 @@ def test_explain_agrees_with_decide(t, lens, extra_ctx, heads, causal, boundary)
 
 
 def test_every_rule_is_listed_with_both_sides_and_the_boundary_is_exact():
-    t = Thresholds.load("gfx950")
+    t = load_profile("gfx950")
     at = BatchShape.from_query_lens([2048], max_seq_len=t.min_seq_len, num_heads=16, thresholds=t)
     below = at._replace(max_seq_len=t.min_seq_len - 1)
     assert ex.explain(at, t).reason == decide(at, t).reason != SHORT_CONTEXT
@@ -131,7 +132,7 @@ def test_every_rule_is_listed_with_both_sides_and_the_boundary_is_exact():
 def test_a_rule_that_drifts_from_decide_is_caught():
     """The property above can fail: an explanation whose occupancy rule is off by one disagrees
     with decide() on the boundary shape."""
-    t = Thresholds.load("gfx950")
+    t = load_profile("gfx950")
     n = t.min_qblock_rows * t.block_m // 16  # tokens that exactly meet the occupancy floor at 16 heads
     shape = BatchShape.from_query_lens([n], max_seq_len=8192, num_heads=16, thresholds=t)
     assert ex.explain(shape, t).reason == decide(shape, t).reason == "admitted"
@@ -154,7 +155,7 @@ def test_a_rule_that_drifts_from_decide_is_caught():
 
 
 def test_decode_only_batch_takes_decode_path_and_says_so():
-    t = Thresholds.load("gfx950").merged({"decode_path": "prefill"})
+    t = load_profile("gfx950").merged({"decode_path": "prefill"})
     shape = BatchShape.from_query_lens([1] * 32, max_seq_len=32768, num_heads=32, thresholds=t)
     e = ex.explain(shape, t)
     assert (e.path, e.reason) == ("prefill", NO_PREFILL_ROWS) and "decode_path = prefill" in e.lpt_detail

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from flyserve.policy import PREFILL, UNIFIED, Thresholds, decide
+from flyserve.policy import PREFILL, UNIFIED, decide
 from flyserve.policy.routing import Rows, decisions_under, paths_under, routed_seconds
+from flyserve.thresholds_files import load_profile
 
 
 def test_paths_are_decides_own_and_depend_on_the_thresholds():
-    t = Thresholds.load("gfx950")
+    t = load_profile("gfx950")
     batches = [Rows([4096], 4096, 32), Rows([1] * 8, 300, 32), Rows([512, 1, 1], 512, 32)]
     direct = [decide(b.shape(t), t) for b in batches]
     assert decisions_under(batches, t) == direct

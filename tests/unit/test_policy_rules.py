@@ -22,8 +22,9 @@ from flyserve.policy import (
     Thresholds,
     decide,
 )
+from flyserve.thresholds_files import load_profile
 
-SEED = Thresholds.profile("gfx950")
+SEED = load_profile("gfx950")
 
 
 def shape(lens, ctx, heads=16, causal=True, t=SEED):

@@ -10,7 +10,7 @@ import pytest
 
 from flyserve.policy import BatchShape, Thresholds, ThresholdsError
 from flyserve.policy import shape as shape_mod
-from flyserve.policy.profiles import available_profiles
+from flyserve.thresholds_files import available_profiles, load_profile
 
 
 def test_defaults_used_without_thresholds_match_the_model():
@@ -103,10 +103,10 @@ def test_profiles_load_by_name_and_path(tmp_path: Path):
     assert "gfx950" in available_profiles()
     p = tmp_path / "mine.yaml"
     p.write_text("min_seq_len: 4096\n")
-    assert Thresholds.load(p).min_seq_len == 4096
-    assert Thresholds.load(str(p)).block_m == 256
+    assert load_profile(p).min_seq_len == 4096
+    assert load_profile(str(p)).block_m == 256
     with pytest.raises(ThresholdsError, match="unknown profile"):
-        Thresholds.profile("nope")
+        load_profile("nope")
 
 
 def test_frozen_and_diff():

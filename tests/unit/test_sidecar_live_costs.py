@@ -18,6 +18,7 @@ from flyserve.policy import PREFILL, BatchShape, Thresholds, decide
 from flyserve.pricing.costs import CostModel, load_costs
 from flyserve.sidecar.live_costs import ADVICE_KNOBS, LivePricing
 from flyserve.telemetry.shape_sample import ShapeSampleWriter, read_shape_samples
+from flyserve.thresholds_files import load_profile
 
 H200_HEADS = 32  # the h200 table's layer: 32 query heads, head size 128, block size 16
 T0 = 1_000_000.0
@@ -75,7 +76,7 @@ def prefix(name: str, n: int) -> Trace:
 @pytest.mark.slow  # 0.7 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_live_regret_equals_replay_on_the_same_trace(tmp_path, h200_model):
     trace = prefix("seed-8k-c32", 1000)
-    t = Thresholds.load("gfx950")
+    t = load_profile("gfx950")
     write_trace(tmp_path, trace, t, ranks=2)  # two TP ranks sample the same steps: counted once
     lp = pricing(tmp_path, len(trace))
     w = lp.regret()["windows"]["900s"]
@@ -98,7 +99,7 @@ def test_live_regret_equals_replay_on_the_same_trace(tmp_path, h200_model):
 
 def test_reading_the_same_files_again_prices_nothing_twice(tmp_path):
     trace = prefix("seed-8k-c8", 300)
-    write_trace(tmp_path, trace, Thresholds.load("gfx950"))
+    write_trace(tmp_path, trace, load_profile("gfx950"))
     seen = []
     lp = LivePricing(load_costs("h200"), clock=Clock(T0 + 10), on_priced=seen.append)
     assert lp.ingest(read_shape_samples(tmp_path, limit=1 << 20)) == 300
@@ -112,7 +113,7 @@ def test_advice_for_gfx950_on_h200_prices_is_confirmed_by_replay(tmp_path, h200_
     samples; replay of the whole trace under the advised values confirms routed/oracle on the
     batches run-time knobs route within 2% of 1.0 (it was 7x), and decode_path is never touched."""
     trace = workload("seed-8k-c32")
-    gfx = Thresholds.load("gfx950")
+    gfx = load_profile("gfx950")
     write_trace(tmp_path, trace, gfx)
     lp = pricing(tmp_path, len(trace))
     res = lp.advise(gfx, window_s=900.0, max_shapes=len(trace))
@@ -136,7 +137,7 @@ def test_advice_for_gfx950_on_h200_prices_is_confirmed_by_replay(tmp_path, h200_
 def test_advice_on_an_empty_window_is_refused(tmp_path):
     lp = LivePricing(load_costs("h200"), clock=Clock(T0))
     with pytest.raises(ValueError, match="no priced shapes"):
-        lp.advise(Thresholds.load("gfx950"))
+        lp.advise(load_profile("gfx950"))
 
 
 @pytest.mark.parametrize(
@@ -149,7 +150,7 @@ def test_advice_on_an_empty_window_is_refused(tmp_path):
 )
 def test_a_table_for_another_layer_prices_nothing_and_says_why(tmp_path, kw, words):
     trace = prefix("seed-8k-c8", 50)
-    write_trace(tmp_path, trace, Thresholds.load("gfx950"), **kw)
+    write_trace(tmp_path, trace, load_profile("gfx950"), **kw)
     lp = pricing(tmp_path, len(trace))
     reg = lp.regret()
     assert reg["windows"]["900s"]["samples"] == 0
@@ -189,7 +190,7 @@ def test_drift_is_the_median_measured_over_predicted_per_path(tmp_path, h200_mod
     def kernel(step, path):  # the prefill kernel 1.5x slower than the table, unified as measured
         return h200_model.predict(step.query_lens, step.seq_lens, path) * (1.5 if path == PREFILL else 1.0)
 
-    write_trace(tmp_path, trace, Thresholds.load("h200"), kernel=kernel)
+    write_trace(tmp_path, trace, load_profile("h200"), kernel=kernel)
     lp = pricing(tmp_path, len(trace))
     drift = lp.regret()["windows"]["900s"]["drift"]
     assert drift["prefill"]["samples"] == 400  # h200 sends every batch to FA3 (its decode_path)
@@ -199,7 +200,7 @@ def test_drift_is_the_median_measured_over_predicted_per_path(tmp_path, h200_mod
 
 def test_no_kernel_times_no_drift(tmp_path):
     trace = prefix("seed-8k-c8", 50)
-    write_trace(tmp_path, trace, Thresholds.load("gfx950"))
+    write_trace(tmp_path, trace, load_profile("gfx950"))
     lp = pricing(tmp_path, len(trace))
     assert lp.regret_drift() == {"unified": None, "prefill": None}
 
@@ -209,7 +210,7 @@ def test_advice_changes_nothing_the_window_cannot_pay_for(tmp_path):
     """Thresholds that already route every sampled batch to its faster path get no advice, even
     where the fitter's tie-break would widen knobs (the h200 profile on the h200 table)."""
     trace = prefix("seed-8k-c32", 600)
-    h200 = Thresholds.load("h200")
+    h200 = load_profile("h200")
     write_trace(tmp_path, trace, h200)
     res = pricing(tmp_path, len(trace)).advise(h200)
     assert res.changes == {} and res.proposed == h200
@@ -218,7 +219,7 @@ def test_advice_changes_nothing_the_window_cannot_pay_for(tmp_path):
 @pytest.mark.slow  # 1.6 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_advice_keeps_only_the_knobs_that_pay(tmp_path, h200_model):
     trace = workload("seed-8k-c32")
-    gfx = Thresholds.load("gfx950")
+    gfx = load_profile("gfx950")
     write_trace(tmp_path, trace, gfx)
     res = pricing(tmp_path, len(trace)).advise(gfx, max_shapes=len(trace))
     for knob, (old, _new) in res.changes.items():  # putting any one back costs attention time

@@ -12,6 +12,7 @@ import pytest
 from flyserve.policy import Thresholds
 from flyserve.policy.thresholds import START_ONLY_FIELDS
 from flyserve.sidecar.restart_advice import START_ONLY_ADVISERS
+from flyserve.thresholds_files import load_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_sidecar_live_costs import prefix, pricing, write_trace
@@ -28,7 +29,7 @@ def test_every_start_only_field_has_an_adviser_and_is_never_a_run_time_knob():
 
 @pytest.mark.slow  # 0.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_decode_path_already_cheapest_is_not_advised(tmp_path):
-    h200 = Thresholds.load("h200")  # decode_path prefill: the faster path for decode on the h200 table
+    h200 = load_profile("h200")  # decode_path prefill: the faster path for decode on the h200 table
     trace = prefix("seed-32k-c32", 300)
     write_trace(tmp_path, trace, h200)
     res = pricing(tmp_path, len(trace)).advise(h200)
@@ -37,7 +38,7 @@ def test_decode_path_already_cheapest_is_not_advised(tmp_path):
 
 @pytest.mark.slow  # 0.4 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_gfx950_on_h200_advises_decode_path_and_prices_block_size(tmp_path):
-    gfx = Thresholds.load("gfx950")
+    gfx = load_profile("gfx950")
     trace = prefix("seed-32k-c32", 300)
     write_trace(tmp_path, trace, gfx)  # samples say block size 16; the table also has 128
     res = pricing(tmp_path, len(trace)).advise(gfx)
@@ -52,7 +53,7 @@ def test_gfx950_on_h200_advises_decode_path_and_prices_block_size(tmp_path):
 
 
 def test_no_block_size_advice_when_samples_do_not_say_theirs(tmp_path):
-    gfx = Thresholds.load("gfx950")
+    gfx = load_profile("gfx950")
     trace = prefix("seed-32k-c32", 100)
     write_trace(tmp_path, trace, gfx, block_size=None)
     res = pricing(tmp_path, len(trace)).advise(gfx)

@@ -11,10 +11,10 @@ import pytest
 
 from flyserve.lab.workloads import WorkloadSpec, generate
 from flyserve.policy import BatchShape, decide
-from flyserve.policy.profiles import load_profile
 from flyserve.pricing.costs import CostModel, load_costs
 from flyserve.sim.simulate import SimulateArgs, rank_command, validate
 from flyserve.telemetry.files_exposition import FilesExposition
+from flyserve.thresholds_files import load_profile
 
 pytestmark = pytest.mark.timeout(120)
 

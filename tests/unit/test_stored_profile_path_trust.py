@@ -19,7 +19,7 @@ from flyserve.control.rank import RankControl
 from flyserve.control.repair import repair
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import atomic_write
-from flyserve.policy.profiles import load_profile, profile_path
+from flyserve.thresholds_files import load_profile, profile_path
 
 SHIPPED = profile_path("gfx950")
 

@@ -21,9 +21,9 @@ from flyserve.policy import (
     UNIFIED,
     UNSUPPORTED,
     BatchShape,
-    Thresholds,
     decide,
 )
+from flyserve.thresholds_files import load_profile
 from flyserve.vllm.eligibility import PrefillKernelSpec
 from flyserve.vllm.routing import routing_class
 from flyserve.vllm.runtime import RankRuntime
@@ -112,7 +112,7 @@ DECODE = ([1, 1, 1], [300, 120, 50])
 
 def test_decisions_equal_decide_on_random_batches(state):
     rt, r = make(state)
-    t = Thresholds.load("cpu-tiny")
+    t = load_profile("cpu-tiny")
     rng = random.Random(1)
     seen = set()
     for step in range(1, 401):
@@ -305,7 +305,7 @@ def test_select_hot_path_benchmark(state, benchmark):
     md.query_start_loc_cpu = torch.from_numpy(md.query_start_loc_cpu)  # what vLLM passes
     variant = benchmark(r.select, md)
     # The answer decide() gives on the same batch and thresholds, computed here without select().
-    t = Thresholds.load("cpu-tiny")
+    t = load_profile("cpu-tiny")
     expected = decide(BatchShape.from_query_lens(q, max_seq_len=max(seqs), num_heads=HEADS, thresholds=t), t)
     assert variant == expected.variant
     assert r.last_decision is expected
@@ -327,7 +327,7 @@ def test_shape_sample_feeds_the_sidecars_dry_run(state):
     # What the sidecar's live pricing needs: the rows' context lengths, the path run, when, the layer.
     assert all(s.seq_lens == tuple(MIXED[1]) and s.path == PREFILL for s in samples)
     assert all(s.time is not None and s.head_size == HEAD_SIZE for s in samples)
-    t = Thresholds.load("cpu-tiny")
+    t = load_profile("cpu-tiny")
     change = routing_change(samples, t, t.merged({"prefill_enabled": False}))
     assert change["current"] == {"unified": 0, "prefill": 4}
     assert change["proposed"] == {"unified": 4, "prefill": 0}

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from flyserve.policy import PREFILL, UNIFIED, BatchShape, Thresholds, decide, decision_for
 from flyserve.policy.rules import ShortRowsNotCounted, lpt_rule
+from flyserve.thresholds_files import load_profile
 from flyserve.vllm.eligibility import PrefillKernelSpec
 from flyserve.vllm.host_view import HostView
 from flyserve.vllm.routing import routing_class
@@ -29,7 +30,7 @@ from flyserve.vllm.runtime import RankRuntime
 
 torch = lazy_module("torch")  # imported when a test runs, not at collection
 
-SEED = Thresholds.load("gfx950")
+SEED = load_profile("gfx950")
 HEADS = 4
 
 

@@ -27,8 +27,8 @@ def check_config(
     from rich.table import Table
     from rich.text import Text
 
-    from flyserve.policy.profiles import load_profile, read_yaml_file
     from flyserve.policy.thresholds import Thresholds, ThresholdsError
+    from flyserve.thresholds_files.read import load_profile, read_yaml_file
 
     err = Console(stderr=True)
     try:
@@ -56,7 +56,7 @@ def check_config(
 
 def profiles() -> None:
     """List the named threshold profiles and where they live."""
-    from flyserve.policy.profiles import available_profiles, profile_path
+    from flyserve.thresholds_files.locate import available_profiles, profile_path
 
     for name in available_profiles():
         typer.echo(f"{printable(name)}\t{printable(profile_path(name), None)}")

@@ -1,7 +1,6 @@
 """Where named threshold profiles live (config/profiles, or $FLYSERVE_PROFILE_PATH).
 
-Path lookup only, no parsing: thresholds.py (which parses) and profiles.py (the public helpers)
-both import this, and neither imports the other at module level any more.
+Path lookup only, no reading or parsing: read.py reads what this finds.
 """
 
 from __future__ import annotations
