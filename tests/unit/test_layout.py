@@ -166,8 +166,88 @@ def test_arms_and_lab_are_separate_products():
 
 
 def test_policy_imports_nothing_above_it():
-    reached = _reachable(_graph(top_level_only=False), _in("flyserve.policy")) - _base()
+    """Nothing of flyserve but the sanitiser, not even the files room: policy reads no file
+    (flyserve.thresholds_files reads profiles and hands policy the bytes)."""
+    reached = _reachable(_graph(top_level_only=False), _in("flyserve.policy")) - {SANITISER}
     assert sorted(m for m in reached if m != "flyserve" and m.split(".")[1] != "policy") == []
+
+
+FILE_MODULES = frozenset({"os", "pathlib", "io", "shutil", "glob", "tempfile", "mmap", "fcntl", "fileinput"})
+"""Modules made for reaching the file system: policy imports none of them."""
+
+FILE_CALLS = frozenset(
+    {
+        "open",
+        "read_text",
+        "read_bytes",
+        "write_text",
+        "write_bytes",
+        "stat",
+        "lstat",
+        "exists",
+        "is_file",
+        "is_dir",
+        "iterdir",
+        "glob",
+        "rglob",
+        "scandir",
+        "listdir",
+        "fromfile",
+        "tofile",
+        "loadtxt",
+        "genfromtxt",
+        "memmap",
+    }
+)
+"""Calls named like a file operation: open(), Path.read_text, os.stat, np.fromfile, ..."""
+
+
+def _file_io(source: str) -> list[str]:
+    """Where ``source`` reaches the file system: an import of one of FILE_MODULES, or a call (a bare
+    name or an attribute, lazy ones included) named in FILE_CALLS; by line."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        found += [(node.lineno, f"import {n}") for n in names if n.split(".")[0] in FILE_MODULES]
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in FILE_CALLS:
+                found.append((node.lineno, f"{ast.unparse(f)}()"))
+    return [f"{line}: {what}" for line, what in sorted(found)]
+
+
+def test_the_file_io_check_sees_reads_and_passes_parsing():
+    """The check below would pass on a check that finds nothing: show it finds each kind."""
+    planted = (
+        "import os\n"
+        "from pathlib import Path\n"
+        "def f(p):\n"
+        "    open(p)\n"
+        "    Path(p).read_text()\n"
+        "    os.stat(p)\n"
+        "    import numpy as np; np.fromfile(p)\n"
+    )
+    assert _file_io(planted) == [
+        "1: import os",
+        "2: import pathlib",
+        "4: open()",
+        "5: Path(p).read_text()",
+        "6: os.stat()",
+        "7: np.fromfile()",
+    ]
+    assert _file_io("import yaml\ndef f(raw: bytes):\n    return yaml.safe_load(raw.decode())\n") == []
+
+
+def test_policy_reads_no_file():
+    """A decision is a pure function of (shape, thresholds), run per engine step: no module of
+    policy opens, stats or lists a file (finding and reading profiles is flyserve.thresholds_files')."""
+    offenders = [f"{m}:{hit}" for m in _in("flyserve.policy") for hit in _file_io(MODULES[m].read_text())]
+    assert offenders == []
 
 
 def test_only_the_vllm_package_and_the_lab_import_vllm_or_torch():
