@@ -135,6 +135,25 @@ def require_executable(path: Path, install: str) -> Path:
     return path
 
 
+SHARED_FIXTURE_SCOPES = frozenset({"module", "class", "package"})
+
+
+def shared_fixture_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test that uses a fixture shared wider than itself: its module's node id.
+
+    pytest.ini's ``--dist loadgroup`` sends each group to one worker as a whole, and every other test
+    to whichever worker is free. A module-scoped fixture (a vLLM engine, a kubectl build) is set up
+    once per worker that runs one of its tests: grouped, it starts once, as without xdist. Session
+    fixtures are built once per worker either way (tiny_model: seconds)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    for defs in info.name2fixturedefs.values():
+        if any(d.scope in SHARED_FIXTURE_SCOPES for d in defs):
+            return item.nodeid.split("::", 1)[0]
+    return None
+
+
 # The fast tier, ``pytest -m "not slow"``: tests that start no subprocess, connect no socket
 # (127.0.0.1 included) and run no external tool. Everything under these directories is slow
 # (tests/conftest.py marks it); elsewhere a test that does any of it carries the mark itself.

@@ -6,7 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from _support import FAST_TIER_GUARD, FastTierGuard, fast_tier_guard, in_slow_tier, tier_of
+from _support import (
+    FAST_TIER_GUARD,
+    FastTierGuard,
+    fast_tier_guard,
+    in_slow_tier,
+    shared_fixture_group,
+    tier_of,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_DATA = Path(__file__).resolve().parent / "data"
@@ -28,6 +35,9 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if in_slow_tier(Path(str(item.path))):
             item.add_marker(pytest.mark.slow)
+        group = shared_fixture_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: tier_of(Path(str(item.path))))
 
 

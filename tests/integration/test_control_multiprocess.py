@@ -117,7 +117,7 @@ def test_four_ranks_switch_together_through_file_api_and_configmap_swaps(tmp_pat
         wait_for(
             lambda: len(reports()) == RANKS and all(d["step"] > 0 for d in reports().values()),
             "every rank to report",
-            30,
+            120,  # four interpreters importing numpy and pydantic: over 30 s beside a parallel run
         )
         watcher = plane.watch(poll_interval_s=1.0, actor="test-watcher", debounce_ms=50)
 

@@ -205,11 +205,17 @@ def test_the_analysis_flags_the_bad_version_passes_the_good_and_gives_no_data_fo
             f"(count_over_time({rules.THRESHOLDS_VERSION}[{span}s]) >= {span - 1})"
             f" and (changes({rules.THRESHOLDS_VERSION}[{span}s]) == 0)"
         )
+        # Prometheus must hold the version each replica runs now: a window settled on r1's version 1
+        # (its last scrape before the change was seen, on a loaded machine) is settled too.
+        versions_now = {r: (2 if r == "r1" else 1) for r in REPLICAS}
         _wait(
-            "full rate windows of every replica",
-            lambda: all(
-                set(by_replica(e)) == set(REPLICAS)
-                for e in (settled, rules.KERNEL_US_PER_TOKEN, rules.REGRET, rules.FINGERPRINT_INFO)
+            "full rate windows of every replica at its version now",
+            lambda: (
+                by_replica(rules.THRESHOLDS_VERSION) == versions_now
+                and all(
+                    set(by_replica(e)) == set(REPLICAS)
+                    for e in (settled, rules.KERNEL_US_PER_TOKEN, rules.REGRET, rules.FINGERPRINT_INFO)
+                )
             ),
             90,
         )
@@ -223,7 +229,7 @@ def test_the_analysis_flags_the_bad_version_passes_the_good_and_gives_no_data_fo
         assert kernel[BAD] > 3 * good_mean, kernel  # the model says ~6x
         by_path = query(f'{rules.KERNEL_US_PER_TOKEN_BY_PATH}{{replica="{BAD}"}}')
         assert {s["metric"]["path"] for s in by_path} == {"unified", "prefill"}
-        assert by_replica(rules.THRESHOLDS_VERSION) == {"r0": 1, "r1": 2, "r2": 1, "r3": 1}
+        assert by_replica(rules.THRESHOLDS_VERSION) == versions_now
         contents = {s["metric"]["replica"]: s["metric"]["fingerprint"] for s in query(rules.FINGERPRINT_INFO)}
         assert len({contents[r] for r in GOOD}) == 1 and contents[BAD] != contents["r0"]  # r1: same content
         assert by_replica(rules.MIXED_VERSIONS) == {"r0": 0, "r1": 0, "r2": 0, "r3": 1}

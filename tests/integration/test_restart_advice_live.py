@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _live_ranks import vouched_ranks
 from fastapi.testclient import TestClient
-from prometheus_client import REGISTRY, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from typer.testing import CliRunner
@@ -24,7 +24,11 @@ from flyserve.policy import Thresholds
 from flyserve.pricing.costs import CostModel, load_costs
 from flyserve.sidecar.advise_cli import render
 from flyserve.sidecar.app import create_app
+from flyserve.sidecar.live_costs import PricedSample
+from flyserve.sidecar.service import count_priced
 from flyserve.sidecar.settings import SidecarSettings
+from flyserve.telemetry import metrics as tm
+from flyserve.telemetry.shape_sample import ShapeSample
 from flyserve.thresholds_files import load_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -49,7 +53,20 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def test_advice_names_decode_path_as_a_restart_and_keeps_it_out_of_the_patch(tmp_path: Path):
+@pytest.fixture
+def an_earlier_apps_regret() -> None:
+    """What an earlier sidecar app of this pytest process leaves in the priced-seconds counters (the
+    metric objects are the process's, shared by every app): one batch with a prefill row that took
+    prefill at twice unified's price, 1 s of regret (test_sidecar_regret's apps leave 0.136 s of
+    with_prefill regret: 0.0775 of this test's prefill_share when not subtracted). Planted here,
+    the test passes only when it reads its own app's increments, whatever ran before it."""
+    sample = ShapeSample(step=0, query_lens=(160,), max_seq_len=160, num_heads=32)
+    count_priced(PricedSample(0.0, sample, unified_s=1.0, prefill_s=2.0, routed_path="prefill", routed_s=2.0))
+
+
+def test_advice_names_decode_path_as_a_restart_and_keeps_it_out_of_the_patch(
+    tmp_path: Path, an_earlier_apps_regret: None
+):
     state = tmp_path / "state"
     r = runner.invoke(
         cli,
@@ -70,8 +87,12 @@ def test_advice_names_decode_path_as_a_restart_and_keeps_it_out_of_the_patch(tmp
         advice_deadline_s=120.0,  # a loaded CI machine: wait for the fit rather than get a 503
     )
     # The priced-seconds counters are this process's (the app runs in it): an earlier test in the
-    # same pytest process leaves its counts there, so this test reads what its own app added.
-    before = _samples(generate_latest(REGISTRY).decode())
+    # same pytest process leaves its counts there, so this test reads what its own app added. The
+    # baseline is flyserve's in-process registry, the counters /metrics serves: prometheus_client's
+    # global REGISTRY holds none of flyserve's metrics (telemetry.metrics registers them with
+    # registry=None): a baseline read there is empty and subtracts nothing.
+    before = _samples(generate_latest(tm.REGISTRY).decode())
+    assert ("flyserve_priced_attention_seconds_total", (("policy", "oracle"),)) in before
     with vouched_ranks(state, (0,), step=STEPS), TestClient(create_app(settings)) as c:
         adv = c.get("/thresholds/advice").json()
         after = _samples(c.get("/metrics").text)

@@ -103,6 +103,10 @@ def tmux_socket() -> Iterator[str]:
             subprocess.run([tmux, "-L", name, "kill-server"], check=False, capture_output=True, timeout=10)
 
 
+_TERMINAL_MODE = re.compile(r"^-?icanon$", re.MULTILINE)
+"""The line _top_command's stty prints after top exits: icanon (restored) or -icanon (left in cbreak)."""
+
+
 def _top_command(url: str) -> str:
     """top, then what a person would see after it: its exit status and whether the terminal is back in
     canonical mode (cbreak mode leaves '-icanon'), then a pause so the pane stays to be read."""
@@ -189,7 +193,8 @@ def test_top_in_a_terminal_against_a_live_simulator_and_sidecar(tmp_path: Path, 
 
         # q: top exits 0 and the terminal is back in canonical mode with echo.
         pane.keys("q")
-        shown = pane.wait_for(lambda s: "EXIT=" in s, "top's exit")
+        # stty's line comes after EXIT=: wait for both (either mode), then check which
+        shown = pane.wait_for(lambda s: "EXIT=" in s and _TERMINAL_MODE.search(s), "top's exit")
         assert "EXIT=0" in shown and re.search(r"^icanon$", shown, re.MULTILINE), shown
         assert "flyserve top" not in shown  # the alternate screen is gone: the shell's screen is back
 
@@ -199,7 +204,7 @@ def test_top_in_a_terminal_against_a_live_simulator_and_sidecar(tmp_path: Path, 
         pane2.wait_for(lambda s: "flyserve top" in s, "the second top")
         time.sleep(0.5)
         pane2.keys("C-c")
-        shown = pane2.wait_for(lambda s: "EXIT=" in s, "top's exit on Ctrl-C")
+        shown = pane2.wait_for(lambda s: "EXIT=" in s and _TERMINAL_MODE.search(s), "top's exit on Ctrl-C")
         assert "EXIT=130" in shown and re.search(r"^icanon$", shown, re.MULTILINE), shown
         assert "Traceback" not in shown
     finally:
