@@ -12,7 +12,8 @@ returns only the first engine's answer to a collective RPC. So ``rpc`` may answe
 collective RPC on each engine core) and a version counts as pushed only when EVERY expected engine
 confirmed it: each of its workers has it in force from one step (``from_step``, the engine's own
 step). An engine that failed is retried with the whole batch; the engines that had applied it
-answer "already applied" with the step they applied it at, so their confirmation stands.
+answer "already applied" with the step they applied it at, so their confirmation stands. The
+answers are bounded and grouped per engine by flyserve.vllm.channel_answers before they are judged.
 
 What it leaves in the state directory (the sidecar and the tests read these; nothing else does):
   channel/status.json   mode, pid, time, last pushed version, counts, per engine: the version it
@@ -35,7 +36,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
 from flyserve.control.version_trust import live_anchor
 from flyserve.files.atomic import atomic_write
+from flyserve.vllm.channel_answers import Push, by_engine, small_answer, small_report
 from flyserve.vllm.engine_channel import MAX_DOCS, METHOD
 
 log = logging.getLogger("flyserve.vllm")
@@ -63,8 +64,6 @@ STATUS_EVERY_S = 5.0
 REPORT_EVERY_S = 2.0
 """One report RPC every 2 s: vLLM runs it between two steps on every worker (microseconds each)."""
 RETRY_MAX_S = 5.0
-MAX_ENGINES = 1024
-MAX_WORKERS_PER_ENGINE = 256
 PEER_STALE_AFTER_S = 30.0
 """A rank report older than this is no live rank the pusher anchors on before its first push (the
 control plane's default rank_stale_after_s)."""
@@ -80,113 +79,6 @@ def status_path(state_dir: StateDir) -> Path:
 
 def pushes_path(state_dir: StateDir) -> Path:
     return channel_dir(state_dir) / "pushes.jsonl"
-
-
-@dataclass(frozen=True, slots=True)
-class Push:
-    """One version pushed to every worker, and what each answered."""
-
-    version: int
-    sha256: str
-    answers: tuple[dict[str, Any], ...]
-
-    @property
-    def steps(self) -> tuple[int, ...]:
-        return tuple(int(a.get("step", -1)) for a in self.answers)
-
-    @property
-    def same_step(self) -> bool:
-        """Every worker of each engine answered from the same step (so all of an engine's workers
-        apply from the same next step; engines step on their own, so theirs may differ)."""
-        per_engine: dict[Any, set[int]] = {}
-        for a, step in zip(self.answers, self.steps, strict=True):
-            per_engine.setdefault(a.get("engine"), set()).add(step)
-        return all(len(s) == 1 for s in per_engine.values())
-
-
-REPORT_INT_FIELDS = ("rank", "engine", "pid", "step", "applied_version", "applied_step", "late_applies")
-
-
-def _small_report(report: Any) -> dict[str, Any]:
-    """A worker's REPORT_METHOD answer, reduced to known fields of bounded size."""
-    if not isinstance(report, dict):
-        return {"why": "not a report"}
-    out: dict[str, Any] = {k: report[k] for k in REPORT_INT_FIELDS if _is_int(report.get(k))}
-    for k, n in (("host", 64), ("control_mode", 64), ("why", 40), ("error", 200)):
-        if isinstance(report.get(k), str):
-            out[k] = report[k][:n]
-    rate = report.get("steps_per_s")
-    out["steps_per_s"] = float(rate) if isinstance(rate, int | float) and not isinstance(rate, bool) else None
-    decisions = report.get("decisions")
-    if isinstance(decisions, dict):
-        out["decisions"] = {
-            str(p)[:32]: float(v)
-            for p, v in list(decisions.items())[:8]
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
-    applied = report.get("applied")
-    if isinstance(applied, list):
-        out["applied"] = [
-            [int(x) for x in a] for a in applied[-8:]
-            if isinstance(a, list | tuple) and len(a) == 3 and all(_is_int(x) for x in a)
-        ]  # fmt: skip
-    return out
-
-
-def _small(answer: Any) -> dict[str, Any]:
-    """A worker's answer, reduced to known fields of bounded size (it is input like any other)."""
-    if not isinstance(answer, dict):
-        return {"why": "not an answer", "error": repr(answer)[:200]}
-    out = {k: answer[k] for k in ("rank", "engine", "step", "version") if _is_int(answer.get(k))}
-    if isinstance(answer.get("host"), str):
-        out["host"] = answer["host"][:64]
-    results = answer.get("results")
-    out["results"] = [
-        {
-            "version": r.get("version"),
-            "applied": bool(r.get("applied")),
-            "why": str(r.get("why"))[:40],
-            "from_step": r.get("from_step") if _is_int(r.get("from_step")) else None,
-        }
-        for r in (results if isinstance(results, list) else [])[:MAX_DOCS]
-        if isinstance(r, dict)
-    ]
-    if "why" in answer:
-        out["why"] = str(answer["why"])[:40]
-    if "error" in answer:
-        out["error"] = str(answer["error"])[:300]
-    return out
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def by_engine(raw: Any) -> dict[int, list[Any] | str]:
-    """The answers grouped per engine: {engine: [worker answers]} or {engine: "error text"}.
-
-    A mapping is taken as per-engine already (an exception value becomes its text); a list is
-    grouped by each answer's own "engine" (0 when it has none), as one engine's collective RPC
-    answers. Bounded: a foreign or absurd answer cannot make the pusher hold unbounded state."""
-    out: dict[int, list[Any] | str] = {}
-    if isinstance(raw, Mapping):
-        for k, v in list(raw.items())[:MAX_ENGINES]:
-            if not _is_int(k):
-                continue
-            if isinstance(v, BaseException):
-                out[k] = f"{type(v).__name__}: {v}"[:300]
-            elif isinstance(v, list | tuple):
-                out[k] = list(v)[:MAX_WORKERS_PER_ENGINE]
-            else:
-                out[k] = "not a list of worker answers"
-        return out
-    for a in (raw if isinstance(raw, list | tuple) else [raw])[: MAX_ENGINES * 8]:
-        e = a.get("engine", 0) if isinstance(a, dict) else 0
-        e = e if _is_int(e) and 0 <= e < 1 << 20 else 0
-        group = out.setdefault(e, [])
-        if isinstance(group, list) and len(group) < MAX_WORKERS_PER_ENGINE:
-            group.append(a)
-    return out
 
 
 class ChannelPusher:
@@ -338,7 +230,7 @@ class ChannelPusher:
             elif not g:
                 failed[e] = "no worker answered"
             else:
-                answers = [_small(a) for a in g]
+                answers = [small_answer(a) for a in g]
                 bad = [a for a in answers if "error" in a or "why" in a]
                 if bad:
                     failed[e] = f"a worker refused the push: {bad[0]}"[:300]
@@ -453,7 +345,7 @@ class ChannelPusher:
             if g is None or isinstance(g, str):
                 errors[e] = g or "no answer"
                 continue
-            reports[e] = [_small_report(a) for a in g]
+            reports[e] = [small_report(a) for a in g]
         self.reports, self.report_errors, self.reported_at = reports, errors, time.time()
         return sum(len(r) for r in reports.values())
 

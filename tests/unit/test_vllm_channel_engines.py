@@ -16,7 +16,8 @@ import pytest
 from flyserve.control import ControlPlane, RankControl
 from flyserve.control.rank import ENGINE_CHANNEL
 from flyserve.vllm import endpoint_plugin
-from flyserve.vllm.channel_pusher import ChannelPusher, by_engine, pushes_path, status_path
+from flyserve.vllm.channel_answers import by_engine
+from flyserve.vllm.channel_pusher import ChannelPusher, pushes_path, status_path
 from flyserve.vllm.engine_channel import METHOD, REPORT_METHOD, _from_step, parse_docs
 
 
