@@ -254,17 +254,18 @@ def _child_args(flyserve_dir: Path, other_dir: Path, rank: int, wipe: bool, wait
     ]
 
 
-def _run_child(flyserve_dir: Path, other_dir: Path, rank: int, wipe: bool = False) -> int:
+def _python(args: list[str], *, unset_multiproc_dir: bool = False) -> subprocess.CompletedProcess[str]:
+    """A fresh interpreter on ``args`` from the checkout (PYTHONPATH and cwd the repo), its output
+    captured, 120 s at most; ``unset_multiproc_dir``: without PROMETHEUS_MULTIPROC_DIR, as a process
+    nothing set up for multiprocess metrics."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run(
-        _child_args(flyserve_dir, other_dir, rank, wipe, False),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+    if unset_multiproc_dir:
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    return subprocess.run(args, check=False, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+
+
+def _run_child(flyserve_dir: Path, other_dir: Path, rank: int, wipe: bool = False) -> int:
+    res = _python(_child_args(flyserve_dir, other_dir, rank, wipe, False))
     assert res.returncode == 0, res.stderr
     return int(res.stdout.split()[-1])
 
@@ -372,17 +373,7 @@ def test_sidecar_exposition_merges_files_and_own_metrics(tmp_path: Path) -> None
     d.mkdir()
     (tmp_path / "v").mkdir()
     _run_child(d, tmp_path / "v", rank=3)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    res = subprocess.run(
-        [sys.executable, "-c", _SIDECAR_CHILD, str(d)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+    res = _python([sys.executable, "-c", _SIDECAR_CHILD, str(d)], unset_multiproc_dir=True)
     assert res.returncode == 0, res.stderr
     text = res.stdout
     assert 'flyserve_sidecar_requests_total{code="200",method="GET",route="/metrics"} 1.0' in text
@@ -414,17 +405,7 @@ def test_in_process_mode_without_any_multiprocess_setup() -> None:
         print("ok")
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    res = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+    res = _python([sys.executable, "-c", code], unset_multiproc_dir=True)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
@@ -445,16 +426,7 @@ def test_setup_multiprocess_rebinds_an_existing_recorder(tmp_path: Path) -> None
         rec.record(decide(s, Thresholds()), s, 3, 1)
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+    res = _python([sys.executable, "-c", code, str(tmp_path)])
     assert res.returncode == 0, res.stderr
     got = _collect(tmp_path).get_sample_value(
         "flyserve_dispatch_decisions_total", {"path": "unified", "reason": "no_prefill_rows", "rank": "6"}
@@ -493,16 +465,7 @@ _GROW_AND_FORK = textwrap.dedent(
 
 @pytest.mark.slow  # a python subprocess or promtool
 def test_counts_survive_file_growth_and_fork(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run(
-        [sys.executable, "-c", _GROW_AND_FORK, str(tmp_path)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+    res = _python([sys.executable, "-c", _GROW_AND_FORK, str(tmp_path)])
     assert res.returncode == 0, res.stderr
     parent, child = res.stdout.split()
     labels = {"path": "unified", "reason": "no_prefill_rows", "rank": "8"}
