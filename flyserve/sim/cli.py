@@ -100,7 +100,7 @@ def simulate(
 ) -> None:
     """Play vLLM ranks (N per engine, E engines): feed a workload's batch shapes through the real policy, recorder and control."""
     from flyserve.control.initialise import implicit_note, resolve
-    from flyserve.sim.simulate import SimulateArgs, parse_drift
+    from flyserve.sim.args import SimulateArgs, parse_drift
     from flyserve.sim.simulate import simulate as run
     from flyserve.startup.checks import StartupError, check_profile
 

@@ -320,7 +320,7 @@ temp file must outlive the write (the protocol: flyserve/telemetry/compaction.py
 
 def test_one_state_dir_option():
     """Every command's --state-dir is flyserve.control.options.StateDirArg: one help, one variable.
-    The simulator's rank workers (sim/simulate.py, argparse) are started by `flyserve simulate`
+    The simulator's rank workers (sim/rank.py, argparse) are started by `flyserve simulate`
     itself with an explicit path; they are not a command an operator types."""
     defined = []
     for m, p in MODULES.items():

@@ -7,14 +7,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flyserve.sim.simulate import (
-    ENGINE_STAGGER_S,
-    MAX_RANKS,
-    SimulateArgs,
-    rank_command,
-    rank_slots,
-    validate,
-)
+from flyserve.sim.args import MAX_RANKS, SimulateArgs, validate
+from flyserve.sim.rank import rank_command
+from flyserve.sim.simulate import ENGINE_STAGGER_S, rank_slots
 
 
 def _args(**kw) -> SimulateArgs:  # type: ignore[no-untyped-def]

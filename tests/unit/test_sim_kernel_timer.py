@@ -12,7 +12,8 @@ import pytest
 from flyserve.lab.workloads import WorkloadSpec, generate
 from flyserve.policy import BatchShape, decide
 from flyserve.pricing.costs import CostModel, load_costs
-from flyserve.sim.simulate import SimulateArgs, rank_command, validate
+from flyserve.sim.args import SimulateArgs, validate
+from flyserve.sim.rank import rank_command
 from flyserve.telemetry.files_exposition import FilesExposition
 from flyserve.thresholds_files import load_profile
 
