@@ -25,7 +25,7 @@ from flyserve.files import safe_read
 from flyserve.files.atomic import atomic_write
 from flyserve.policy import PREFILL, UNIFIED, Thresholds
 from flyserve.pricing.costs import CostEntry, CostTable
-from flyserve.pricing.fit import fit_thresholds
+from flyserve.pricing.fit import FitReport, fit_thresholds
 from flyserve.thresholds_files import load_profile
 
 MAX_PARTIAL_BYTES = 256 << 20
@@ -144,6 +144,19 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temp file and a rename (a crash leaves the old file or
     the new one, never half of one); both calibrators write their profile and cost table with it."""
     atomic_write(path, text)
+
+
+def write_calibration(
+    out_costs: Path, out_profile: Path, table: CostTable, fit: FitReport, shapes: int, header: Sequence[str]
+) -> str:
+    """Write the cost table and the fitted profile (each atomically); the line that says so. One
+    writer for the device and the CPU calibration, so both say the same thing the same way."""
+    atomic_write_text(out_costs, table.to_json())
+    atomic_write_text(out_profile, profile_yaml(fit.thresholds, header))
+    return (
+        f"wrote {out_costs} ({shapes} shapes) and {out_profile}: routed/oracle on the grid "
+        f"{fit.routed_over_oracle:.4f}, decode_path {fit.thresholds.decode_path}"
+    )
 
 
 def run_calibration(
@@ -315,9 +328,4 @@ def run_calibration(
         ),
         "",
     ]
-    atomic_write_text(out_costs, table.to_json())
-    atomic_write_text(out_profile, profile_yaml(fit.thresholds, header))
-    return (
-        f"wrote {out_costs} ({len(entries)} shapes) and {out_profile}: routed/oracle on the grid "
-        f"{fit.routed_over_oracle:.4f}, decode_path {fit.thresholds.decode_path}"
-    )
+    return write_calibration(out_costs, out_profile, table, fit, len(entries), header)

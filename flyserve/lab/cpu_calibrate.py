@@ -17,7 +17,7 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any
 
-from flyserve.lab.calibrate import CalibrationError, GridPoint, atomic_write_text, build_grid, profile_yaml
+from flyserve.lab.calibrate import CalibrationError, GridPoint, build_grid, write_calibration
 from flyserve.policy import PREFILL, UNIFIED
 from flyserve.pricing.costs import CostEntry, CostTable
 from flyserve.pricing.fit import fit_thresholds
@@ -138,9 +138,4 @@ def run_cpu_calibration(
         f"  always-unified {fit.unified_s * 1e3:.2f} ms, always-prefill {fit.prefill_s * 1e3:.2f} ms",
         "",
     ]
-    atomic_write_text(out_costs, table.to_json())
-    atomic_write_text(out_profile, profile_yaml(fit.thresholds, header))
-    return (
-        f"wrote {out_costs} ({len(entries)} shapes) and {out_profile}: routed/oracle on the grid "
-        f"{fit.routed_over_oracle:.4f}, decode_path {fit.thresholds.decode_path}"
-    )
+    return write_calibration(out_costs, out_profile, table, fit, len(entries), header)
