@@ -33,6 +33,7 @@ from typer.testing import CliRunner
 from flyserve.doctor import compile as cc
 from flyserve.vllm import flydsl_cache as fc
 from flyserve.vllm import flydsl_kernel as fk
+from flyserve.vllm.flydsl_cache import entries as cache_entries
 
 REAL_ARTIFACT = (
     Path(__file__).resolve().parents[1] / "data" / "flydsl_cache" / "compiled-artifact-flydsl-0.4.2.pkl"
@@ -377,7 +378,7 @@ def test_an_ir_text_for_gfx950_does_not_vouch_for_the_ir_zlib_flydsl_loads():
 def test_a_compressed_module_past_the_cap_is_not_inflated(monkeypatch):
     import zlib
 
-    monkeypatch.setattr(fc, "MAX_IR_BYTES", 1 << 16)
+    monkeypatch.setattr(cache_entries, "MAX_IR_BYTES", 1 << 16)
     state = fc.artifact_state(artifact_bytes(ir_zlib=zlib.compress(b" " * (1 << 20))))
     assert fc.artifact_problem(state, "gfx950") == "not a FlyDSL artifact (no compiled module)"
 
