@@ -64,7 +64,7 @@ WRITER = textwrap.dedent(
 
 
 def make_files(d: Path, live: int, dead: int) -> None:
-    from flyserve.telemetry._prom_backend import encode_values_file, read_values_file
+    from flyserve.telemetry.prom import encode_values_file, read_values_file
 
     src = d / "src"
     src.mkdir()

@@ -54,7 +54,7 @@ from typing import TypeGuard
 
 from flyserve.files import safe_read
 from flyserve.files.processes import pid_alive
-from flyserve.telemetry._prom_backend import encode_values_file, read_values_file
+from flyserve.telemetry.prom import encode_values_file, read_values_file
 
 log = logging.getLogger("flyserve.telemetry")
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from flyserve.telemetry._prom_backend import entry_offsets, read_used
+from flyserve.telemetry.prom import entry_offsets, read_used
 
 T = TypeVar("T")
 _EMPTY = memoryview(b"").cast("d")

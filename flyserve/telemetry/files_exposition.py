@@ -27,9 +27,9 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from flyserve.telemetry._prom_backend import entry_offsets, float_text, read_used
 from flyserve.telemetry.compaction import parse_name, reading
 from flyserve.telemetry.multiprocess import note_skipped_file
+from flyserve.telemetry.prom import entry_offsets, float_text, read_used
 
 _KEY_CACHE_MAX = 200_000
 _FILE_CACHE_MAX = 100_000

@@ -68,7 +68,7 @@ from typing import Any, Final, Protocol
 
 from flyserve.policy.vocabulary import PATHS, VARIANT
 from flyserve.telemetry import metrics
-from flyserve.telemetry._prom_backend import value_of
+from flyserve.telemetry.prom import value_of
 from flyserve.telemetry.recorder import HistogramBinding
 from flyserve.telemetry.tracing import KERNEL_SPAN, ROOT_CONTEXT, Tracing
 

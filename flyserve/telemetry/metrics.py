@@ -10,7 +10,7 @@ Three groups, by which process writes them:
 
 Why our own value classes (the ``scope=`` argument below): prometheus_client picks its value
 class from ``PROMETHEUS_MULTIPROC_DIR`` once, at import, and vLLM sets that variable to its own
-directory. flyserve's value backend (flyserve.telemetry._prom_backend, the one module that touches
+directory. flyserve's value backend (flyserve.telemetry.prom, the one package that touches
 prometheus_client internals) writes rank and control metrics to the directory given to
 :func:`setup_multiprocess` (flyserve.telemetry.multiprocess, re-exported here) and keeps them
 in-process until then; the sidecar metrics are always in-process. Rank-side values take no lock
@@ -28,8 +28,15 @@ from typing import Final
 from prometheus_client import CollectorRegistry
 
 from flyserve.policy.vocabulary import PATHS, REASONS
-from flyserve.telemetry import _prom_backend as _backend
-from flyserve.telemetry._prom_backend import (
+from flyserve.telemetry import prom as _backend
+from flyserve.telemetry.multiprocess import exposition_registry as _exposition_registry
+from flyserve.telemetry.multiprocess import (
+    multiprocess_dir,
+    setup_in_process,
+    setup_multiprocess,
+    wipe_metrics_dir,
+)
+from flyserve.telemetry.prom import (
     CONTROL,
     RANK,
     SCOPES,
@@ -41,13 +48,6 @@ from flyserve.telemetry._prom_backend import (
     exposed_name,
     metric_type,
     read_values_file,
-)
-from flyserve.telemetry.multiprocess import exposition_registry as _exposition_registry
-from flyserve.telemetry.multiprocess import (
-    multiprocess_dir,
-    setup_in_process,
-    setup_multiprocess,
-    wipe_metrics_dir,
 )
 
 __all__ = [

@@ -24,8 +24,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from flyserve.files.processes import pid_alive
-from flyserve.telemetry._prom_backend import BACKEND, close_files, reinit_values, values_file_used
 from flyserve.telemetry.compaction import reading
+from flyserve.telemetry.prom import BACKEND, close_files, reinit_values, values_file_used
 
 log = logging.getLogger("flyserve.telemetry")
 

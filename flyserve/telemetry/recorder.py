@@ -26,7 +26,7 @@ from flyserve.policy.rules import Decision, decision_for
 from flyserve.policy.shape import BatchShape
 from flyserve.policy.vocabulary import PATHS, REASONS
 from flyserve.telemetry import metrics
-from flyserve.telemetry._prom_backend import histogram_cells, value_cell, value_of
+from flyserve.telemetry.prom import histogram_cells, value_cell, value_of
 from flyserve.telemetry.tracing import DISPATCH_SPAN, ROOT_CONTEXT, Tracing
 
 

@@ -1,9 +1,9 @@
-"""The metrics value backend: the one module allowed to touch prometheus_client internals.
+"""The metrics value backend: the one package allowed to touch prometheus_client internals.
 
 It is gated on the prometheus-client version it was run against (0.20 to 0.26, each minor release:
 tests/unit/test_telemetry_metrics.py passed under every one). These tests make sure an unknown
-version fails at import with a message that says what to install, and that no other module of
-flyserve reaches into prometheus_client's private names.
+version fails at import with a message that says what to install, and that no module of flyserve
+outside flyserve.telemetry.prom reaches into prometheus_client's private names.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from flyserve.telemetry import _prom_backend as backend
+from flyserve.telemetry import prom as backend
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "flyserve"
-BACKEND_FILE = PACKAGE / "telemetry" / "_prom_backend.py"
+BACKEND_DIR = PACKAGE / "telemetry" / "prom"
 
 # prometheus_client modules that are not its documented API, and the private attributes of its
 # metric, value and file objects that flyserve's backend uses.
@@ -76,7 +76,21 @@ def test_importing_flyserve_metrics_under_an_unknown_version_fails_loudly():
 
 
 def _modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if p != BACKEND_FILE)
+    """Every module of flyserve but the backend package's own."""
+    return sorted(p for p in PACKAGE.rglob("*.py") if BACKEND_DIR not in p.parents)
+
+
+def test_the_backend_package_is_where_the_private_names_are():
+    """The scans below leave flyserve.telemetry.prom out: it must exist and be the one using them."""
+    backend_modules = sorted(BACKEND_DIR.glob("*.py"))
+    assert len(backend_modules) >= 5
+    imported = set()
+    for path in backend_modules:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+    assert PRIVATE_MODULES <= imported
+    assert not [p for p in _modules() if BACKEND_DIR in p.parents]
 
 
 @pytest.mark.slow  # 2.0 s on the 2-core VM (fast-tier tests take under 0.3 s)

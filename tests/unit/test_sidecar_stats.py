@@ -155,8 +155,8 @@ def test_read_counters_missing_dir_raises(tmp_path: Path):
 
 def test_read_counters_skips_a_file_with_a_deeply_nested_key(tmp_path: Path):
     """json.loads of '[' * 50000 raises RecursionError: unskipped, /dispatch-stats 500 for ever."""
-    from flyserve.telemetry._prom_backend import encode_values_file
     from flyserve.telemetry.multiprocess import SKIPPED_FILES
+    from flyserve.telemetry.prom import encode_values_file
 
     (tmp_path / "counter_999994.db").write_bytes(encode_values_file([("[" * 50_000, 1.0, 0.0)]))
     assert read_counters(tmp_path) == {}

@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from flyserve.sidecar.stats import read_counters, totals_of
 from flyserve.telemetry import compaction
-from flyserve.telemetry._prom_backend import encode_values_file, read_values_file
 from flyserve.telemetry.compaction import JOURNAL, compact, parse_name, reading
 from flyserve.telemetry.multiprocess import SoundFilesCollector
+from flyserve.telemetry.prom import encode_values_file, read_values_file
 
 pytestmark = pytest.mark.slow  # its metrics files are written by python subprocesses (dead ranks)
 
@@ -416,14 +416,14 @@ def test_files_exposition_with_a_full_key_cache_still_renders(metrics_dir: Path,
 
 def test_files_exposition_and_entry_cache_refuse_a_file_over_the_size_cap(metrics_dir: Path, monkeypatch):
     """A sparse file with a matching header would be read in full on every request; both
-    readers share _prom_backend.read_used and its MAX_VALUES_FILE_BYTES cap."""
-    from flyserve.telemetry import _prom_backend
+    readers share prom.files.read_used and its MAX_VALUES_FILE_BYTES cap."""
     from flyserve.telemetry.entry_cache import EntryCache
     from flyserve.telemetry.files_exposition import FilesExposition
     from flyserve.telemetry.multiprocess import SKIPPED_FILES
+    from flyserve.telemetry.prom import files as prom_files
 
     good = _lines(FilesExposition(metrics_dir).text())
-    cap = max(_prom_backend.values_file_used(p) or 0 for p in metrics_dir.glob("*.db"))
+    cap = max(prom_files.values_file_used(p) or 0 for p in metrics_dir.glob("*.db"))
     big = metrics_dir / "counter_999995.db"
     n = cap // 32 + 1  # each entry is at least 32 bytes
     big.write_bytes(
@@ -431,7 +431,7 @@ def test_files_exposition_and_entry_cache_refuse_a_file_over_the_size_cap(metric
     )
     assert big.stat().st_size > cap
     assert any("flyserve_oversized" in line for line in _lines(FilesExposition(metrics_dir).text()))
-    monkeypatch.setattr(_prom_backend, "MAX_VALUES_FILE_BYTES", cap)
+    monkeypatch.setattr(prom_files, "MAX_VALUES_FILE_BYTES", cap)
     assert _lines(FilesExposition(metrics_dir).text()) == good
     assert big.name in SKIPPED_FILES
     with pytest.raises(ValueError, match=f"larger than {cap} bytes"):

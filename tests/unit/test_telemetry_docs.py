@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from flyserve.telemetry import metrics
-from flyserve.telemetry._prom_backend import label_names
+from flyserve.telemetry.prom import label_names
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 PROMTOOL = "/usr/bin/promtool"
