@@ -22,8 +22,6 @@ import json
 import math
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +31,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+from _live_sidecar import read_rank_reports, sidecar_beside_simulator  # the live tests' launcher
+from _live_sidecar import wait_for as wait_until
 
 from flyserve.control import Store
 from flyserve.control.effective import CONSENSUS_S, CONSENSUS_STEPS
@@ -55,91 +57,39 @@ def bound_s(rate: float) -> float:
 
 
 def wait_for(pred: Callable[[], object], timeout: float) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if v := pred():
-            return v
-        time.sleep(0.05)
+    """``pred()``'s first true value within ``timeout`` s, or None: a measurement records a miss."""
+    with contextlib.suppress(TimeoutError):
+        return wait_until(pred, timeout=timeout, what="a measurement", every=0.05)
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
 
 
 def real_reports(state: Path) -> dict[int, dict]:
     """The two simulated ranks' own reports (a forgery renamed over a rank's file is left out)."""
-    out = {}
-    for r in (0, 1):
-        with contextlib.suppress(OSError, ValueError):
-            d = json.loads((state / "ranks" / f"{r}.json").read_text())
-            if d.get("host") != "elsewhere":
-                out[r] = d
-    return out
+    return {r: d for r, d in read_rank_reports(state / "ranks").items() if d.get("host") != "elsewhere"}
+
+
+UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM")
 
 
 @contextlib.contextmanager
 def rig(work: Path, step_interval: float, own_pidns: bool) -> Iterator[tuple[str, Path]]:
-    state, token = work / "state", work / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
-    port = free_port()
-    cli = [sys.executable, "-m", "flyserve.cli"]
-    side = [*cli, "sidecar", "--state-dir", str(state), "--host", "127.0.0.1", "--port", str(port),
-            "--token-file", str(token), "--log-level", "warning"]  # fmt: skip
-    if own_pidns:
-        side = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM", *side]
-    procs = [subprocess.Popen(side, stdout=(work / "sidecar.log").open("w"), stderr=subprocess.STDOUT)]
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def up() -> bool:
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(url + "/healthz", timeout=2).status_code == 200
-            return False
-
-        if not wait_for(up, 90):
-            raise RuntimeError("sidecar did not start: " + (work / "sidecar.log").read_text()[-500:])
-        procs.append(
-            subprocess.Popen(
-                [
-                    *cli,
-                    "simulate",
-                    "--state-dir",
-                    str(state),
-                    "--ranks",
-                    "2",
-                    "--steps",
-                    "1000000",
-                    "--step-interval",
-                    str(step_interval),
-                    "--quiet",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.STDOUT,
-            )
-        )
+    """The sidecar (in its own pid namespace with ``own_pidns``) and two simulated ranks at
+    ``step_interval``, ranks past their first measured rate; every process stopped at the end."""
+    with sidecar_beside_simulator(
+        work,
+        TOKEN,
+        wrap=UNSHARE if own_pidns else (),
+        simulate_args=("--steps", "1000000", "--step-interval", str(step_interval)),
+    ) as both:
+        state = both.sidecar.state
         if not wait_for(
             lambda: len(g := real_reports(state)) == 2 and all(d.get("steps_per_s") for d in g.values()), 90
         ):
             raise RuntimeError("ranks did not report a rate")
-        httpx.get(url + "/readyz", timeout=30)  # as a readiness probe does: the sidecar has looked at ranks/
-        yield url, state
-    finally:
-        for p in reversed(procs):
-            stop(p)
+        httpx.get(
+            both.sidecar.url + "/readyz", timeout=30
+        )  # as a readiness probe does: it has looked at ranks/
+        yield both.sidecar.url, state
 
 
 def _elsewhere(rank: int) -> dict:

@@ -16,10 +16,8 @@ import multiprocessing
 import os
 import resource
 import select
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _live_sidecar import (
+    STEP_INTERVAL_S,
+    read_rank_reports,
+    sidecar_beside_simulator,
+    wait_for,
+    wait_ranks_at_speed,
+)
 
 from flyserve.control.effective import CONSENSUS_S, CONSENSUS_STEPS
 from flyserve.control.plane import DEFAULT_LEAD_S
@@ -35,25 +40,7 @@ from flyserve.control.plane import DEFAULT_LEAD_S
 TOKEN = "flood-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 STEP_MARGIN = 8
-STEP_INTERVAL_S = 0.02  # the simulated engine: about 50 steps/s
 REPORT_LAG_S = 1.5  # a rank writes its report about once a second: the apply is seen that much later
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(pred: Callable[[], object], *, timeout: float, what: str, every: float = 0.1) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 def raise_fd_limit(want: int = 4096) -> None:
@@ -64,10 +51,15 @@ def raise_fd_limit(want: int = 4096) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
+def effective_bound_s(rate: float) -> float:
+    """control/effective.py's bound (docs/operations.md) in seconds for a rank stepping at ``rate``:
+    CONSENSUS_S + 2 * lead_s + (max(margin, CONSENSUS_STEPS) + 2) steps."""
+    return CONSENSUS_S + 2 * DEFAULT_LEAD_S + (max(STEP_MARGIN, CONSENSUS_STEPS) + 2) / rate
+
+
 def apply_bound_s(rate: float) -> float:
-    """control/effective.py's bound (docs/operations.md) for a rank stepping at ``rate``, plus the
-    time a rank takes to report it: CONSENSUS_S + 2 * lead_s + (max(margin, CONSENSUS_STEPS) + 2) steps."""
-    return CONSENSUS_S + 2 * DEFAULT_LEAD_S + (max(STEP_MARGIN, CONSENSUS_STEPS) + 2) / rate + REPORT_LAG_S
+    """effective_bound_s plus the time a rank takes to report the apply (REPORT_LAG_S)."""
+    return effective_bound_s(rate) + REPORT_LAG_S
 
 
 @dataclass
@@ -79,73 +71,31 @@ class Rig:
 
     def real_reports(self) -> dict[int, dict]:
         """The simulator's two ranks, read from their files (not through the code under test)."""
-        out = {}
-        for r in (0, 1):
-            with contextlib.suppress(OSError, ValueError):
-                out[r] = json.loads((self.state / "ranks" / f"{r}.json").read_text())
-        return out
-
-
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+        return read_rank_reports(self.state / "ranks")
 
 
 @contextlib.contextmanager
 def rig(tmp: Path, *sidecar_args: str) -> Iterator[Rig]:
     """The sidecar (--costs h200) and a two-rank simulator, ranks past their first measured rate."""
     raise_fd_limit()
-    state = tmp / "state"
-    token = tmp / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "FLYSERVE_SIDECAR_TOKEN"}
-    cli = [sys.executable, "-m", "flyserve.cli"]
-    sidecar = subprocess.Popen(
-        [*cli, "sidecar", "--state-dir", str(state), "--host", "127.0.0.1", "--port", str(port),
-         "--token-file", str(token), "--step-margin", str(STEP_MARGIN), "--costs", "h200",
-         "--log-level", "warning", *sidecar_args],
-        env=env, stdout=(tmp / "sidecar.log").open("w"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    r = Rig(f"http://127.0.0.1:{port}", port, state, [sidecar])
-    try:
-
-        def up() -> bool:
-            assert sidecar.poll() is None, (tmp / "sidecar.log").read_text()[-2000:]
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(r.url + "/healthz", timeout=2).status_code == 200
-            return False
-
-        wait_for(up, timeout=90, what="the sidecar's /healthz", every=0.2)
-        sim = subprocess.Popen(
-            [*cli, "simulate", "--state-dir", str(state), "--ranks", "2", "--steps", "1000000",
-             "--step-interval", str(STEP_INTERVAL_S), "--costs", "h200", "--workload", "seed-8k-c32",
-             "--quiet"],
-            stdout=(tmp / "simulate.log").open("w"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        r.procs.append(sim)
-        # At speed, not only measured: a rank's first rate can come from a window that holds its
-        # slow start (a CI run: a PATCH at once got an 18-step margin for the 3 s lead, so about 6
-        # steps/s, for ranks stepping at 50/s, and both ranks applied it 13 steps late). These tests are about attacks, not that.
-        wait_for(
-            lambda: (
-                len(got := r.real_reports()) == 2
-                and all((d.get("steps_per_s") or 0) >= 0.5 / STEP_INTERVAL_S for d in got.values())
-            ),
-            timeout=90,
-            what="both ranks to report a step rate of at least half the simulated one",
-            every=0.2,
-        )
+    with sidecar_beside_simulator(
+        tmp,
+        TOKEN,
+        sidecar_args=("--step-margin", str(STEP_MARGIN), "--costs", "h200", *sidecar_args),
+        simulate_args=(
+            "--steps",
+            "1000000",
+            "--step-interval",
+            str(STEP_INTERVAL_S),
+            "--costs",
+            "h200",
+            "--workload",
+            "seed-8k-c32",
+        ),
+    ) as both:
+        r = Rig(both.sidecar.url, both.sidecar.port, both.sidecar.state, both.procs)
+        wait_ranks_at_speed(r.real_reports)
         yield r
-    finally:
-        for p in reversed(r.procs):
-            _stop(p)
 
 
 # ---------------------------------------------------------------- measuring

@@ -18,46 +18,27 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
-from _attack_rig import free_port, recording_healthz
+from _attack_rig import REPORT_LAG_S, STEP_MARGIN, recording_healthz
+from _attack_rig import effective_bound_s as bound_s
+from _live_sidecar import STEP_INTERVAL_S, read_rank_reports, sidecar_beside_simulator, wait_for
 
 from flyserve.control import Store
-from flyserve.control.effective import CONSENSUS_S, CONSENSUS_STEPS
-from flyserve.control.plane import DEFAULT_LEAD_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 TOKEN = "file-attack-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-STEP_MARGIN = 8
-STEP_INTERVAL_S = 0.02
-REPORT_LAG_S = 1.5
 MEMORY_LIMIT_BYTES = 512 << 20  # deploy/'s limit for the sidecar container
-
-
-def wait_for(pred: Callable[[], object], *, timeout: float, what: str, every: float = 0.1) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(every)
-
-
-def bound_s(rate: float) -> float:
-    """control/effective.py's bound in seconds for a rank stepping at ``rate``."""
-    return CONSENSUS_S + 2 * DEFAULT_LEAD_S + (max(STEP_MARGIN, CONSENSUS_STEPS) + 2) / rate
 
 
 @dataclass
@@ -74,11 +55,7 @@ class Rig:
         return self.procs[0]
 
     def real_reports(self) -> dict[int, dict]:
-        out = {}
-        for r in (0, 1):
-            with contextlib.suppress(OSError, ValueError):
-                out[r] = json.loads((self.state / "ranks" / f"{r}.json").read_text())
-        return out
+        return read_rank_reports(self.state / "ranks")
 
     def priced_60s(self) -> int:
         stats = httpx.get(self.url + "/dispatch-stats", timeout=30).json()
@@ -91,48 +68,27 @@ class Rig:
         return 0
 
 
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     tmp = tmp_path_factory.mktemp("file-attacks")
-    state = tmp / "state"
-    token = tmp / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "FLYSERVE_SIDECAR_TOKEN"}
-    cli = [sys.executable, "-m", "flyserve.cli"]
-    sidecar = subprocess.Popen(
-        [*cli, "sidecar", "--state-dir", str(state), "--host", "127.0.0.1", "--port", str(port),
-         "--token-file", str(token), "--step-margin", str(STEP_MARGIN), "--costs", "h200",
-         "--log-level", "warning"],
-        env=env, stdout=(tmp / "sidecar.log").open("w"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    rig = Rig(f"http://127.0.0.1:{port}", state, tmp / "sidecar.log", [sidecar])
-    try:
-
-        def up() -> bool:
-            assert sidecar.poll() is None, (tmp / "sidecar.log").read_text()[-2000:]
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(rig.url + "/healthz", timeout=2).status_code == 200
-            return False
-
-        wait_for(up, timeout=90, what="the sidecar's /healthz", every=0.2)
-        simulate = [*cli, "simulate", "--state-dir", str(state), "--ranks", "2", "--workload", "seed-8k-c32",
-                    "--steps", "100000", "--step-interval", str(STEP_INTERVAL_S), "--profile", "gfx950",
-                    "--costs", "h200", "--quiet"]  # fmt: skip
-        rig.procs.append(
-            subprocess.Popen(simulate, stdout=(tmp / "simulate.log").open("w"), stderr=subprocess.STDOUT)
-        )
+    with sidecar_beside_simulator(
+        tmp,
+        TOKEN,
+        sidecar_args=("--step-margin", str(STEP_MARGIN), "--costs", "h200"),
+        simulate_args=(
+            "--workload",
+            "seed-8k-c32",
+            "--steps",
+            "100000",
+            "--step-interval",
+            str(STEP_INTERVAL_S),
+            "--profile",
+            "gfx950",
+            "--costs",
+            "h200",
+        ),
+    ) as both:
+        rig = Rig(both.sidecar.url, both.sidecar.state, both.sidecar.log, both.procs)
         wait_for(
             lambda: len(got := rig.real_reports()) == 2 and all(d.get("steps_per_s") for d in got.values()),
             timeout=90,
@@ -141,9 +97,6 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         )
         wait_for(lambda: rig.priced_60s() > 0, timeout=60, what="the first priced samples", every=0.5)
         yield rig
-    finally:
-        for p in reversed(rig.procs):
-            _stop(p)
 
 
 @contextlib.contextmanager

@@ -11,8 +11,6 @@ removed under its feet (a lost or double-counted file would show as a drop or a 
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,26 +18,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _live_sidecar import free_port, stop_process
 
 pytestmark = pytest.mark.integration
 
 RESTARTS = 12
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
 
 
 def _pids(metrics: Path) -> set[str]:
@@ -61,7 +44,7 @@ def _totals(body: str) -> dict[str, float]:
 
 def test_restarting_ranks_keep_the_metrics_dir_bounded_and_totals_monotone(tmp_path: Path):
     state = tmp_path / "state"
-    port = _free_port()
+    port = free_port()
     sim_log, side_log = (tmp_path / "sim.log").open("w"), (tmp_path / "sidecar.log").open("w")
     env = {
         k: v for k, v in os.environ.items() if k not in ("FLYSERVE_SIDECAR_TOKEN", "PROMETHEUS_MULTIPROC_DIR")
@@ -107,8 +90,8 @@ def test_restarting_ranks_keep_the_metrics_dir_bounded_and_totals_monotone(tmp_p
                 if f"{RESTARTS} restart(s)" in log_text and metrics.is_dir() and len(_pids(metrics)) <= 5:
                     break  # left: 4 live ranks and the sidecar itself; every dead pid merged
     finally:
-        _stop(sim)
-        _stop(side)
+        stop_process(sim, kill_wait_s=5)
+        stop_process(side, kill_wait_s=5)
     side_text = (tmp_path / "sidecar.log").read_text()
     assert drops == [], drops
     # Never near the 12 + 36 files of no compaction: dead files are merged within a second or two.

@@ -4,24 +4,24 @@ before start. Every wait polls for the event with a generous deadline; nothing a
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from _attack_rig import free_port
+from _live_sidecar import LiveSidecar, stop_process
+from _live_sidecar import start_sidecar as start_live_sidecar
+from _live_sidecar import wait_for as _wait_for
 
 from flyserve.control import ControlPlane
 
@@ -31,77 +31,30 @@ TOKEN = "attack-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def wait_for(pred: Callable[[], object], *, timeout: float, what: str, every: float = 0.2) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(every)
-
-
-@dataclass
-class Sidecar:
-    url: str
-    port: int
-    state: Path
-    proc: subprocess.Popen
-    log: Path
+wait_for = functools.partial(_wait_for, every=0.2)
+Sidecar = LiveSidecar
 
 
 def start_sidecar(
     tmp_path: Path, *extra: str, nofile: int | None = None, config: Path | None = None
 ) -> Sidecar:
-    state = tmp_path / "state"
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "FLYSERVE_SIDECAR_TOKEN"}
-    cmd = [sys.executable, "-m", "flyserve.cli", "sidecar", "--state-dir", str(state), "--host", "127.0.0.1",
-           "--port", str(port), "--token-file", str(token_file), "--log-level", "warning", *extra]  # fmt: skip
+    """The sidecar with this file's token; ``nofile``: under that fd limit (a wrapper sets it, then
+    execs the sidecar); ``config``: with --config-file."""
     if config is not None:
-        cmd += ["--config-file", str(config)]
-
-    if nofile is not None:  # lower the fd limit in a wrapper that then becomes the sidecar (execv)
+        extra = (*extra, "--config-file", str(config))
+    wrap: tuple[str, ...] = ()
+    if nofile is not None:
         wrapper = (
             "import os, resource, sys; "
             f"resource.setrlimit(resource.RLIMIT_NOFILE, ({nofile}, {nofile})); "
             "os.execv(sys.executable, sys.argv[1:])"
         )
-        cmd = [sys.executable, "-c", wrapper, *cmd]
-    log = tmp_path / "sidecar.log"
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    sc = Sidecar(f"http://127.0.0.1:{port}", port, state, proc, log)
-
-    def up() -> bool:
-        assert proc.poll() is None, f"sidecar exited during start-up: {log.read_text()[-2000:]}"
-        try:
-            return httpx.get(sc.url + "/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(up, timeout=90, what="/healthz at start")
-    return sc
+        wrap = (sys.executable, "-c", wrapper)
+    return start_live_sidecar(tmp_path, TOKEN, *extra, wrap=wrap)
 
 
 def stop(sc: Sidecar) -> None:
-    if sc.proc.poll() is None:
-        sc.proc.send_signal(signal.SIGTERM)
-        try:
-            sc.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            sc.proc.kill()
-            sc.proc.wait(timeout=5)
-
-
-@pytest.fixture
-def stopper() -> Iterator[list[Sidecar]]:
-    started: list[Sidecar] = []
-    yield started
-    for sc in started:
-        stop(sc)
+    stop_process(sc.proc, kill_wait_s=5)
 
 
 def healthz_ok(url: str) -> bool:

@@ -29,8 +29,8 @@ from _attack_rig import (
     patch_and_time_apply,
     probing,
     rig,
-    wait_for,
 )
+from _live_sidecar import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,10 @@ effective step, new ones from it).
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _live_sidecar import start_sidecar, stop_process
+from _live_sidecar import wait_for as _wait_for
 
 from flyserve.lab.workloads import workload
 from flyserve.policy import BatchShape, Thresholds, decide
@@ -31,12 +33,6 @@ pytestmark = pytest.mark.integration
 TOKEN = "integration-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 STEP_MARGIN = 150  # the least margin; the control plane also sizes it by the ranks' step rate
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -50,45 +46,18 @@ class Sidecar:
         return httpx.Client(base_url=self.url, timeout=10.0)
 
 
-def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+def _stop(proc: subprocess.Popen) -> None:
+    stop_process(proc, term_wait_s=15, kill_wait_s=5)
 
 
 @pytest.fixture
 def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
-    state = tmp_path / "state"
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "FLYSERVE_SIDECAR_TOKEN"}
-    cmd = [sys.executable, "-m", "flyserve.cli", "sidecar", "--state-dir", str(state), "--host", "127.0.0.1",
-           "--port", str(port), "--token-file", str(token_file), "--stale-after", "2", "--stream-interval", "0.5",
-           "--step-margin", str(STEP_MARGIN), "--log-level", "warning"]  # fmt: skip
-    log = (tmp_path / "sidecar.log").open("w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    sc = Sidecar(f"http://127.0.0.1:{port}", state, proc, tmp_path / "sidecar.log")
+    sc = start_sidecar(tmp_path, TOKEN, "--stale-after", "2", "--stream-interval", "0.5",
+                       "--step-margin", str(STEP_MARGIN), timeout=60)  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, "sidecar exited during start-up"
-            try:
-                if httpx.get(sc.url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "sidecar did not answer /healthz in 60 s"
-            time.sleep(0.2)
-        yield sc
+        yield Sidecar(sc.url, sc.state, sc.proc, sc.log)
     finally:
-        _stop(proc)
-        log.close()
+        _stop(sc.proc)
 
 
 def start_simulate(state: Path, *, ranks: int, name: str, steps: int, interval: float) -> subprocess.Popen:
@@ -97,14 +66,7 @@ def start_simulate(state: Path, *, ranks: int, name: str, steps: int, interval: 
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def wait_for(pred, *, timeout: float, what: str, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
+wait_for = functools.partial(_wait_for, every=0.2)
 
 
 def expected_decisions(name: str, steps: int, switches: list[tuple[int, Thresholds]]) -> collections.Counter:

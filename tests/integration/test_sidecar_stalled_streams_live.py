@@ -17,7 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _attack_rig import patch_and_time_apply, rig, wait_for
+from _attack_rig import patch_and_time_apply, rig
+from _live_sidecar import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration

@@ -4,24 +4,15 @@ range If-Match and rollback accept."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from test_sidecar_attacks_live import AUTH, Sidecar, start_sidecar, stop
+from test_sidecar_attacks_live import AUTH, start_sidecar
 
 from flyserve.control import ControlPlane
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def stopper() -> Iterator[list[Sidecar]]:
-    started: list[Sidecar] = []
-    yield started
-    for sc in started:
-        stop(sc)
 
 
 def test_stray_history_names_neither_stop_the_sidecar_nor_move_versions(
