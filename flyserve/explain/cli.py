@@ -84,7 +84,7 @@ def read_sample(path: str, index: int) -> dict[str, Any]:
     """The batch of ``path`` ('-' is stdin): a JSON document, or JSON lines (a shape log, newest last)."""
     import sys
 
-    from flyserve.control.store import read_regular_file
+    from flyserve.control.state_files import read_regular_file
     from flyserve.files import safe_read
 
     where = "stdin" if path == "-" else Path(path).name

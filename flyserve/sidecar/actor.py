@@ -19,7 +19,7 @@ import secrets
 from pathlib import Path
 
 from flyserve.control.paths import StateDir
-from flyserve.control.store import read_regular_file
+from flyserve.control.state_files import read_regular_file
 
 log = logging.getLogger("flyserve.sidecar")
 

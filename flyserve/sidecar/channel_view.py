@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from flyserve.control.paths import StateDir
-from flyserve.control.store import MAX_JSON_BYTES
+from flyserve.control.state_files import MAX_JSON_BYTES
 from flyserve.files import safe_read
 from flyserve.sidecar.models import ChannelEngineView, ChannelView, ChannelWorkerView
 

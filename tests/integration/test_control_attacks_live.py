@@ -171,7 +171,7 @@ def test_thresholds_set_on_a_full_disk_is_a_clean_error_then_works_when_space_re
 
 _KILLER = """
 import os, signal, sys
-import flyserve.control.store as store
+import flyserve.control.snapshot_files as store
 target, n = sys.argv[1], int(sys.argv[2])
 real = store.atomic_write
 seen = []
@@ -278,7 +278,7 @@ def test_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_path: Path
 
 _TERMINATED = """
 import os, signal, sys
-import flyserve.control.store as store
+import flyserve.control.snapshot_files as store
 real = store.atomic_write
 def write(path, data, **kw):
     real(path, data, **kw)

@@ -19,7 +19,8 @@ from flyserve.control.audit_files import (
     read_log_tail,
     rotate_if_due,
 )
-from flyserve.control.store import Store, read_file_tail
+from flyserve.control.state_files import read_file_tail
+from flyserve.control.store import Store
 
 SMALL = AuditRotation(max_bytes=64 << 10, keep=2)
 PAD = "x" * 900  # about 1 kB a line: 64 kB hold about 64 lines

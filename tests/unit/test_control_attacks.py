@@ -15,7 +15,7 @@ from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.policy import Thresholds, ThresholdsError
 from flyserve.thresholds_files import load_profile
 
-MAX_AUDIT_LINE = 8192  # flyserve.control.store.MAX_AUDIT_LINE (checked in the test that uses it)
+MAX_AUDIT_LINE = 8192  # flyserve.control.audit_log.MAX_AUDIT_LINE (checked in the test that uses it)
 
 
 def repair(plane: ControlPlane):  # imported late: each test fails on its own before the fix
@@ -163,7 +163,7 @@ def test_smaller_a_huge_string_value_makes_a_bounded_audit_line(plane: ControlPl
     with pytest.raises(ThresholdsError) as e:
         plane.apply_overrides({"lpt": "x" * 50_000_000}, actor="a")
     assert len(str(e.value)) < 1000
-    from flyserve.control.store import MAX_AUDIT_LINE as limit
+    from flyserve.control.audit_log import MAX_AUDIT_LINE as limit
 
     assert limit == MAX_AUDIT_LINE
     line = plane.state_dir.audit_log.read_text().splitlines()[-1]

@@ -17,7 +17,7 @@ from flyserve.control.errors import ControlIOError
 from flyserve.control.rank import RankControl
 from flyserve.control.repair import repair
 from flyserve.control.snapshot import ConfigSnapshot
-from flyserve.control.store import atomic_write
+from flyserve.files.atomic import atomic_write
 from flyserve.control.version_trust import (
     FIRST_VERSION_CEILING,
     MAX_VERSION_STEP,

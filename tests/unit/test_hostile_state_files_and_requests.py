@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from flyserve.control import ControlPlane
-from flyserve.control.store import Store, read_json
+from flyserve.control.state_files import read_json
+from flyserve.control.store import Store
 
 DEADLINE_S = 20.0
 
@@ -116,7 +117,7 @@ def test_a_lying_metrics_header_is_left_out_of_a_scrape(tmp_path: Path) -> None:
 def test_stale_rank_files_are_capped_and_odd_names_ignored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flyserve.control import store as store_mod
+    from flyserve.control import state_files as store_mod
 
     plane = ControlPlane(tmp_path / "state", step_margin=8, lead_s=0.0)
     store = Store(plane.state_dir)
@@ -289,7 +290,7 @@ def test_audit_reads_refuse_an_endless_file(tmp_path: Path) -> None:
 def test_a_huge_audit_log_is_read_from_its_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the newest bytes are read (AUDIT_READ_MAX; with a limit, four lines' worth per entry):
     the newest entries come back whole, a line cut by the window is dropped, not half-parsed."""
-    from flyserve.control import store as store_mod
+    from flyserve.control import audit_log as store_mod
 
     plane = _plane_with_audit(tmp_path)
     lines = [

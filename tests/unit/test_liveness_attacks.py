@@ -328,7 +328,7 @@ def test_a_version_in_force_whose_history_was_pruned_is_not_recorded_abandoned(t
 def test_a_version_never_in_force_whose_history_file_stayed_is_abandoned(tmp_path: Path) -> None:
     """The other half: a writer killed after the history file, before current.json; the next writer
     numbers above it (never making it current). Its history file exists below current."""
-    from flyserve.control import store as store_mod
+    from flyserve.control import snapshot_files as store_mod
     from flyserve.control.repair import repair
 
     plane = ControlPlane(tmp_path / "state")

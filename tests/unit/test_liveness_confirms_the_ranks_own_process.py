@@ -228,7 +228,7 @@ def test_the_owner_checked_is_the_one_of_the_file_read(
     """Rank 5's genuine file is listed (owned by the ranks' uid); between that and the open, a
     forgery owned by another uid is renamed over it, naming a live process of the ranks' uid. Was:
     the listing's owner (the ranks') checked against the forgery's pid - confirmed."""
-    from flyserve.control import store as store_mod
+    from flyserve.control import state_files as store_mod
 
     path = plane.state_dir.ranks_dir / "5.json"
     plane.store.write_rank_report(real_report(5), rank=5)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flyserve.control.store import read_file_tail, read_json, read_regular_file
+from flyserve.control.state_files import read_file_tail, read_json, read_regular_file
 from flyserve.files import safe_read
 from flyserve.files.safe_read import SafeReadError
 

@@ -24,7 +24,7 @@ from flyserve.control import ControlPlane
 from flyserve.control.rank import RankControl
 from flyserve.control.reports import HOST, PIDNS, own_proc_start
 from flyserve.control.snapshot import ConfigSnapshot
-from flyserve.control.store import atomic_write
+from flyserve.files.atomic import atomic_write
 from flyserve.control.version_trust import MAX_VERSION_STEP
 from flyserve.thresholds_files import load_profile
 from flyserve.vllm.channel_pusher import ChannelPusher

@@ -18,7 +18,7 @@ from flyserve.control.profile_trust import stored_profile_refusal
 from flyserve.control.rank import RankControl
 from flyserve.control.repair import repair
 from flyserve.control.snapshot import ConfigSnapshot
-from flyserve.control.store import atomic_write
+from flyserve.files.atomic import atomic_write
 from flyserve.thresholds_files import load_profile, profile_path
 
 SHIPPED = profile_path("gfx950")
