@@ -11,21 +11,29 @@ docs/operations.md "Failure modes")."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
-from _attack_rig import free_port, recording_healthz
+from _attack_rig import REPORT_LAG_S, STEP_MARGIN, recording_healthz
+from _attack_rig import effective_bound_s as bound_s
+from _live_sidecar import (
+    STEP_INTERVAL_S,
+    read_rank_reports,
+    sidecar_beside_simulator,
+    wait_ranks_at_speed,
+)
+from _live_sidecar import wait_for as _wait_for
 
 from flyserve.control import ControlPlane, Store
 from flyserve.control.effective import CONSENSUS_S, CONSENSUS_STEPS
@@ -35,25 +43,8 @@ pytestmark = pytest.mark.integration
 
 TOKEN = "liveness-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-STEP_MARGIN = 8
-STEP_INTERVAL_S = 0.02  # the simulated engine: about 50 steps/s
-REPORT_LAG_S = 1.5  # a rank writes its report about once a second: the apply is seen that much later
-
-
-def wait_for(pred: Callable[[], object], *, timeout: float, what: str, every: float = 0.05) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(every)
-
-
-def bound_s(rate: float) -> float:
-    """control/effective.py's bound in seconds for a rank stepping at ``rate``: CONSENSUS_S +
-    2 * lead_s + (CONSENSUS_STEPS + 2) steps."""
-    return CONSENSUS_S + 2 * DEFAULT_LEAD_S + (max(STEP_MARGIN, CONSENSUS_STEPS) + 2) / rate
+# The apply is timed by polling the ranks' reports: twice as often as the rig's default.
+wait_for = functools.partial(_wait_for, every=0.05)
 
 
 def bound_steps(step: int, rate: float) -> int:
@@ -77,87 +68,24 @@ class Rig:
 
     def real_reports(self) -> dict[int, dict]:
         """The simulator's two ranks, read from their files (not through the code under test)."""
-        out = {}
-        for r in (0, 1):
-            with contextlib.suppress(OSError, ValueError):
-                if self.displaced is not None:
-                    out[r] = json.loads((self.displaced / f"{r}.json").read_text())
-                    continue
-                out[r] = json.loads((self.state / "ranks" / f"{r}.json").read_text())
-        return out
-
-
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+        if self.displaced is not None:
+            return read_rank_reports(self.displaced)
+        return read_rank_reports(self.state / "ranks")
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
     """The sidecar and a two-rank simulator on one state directory, ranks past their first rate."""
-    state = tmp_path / "state"
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "FLYSERVE_SIDECAR_TOKEN"}
-    cli = [sys.executable, "-m", "flyserve.cli"]
-    sidecar = subprocess.Popen(
-        [*cli, "sidecar", "--state-dir", str(state), "--host", "127.0.0.1", "--port", str(port),
-         "--token-file", str(token), "--step-margin", str(STEP_MARGIN), "--log-level", "warning"],
-        env=env, stdout=(tmp_path / "sidecar.log").open("w"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    rig = Rig(f"http://127.0.0.1:{port}", state, [sidecar])
-    try:
-
-        def up() -> bool:
-            assert sidecar.poll() is None, (tmp_path / "sidecar.log").read_text()[-2000:]
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(rig.url + "/healthz", timeout=2).status_code == 200
-            return False
-
-        wait_for(up, timeout=90, what="the sidecar's /healthz", every=0.2)
-        rig.procs.append(
-            subprocess.Popen(
-                [
-                    *cli,
-                    "simulate",
-                    "--state-dir",
-                    str(state),
-                    "--ranks",
-                    "2",
-                    "--steps",
-                    "100000",
-                    "--step-interval",
-                    str(STEP_INTERVAL_S),
-                    "--quiet",
-                ],
-                stdout=(tmp_path / "simulate.log").open("w"),
-                stderr=subprocess.STDOUT,
-            )
-        )
-        # At speed, not only measured: a rank's first rate can come from a window that holds its
-        # slow start (a CI run: a PATCH at once got an 18-step margin for the 3 s lead, so about 6
-        # steps/s, for ranks stepping at 50/s, and both ranks applied it 13 steps late). These tests are about attacks, not that.
-        wait_for(
-            lambda: (
-                len(got := rig.real_reports()) == 2
-                and all((d.get("steps_per_s") or 0) >= 0.5 / STEP_INTERVAL_S for d in got.values())
-            ),
-            timeout=90,
-            what="both ranks to report a step rate of at least half the simulated one",
-            every=0.2,
-        )
+    with sidecar_beside_simulator(
+        tmp_path,
+        TOKEN,
+        sidecar_args=("--step-margin", str(STEP_MARGIN)),
+        simulate_args=("--steps", "100000", "--step-interval", str(STEP_INTERVAL_S)),
+    ) as both:
+        rig = Rig(both.sidecar.url, both.sidecar.state, both.procs)
+        wait_ranks_at_speed(rig.real_reports)
         httpx.get(rig.url + "/readyz", timeout=30)  # as a readiness probe does: it has looked at ranks/
         yield rig
-    finally:
-        for p in reversed(rig.procs):
-            _stop(p)
 
 
 @contextlib.contextmanager
