@@ -3,16 +3,17 @@
 The ranks sample 1 engine step in N (flyserve.telemetry.shape_sample): the rows' query and context
 lengths, the path the step ran, when, and (where the rank has one) a measured kernel time. The
 sidecar reads those files every second, prices each new sample ONCE with the cost table named at
-start (``--costs``), and keeps the priced samples of the last 15 minutes. From them:
+start (``--costs``), and keeps the priced samples of the last 15 minutes (this module). From them:
 
 * regret per window (1 min, 15 min): the priced seconds of the path each step ran (routed), of the
   faster path per step (oracle), and of always-unified / always-prefill; ``routed/oracle - 1`` is
   the share of attention time the thresholds spent beyond the best per-batch choice. The same
-  arithmetic as ``flyserve replay`` (flyserve.lab.replay), over live samples instead of a trace.
+  arithmetic as ``flyserve replay`` (flyserve.lab.replay), over live samples instead of a trace
+  (flyserve.sidecar.regret sums the windows).
 * advice: calibrate's fitter (flyserve.pricing.fit) run on the window's priced shapes, starting
   from the thresholds in force; only the run-time knobs it changes, never decode_path. The knobs
   fixed at start (decode_path, the KV block size) are priced apart (flyserve.sidecar.restart_advice):
-  named with their saving, "needs a restart", never in the ready PATCH.
+  named with their saving, "needs a restart", never in the ready PATCH (flyserve.sidecar.advice_fit).
 * drift: per path, the median over the window of measured / predicted for the samples that carry
   a kernel time. 1.0: the table still describes this GPU and kernel build.
 
@@ -25,61 +26,26 @@ confident wrong answer.
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
-from flyserve.policy import PATHS, PREFILL, UNIFIED, Thresholds, ThresholdsError
-from flyserve.policy.routing import paths_under
-from flyserve.pricing.costs import CostEntry, CostModel, CostTable, CostTableError
-from flyserve.pricing.fit import PREFILL_KNOBS, fit_thresholds
-from flyserve.sidecar.restart_advice import Reprice, RestartKnobAdvice, restart_advice
+from flyserve.policy import PREFILL, UNIFIED, Thresholds
+from flyserve.pricing.costs import CostModel, CostTable, CostTableError
+from flyserve.sidecar.advice_fit import AdviceResult, advise
+from flyserve.sidecar.regret import PricedSample, drift_of, summarize
 from flyserve.telemetry.shape_sample import ShapeSample
 
-FIT_CANDIDATES = 48
-"""Candidate values per knob in a live fit (see flyserve.pricing.fit._thin)."""
 REGRET_WINDOWS: dict[str, float] = {"60s": 60.0, "900s": 900.0}
 HORIZON_S = max(REGRET_WINDOWS.values())
 POLICIES = ("routed", "oracle", "always_unified", "always_prefill")
-PREFILL_ROW_MIN_QUERY = 2
-"""Thresholds.min_query_len's default: a batch with a row this long has a prefill row."""
 SAMPLE_CLOCK_SKEW_S = 5.0
 """A sample dated up to this far ahead of the sidecar's clock (ranks' clocks differ a little) is
 taken as dated now; one dated further ahead is dropped, so no sample outlives its window."""
-ADVICE_KNOBS = PREFILL_KNOBS
-"""What advice may change: the knobs the fitter informs, all changeable while serving
-(decode_path is fixed at start: the engine captured its CUDA graphs with it)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PricedSample:
-    """One sampled step, priced once: seconds of one attention call on each path."""
-
-    time: float
-    sample: ShapeSample
-    unified_s: float
-    prefill_s: float
-    routed_path: str
-    routed_s: float
-
-    @property
-    def oracle_s(self) -> float:
-        return min(self.unified_s, self.prefill_s)
-
-    @property
-    def has_prefill_row(self) -> bool:
-        """A row of 2+ query tokens: the batches run-time thresholds route. The others (decode only)
-        always take decode_path, fixed at start; their share of regret needs a restart to change."""
-        return max(self.sample.query_lens, default=0) >= PREFILL_ROW_MIN_QUERY
-
-    def predicted(self, path: str) -> float:
-        return self.prefill_s if path == PREFILL else self.unified_s
 
 
 def layer_mismatch(table: CostTable, s: ShapeSample) -> str | None:
@@ -101,84 +67,6 @@ def layer_mismatch(table: CostTable, s: ShapeSample) -> str | None:
     if s.seq_lens is None:
         return "the ranks' shape samples carry no seq_lens (a rank older than this sidecar): nothing to price"
     return None
-
-
-@dataclass(frozen=True)
-class RegretSummary:
-    """Priced totals over one window. Seconds are sums of one attention call per sampled step."""
-
-    samples: int
-    span_s: float
-    routed_s: float
-    oracle_s: float
-    always_unified_s: float
-    always_prefill_s: float
-    wrong_samples: int
-    drift: dict[str, dict[str, Any]]
-    prefill_batches: dict[str, Any]
-
-    def ratio(self, num: float) -> float | None:
-        return num / self.oracle_s if self.oracle_s > 0 else None
-
-    def to_json(self) -> dict[str, Any]:
-        r = self.ratio(self.routed_s)
-        return {
-            "samples": self.samples,
-            "span_s": round(self.span_s, 3),
-            "routed_s": self.routed_s,
-            "oracle_s": self.oracle_s,
-            "always_unified_s": self.always_unified_s,
-            "always_prefill_s": self.always_prefill_s,
-            "routed_over_oracle": r,
-            "regret": None if r is None else r - 1.0,
-            "always_unified_over_oracle": self.ratio(self.always_unified_s),
-            "always_prefill_over_oracle": self.ratio(self.always_prefill_s),
-            "wrong_samples": self.wrong_samples,
-            "prefill_batches": self.prefill_batches,
-            "drift": self.drift,
-        }
-
-
-def summarize(priced: Sequence[PricedSample], span_s: float) -> RegretSummary:
-    """Totals of ``priced``, summed in sample order (so the same samples give the same floats as
-    ``flyserve replay`` summing the same steps)."""
-    n = len(priced)
-    u = np.fromiter((p.unified_s for p in priced), dtype=np.float64, count=n)
-    pf = np.fromiter((p.prefill_s for p in priced), dtype=np.float64, count=n)
-    routed = np.fromiter((p.routed_s for p in priced), dtype=np.float64, count=n)
-    oracle = np.minimum(u, pf)
-    has_prefill = np.fromiter((p.has_prefill_row for p in priced), dtype=bool, count=n)
-    pr, po = float(routed[has_prefill].sum()), float(oracle[has_prefill].sum())
-    return RegretSummary(
-        samples=n,
-        span_s=span_s,
-        routed_s=float(routed.sum()),
-        oracle_s=float(oracle.sum()),
-        always_unified_s=float(u.sum()),
-        always_prefill_s=float(pf.sum()),
-        wrong_samples=int(np.count_nonzero(routed > oracle)),
-        drift=drift_of(priced),
-        prefill_batches={
-            "samples": int(has_prefill.sum()),
-            "routed_s": pr,
-            "oracle_s": po,
-            "routed_over_oracle": pr / po if po > 0 else None,
-        },
-    )
-
-
-def drift_of(priced: Iterable[PricedSample]) -> dict[str, dict[str, Any]]:
-    """Per path: how many samples carry a measured kernel time, and the median measured/predicted."""
-    ratios: dict[str, list[float]] = {p: [] for p in PATHS}
-    for p in priced:
-        k = p.sample.kernel_s
-        pred = p.predicted(p.routed_path)
-        if k is not None and pred > 0:
-            ratios[p.routed_path].append(k / pred)
-    return {
-        path: {"samples": len(rs), "median_ratio": statistics.median(rs) if rs else None}
-        for path, rs in ratios.items()
-    }
 
 
 class LivePricing:
@@ -353,109 +241,6 @@ class LivePricing:
         q = np.asarray(s.query_lens, dtype=np.int64)
         sl = np.asarray(s.seq_lens, dtype=np.int64)
         return model.predict(q, sl, UNIFIED), model.predict(q, sl, PREFILL)
-
-
-@dataclass(frozen=True)
-class AdviceResult:
-    samples: list[PricedSample]
-    current: Thresholds
-    proposed: Thresholds
-    before: RegretSummary
-    after: RegretSummary
-    paths_before: list[str]
-    paths_after: list[str]
-    restart: list[RestartKnobAdvice] = field(default_factory=list)
-    """Start-time knobs (decode_path, KV block size) worth a restart: never part of ``changes``."""
-
-    @property
-    def changes(self) -> dict[str, tuple[Any, Any]]:
-        return {k: v for k, v in self.current.diff(self.proposed).items() if k in ADVICE_KNOBS}
-
-
-def route(samples: Sequence[PricedSample], t: Thresholds) -> list[str]:
-    """The path decide() picks for each sample under ``t`` (as a rank would, breaker closed)."""
-    return paths_under((p.sample for p in samples), t)
-
-
-def _rerouted(samples: Sequence[PricedSample], paths: Sequence[str]) -> RegretSummary:
-    re = [
-        PricedSample(p.time, p.sample, p.unified_s, p.prefill_s, path, p.predicted(path))
-        for p, path in zip(samples, paths, strict=True)
-    ]
-    span = (samples[-1].time - samples[0].time) if len(samples) > 1 else 0.0
-    return summarize(re, span)
-
-
-def _routed_s(samples: Sequence[PricedSample], t: Thresholds) -> float:
-    return sum(p.predicted(path) for p, path in zip(samples, route(samples, t), strict=True))
-
-
-def minimal_change(samples: Sequence[PricedSample], current: Thresholds, fitted: Thresholds) -> Thresholds:
-    """The fitted values only where they pay: nothing unless they are strictly cheaper on
-    ``samples``, then each changed knob put back while that costs nothing. The fitter breaks ties
-    toward the most permissive value (right for a calibration grid); live advice must not widen a
-    knob the window cannot tell anything about (seen in the CPU demo: four "free" changes)."""
-    eps = 1e-12
-    best = _routed_s(samples, fitted)
-    if not best < _routed_s(samples, current) - eps:
-        return current
-    out = fitted
-    for knob, (old, _new) in current.diff(fitted).items():
-        try:
-            cand = out.merged({knob: old})
-        except ThresholdsError:  # e.g. min_seq_len back above a max_seq_len that moved
-            continue
-        if _routed_s(samples, cand) <= best + eps:
-            out = cand
-    return out
-
-
-def advise(
-    samples: Sequence[PricedSample],
-    current: Thresholds,
-    *,
-    block_sizes: Sequence[int] = (),
-    reprice: Reprice | None = None,
-) -> AdviceResult:
-    """Calibrate's fitter on live shapes. Before and after are both decide() under the thresholds
-    (not the recorded paths), so the comparison is like for like. The start-time knobs are priced
-    on top of the result (flyserve.sidecar.restart_advice), apart from the run-time changes."""
-    if not samples:
-        raise ValueError("no priced shapes in the window")
-    heads = {p.sample.num_heads for p in samples}
-    # Batches without a prefill row take decode_path whatever the run-time knobs say: a constant
-    # in every candidate's total, so the fit runs on the others only (the bulk of a window is decode).
-    routable = [p for p in samples if p.has_prefill_row]
-    if len(heads) != 1:
-        raise ValueError(f"the window mixes ranks with {sorted(heads)} query heads: advice needs one layer")
-    entries = [
-        CostEntry(
-            "mixed",
-            p.sample.query_lens,
-            p.sample.seq_lens or (),
-            {UNIFIED: p.unified_s, PREFILL: p.prefill_s},
-        )
-        for p in routable
-    ]
-    if entries:
-        fit = fit_thresholds(
-            entries, num_heads=heads.pop(), base=current, fit_decode_path=False, max_candidates=FIT_CANDIDATES
-        ).thresholds
-    else:
-        fit = current
-    keep = {k: v for k, v in fit.model_dump().items() if k not in ADVICE_KNOBS}
-    proposed = minimal_change(routable, current, fit.merged({k: getattr(current, k) for k in keep}))
-    before_paths, after_paths = route(samples, current), route(samples, proposed)
-    return AdviceResult(
-        list(samples),
-        current,
-        proposed,
-        _rerouted(samples, before_paths),
-        _rerouted(samples, after_paths),
-        before_paths,
-        after_paths,
-        restart_advice(samples, proposed, block_sizes=block_sizes, reprice=reprice, paths=after_paths),
-    )
 
 
 def finite_or_none(x: float | None) -> float | None:

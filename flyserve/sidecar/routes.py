@@ -22,9 +22,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from flyserve.control import ChangeResult, ControlPlane
 from flyserve.policy.errors import MAX_MESSAGE_CHARS
 from flyserve.policy.thresholds import Thresholds, ThresholdsError
+from flyserve.sidecar.advice_fit import AdviceResult
 from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.auth import require_token
-from flyserve.sidecar.live_costs import REGRET_WINDOWS, AdviceResult, RegretSummary
+from flyserve.sidecar.live_costs import REGRET_WINDOWS
 from flyserve.sidecar.models import (
     Advice,
     AdvicePatch,
@@ -43,6 +44,7 @@ from flyserve.sidecar.models import (
     RoutingChange,
     ThresholdsView,
 )
+from flyserve.sidecar.regret import RegretSummary
 from flyserve.sidecar.sample_evidence import Evidence
 from flyserve.sidecar.server import stream_connection
 from flyserve.sidecar.service import StatsService, thresholds_view

@@ -22,7 +22,7 @@ from flyserve.control.reports import liveness as report_liveness
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.channel_view import Witnesses, read_channel_view
-from flyserve.sidecar.live_costs import HORIZON_S, LivePricing, PricedSample
+from flyserve.sidecar.live_costs import HORIZON_S, LivePricing
 from flyserve.sidecar.models import (
     DispatchStats,
     EngineStats,
@@ -32,6 +32,7 @@ from flyserve.sidecar.models import (
     Regret,
     ThresholdsView,
 )
+from flyserve.sidecar.regret import PricedSample
 from flyserve.sidecar.sample_evidence import Evidence, corroborate
 from flyserve.sidecar.settings import SidecarSettings
 from flyserve.sidecar.stats import (

@@ -24,7 +24,7 @@ from flyserve.policy import Thresholds
 from flyserve.pricing.costs import CostModel, load_costs
 from flyserve.sidecar.advise_cli import render
 from flyserve.sidecar.app import create_app
-from flyserve.sidecar.live_costs import PricedSample
+from flyserve.sidecar.regret import PricedSample
 from flyserve.sidecar.service import count_priced
 from flyserve.sidecar.settings import SidecarSettings
 from flyserve.telemetry import metrics as tm

@@ -16,7 +16,8 @@ from flyserve.lab.replay import model_price, price_trace, replay
 from flyserve.lab.workloads import Trace, workload
 from flyserve.policy import PREFILL, BatchShape, Thresholds, decide
 from flyserve.pricing.costs import CostModel, load_costs
-from flyserve.sidecar.live_costs import ADVICE_KNOBS, LivePricing
+from flyserve.sidecar.advice_fit import ADVICE_KNOBS
+from flyserve.sidecar.live_costs import LivePricing
 from flyserve.telemetry.shape_sample import ShapeSampleWriter, read_shape_samples
 from flyserve.thresholds_files import load_profile
 

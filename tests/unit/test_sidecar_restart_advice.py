@@ -19,7 +19,7 @@ from test_sidecar_live_costs import prefix, pricing, write_trace
 
 
 def test_every_start_only_field_has_an_adviser_and_is_never_a_run_time_knob():
-    from flyserve.sidecar.live_costs import ADVICE_KNOBS
+    from flyserve.sidecar.advice_fit import ADVICE_KNOBS
 
     assert set(START_ONLY_ADVISERS) == set(START_ONLY_FIELDS)
     assert not set(START_ONLY_FIELDS) & set(ADVICE_KNOBS)
