@@ -34,6 +34,7 @@ from flyserve.doctor import compile as cc
 from flyserve.vllm import flydsl_cache as fc
 from flyserve.vllm import flydsl_kernel as fk
 from flyserve.vllm.flydsl_cache import entries as cache_entries
+from flyserve.vllm.flydsl_kernel import disk_cache
 
 REAL_ARTIFACT = (
     Path(__file__).resolve().parents[1] / "data" / "flydsl_cache" / "compiled-artifact-flydsl-0.4.2.pkl"
@@ -398,7 +399,7 @@ def test_a_check_that_breaks_still_keeps_flydsl_off_the_folder(base, monkeypatch
     def broken(root):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(fk, "check_cache_dir", broken)
+    monkeypatch.setattr(disk_cache, "check_cache_dir", broken)
     with caplog.at_level(logging.WARNING, logger="flyserve.vllm"):
         assert fk.checked_cache() is None
     assert os.environ[fk.CACHE_DIR_ENV] != str(cache)
