@@ -19,6 +19,7 @@ import pytest
 
 from flyserve.doctor import compile as cc
 from flyserve.doctor import compile_child
+from flyserve.doctor.compile import runs as compile_runs
 from flyserve.vllm import flydsl_cache as fc
 from flyserve.vllm import flydsl_key
 from flyserve.vllm.flydsl_layout import BUILD_FOLDERS, FUNCTION_FOLDERS, detect_layout, layout_of_entry
@@ -119,7 +120,7 @@ def test_a_release_without_either_set_of_names_is_refused_naming_its_version(mon
 
 def test_the_command_stops_once_on_an_unobservable_flydsl(monkeypatch):
     info = {"revision": {"label": "x"}, "key": {"unsupported": "flydsl 0.6.0 has neither ..."}}
-    monkeypatch.setattr(cc, "run_child", lambda payload, env: (info, 0, "", 0.1))
+    monkeypatch.setattr(compile_runs, "run_child", lambda payload, env: (info, 0, "", 0.1))
     with pytest.raises(cc.CompileCheckError, match="flydsl 0.6.0"):
         cc.read_revision({})
 
