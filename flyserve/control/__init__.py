@@ -5,15 +5,11 @@ Rank side: RankControl.current(step) - one int compare per engine step - applies
 the engine step the publisher chose, the same on every rank. See docs/operations.md.
 """
 
+from flyserve.control.config_file import read_config_file
 from flyserve.control.errors import ControlIOError, DecodePathChangeRefused, VersionConflict
 from flyserve.control.paths import StateDir, default_state_dir
-from flyserve.control.plane import (
-    DEFAULT_LEAD_S,
-    DEFAULT_STEP_MARGIN,
-    ChangeResult,
-    ControlPlane,
-    read_config_file,
-)
+from flyserve.control.plane import DEFAULT_LEAD_S, DEFAULT_STEP_MARGIN, ControlPlane
+from flyserve.control.publishing import ChangeResult
 from flyserve.control.rank import RankControl
 from flyserve.control.snapshot import LAYERS, SOURCES, ConfigSnapshot
 from flyserve.control.store import Store
