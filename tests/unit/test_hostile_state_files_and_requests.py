@@ -525,7 +525,7 @@ def test_a_key_given_twice_in_a_json_body_is_refused_naming_it(sidecar_client) -
 
 
 def test_cli_refuses_a_key_given_twice_and_non_decimal_integers() -> None:
-    from flyserve.control.cli import _parse_assignments
+    from flyserve.control.cli_common import parse_assignments as _parse_assignments
     from flyserve.policy import ThresholdsError
 
     with pytest.raises(ThresholdsError, match="min_seq_len.*more than once"):
