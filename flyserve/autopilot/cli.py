@@ -1,7 +1,9 @@
-"""`flyserve autopilot trials`: the autopilot's decision code on synthetic switchback trials.
+"""`flyserve autopilot trials|history|replay`: the autopilot's decision code on synthetic switchback
+trials; the trials an audit log records, and their decisions recomputed from it.
 
 Registered from flyserve/cli.py's table of contents. The statistics are in flyserve.autopilot.sequential,
-the synthetic blocks in flyserve.autopilot.trials; docs/autopilot.md has the table this prints.
+the synthetic blocks in flyserve.autopilot.trials; docs/autopilot.md has the table this prints. The
+audit's records are flyserve.autopilot.audit_records, the recomputation flyserve.autopilot.replay.
 """
 
 from __future__ import annotations
@@ -9,15 +11,18 @@ from __future__ import annotations
 import functools
 import json
 import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from flyserve.terminal.printable import printable_block, printable_text
+from flyserve.control.options import StateDirArg
+from flyserve.terminal.printable import printable, printable_block, printable_text
 
 if TYPE_CHECKING:  # imported where they are used
     from rich.console import Console
 
+    from flyserve.autopilot.replay import ReplayReport, TrialReplay
     from flyserve.autopilot.sequential import SequentialConfig
 
 autopilot_app = typer.Typer(
@@ -255,6 +260,148 @@ def _print_table(
             style={True: None, False: "red", None: "yellow"}[c["met"]],
         )
     console.print(printable_text(f"rerun: {command}", None), soft_wrap=True)
+
+
+def _report(state_dir: Path | None) -> ReplayReport:
+    """The audit log of ``state_dir`` (default: the default state directory), replayed."""
+    from flyserve.autopilot.audit_log import audit_log_path, read_audit_lines
+    from flyserve.autopilot.replay import replay
+    from flyserve.control.paths import default_state_dir
+
+    where = state_dir if state_dir is not None else default_state_dir()
+    try:
+        lines = read_audit_lines(where)
+    except (OSError, ValueError) as exc:
+        _fail(f"cannot read the audit log {printable(audit_log_path(where))}: {printable(exc)}")
+    return replay(lines)
+
+
+def _pct_change(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:+.2f}%"
+
+
+def _trial_doc(t: TrialReplay) -> dict[str, Any]:
+    s, d = t.start, t.decision
+    return {
+        "trial": t.trial,
+        "started": None if s is None else s.time,
+        "mode": None if s is None else s.mode,
+        "operator_version": None if s is None else s.operator_version,
+        "changes": None if s is None else {k: list(v) for k, v in s.changes.items()},
+        "blocks": None if s is None else s.blocks,
+        "block_steps": None if s is None else s.block_steps,
+        "pairs": len(t.pairs),
+        "decision": None
+        if d is None
+        else {
+            "time": d.time,
+            "verdict": d.verdict,
+            "reason": d.reason,
+            "source": d.source,
+            "action": d.action,
+            "estimate": d.statistic.estimate,
+            "lower": d.statistic.lower,
+            "upper": d.statistic.upper,
+            "result_version": d.result_version,
+            "guardrail": None
+            if d.guardrail is None
+            else {"name": d.guardrail.name, "value": d.guardrail.value, "limit": d.guardrail.limit},
+        },
+        "approval": None if t.approval is None else {"action": t.approval.action, "actor": t.approval.actor},
+        "agrees": t.agrees,
+        "problems": t.problems,
+    }
+
+
+def _trial_line(t: TrialReplay) -> str:
+    s, d = t.start, t.decision
+    changes = "?" if s is None else ", ".join(f"{k} {a}->{b}" for k, (a, b) in s.changes.items())
+    head = f"{t.trial}: over v{s.operator_version} ({s.mode}), {changes}" if s else f"{t.trial}: (no start)"
+    if d is None:
+        return f"{head}; running, {len(t.pairs)} pairs so far"
+    tail = f"; {d.verdict} ({d.reason}, by {d.source}) after {d.statistic.pairs} pairs, "
+    tail += f"estimate {_pct_change(d.statistic.estimate)}, action {d.action}"
+    if d.result_version is not None:
+        tail += f" -> v{d.result_version}"
+    if t.approval is not None:
+        tail += f"; approval: {t.approval.action}" + (f" by {t.approval.actor}" if t.approval.actor else "")
+    return head + tail
+
+
+@autopilot_app.command("history")
+def history_cmd(
+    state_dir: StateDirArg = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of lines.")] = False,
+) -> None:
+    """The trials the audit log records, oldest first: what each changed, how it ended, and the
+    autopilot's mode changes. Bad records are named (exit 1). Exit codes: 0 read; 1 a bad record;
+    2 the log cannot be read."""
+    report = _report(state_dir)
+    if as_json:
+        doc = {
+            "trials": [_trial_doc(t) for t in report.trials],
+            "modes": [
+                {
+                    "line": n,
+                    "time": m.time,
+                    "from": m.mode_before,
+                    "to": m.mode,
+                    "paused": m.paused,
+                    "reason": m.reason,
+                }
+                for n, m in report.modes
+            ],
+            "bad_records": [{"line": b.line, "field": b.field, "reason": b.reason} for b in report.bad],
+        }
+        typer.echo(json.dumps(doc, indent=2, allow_nan=False))
+    else:
+        if not report.trials and not report.modes and not report.bad:
+            typer.echo("no autopilot records in the audit log")
+        for n, m in report.modes:
+            paused = ", paused" if m.paused else ""
+            typer.echo(printable_block(f"mode ({m.reason}): {m.mode_before} -> {m.mode}{paused} (line {n})"))
+        for t in report.trials:
+            typer.echo(printable_block(_trial_line(t)))
+        for b in report.bad:
+            typer.secho(
+                printable_block(f"bad record, line {b.line}: field '{b.field}': {b.reason}"), fg="red"
+            )
+    if report.bad:
+        raise typer.Exit(1)
+
+
+@autopilot_app.command("replay")
+def replay_cmd(
+    state_dir: StateDirArg = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of lines.")] = False,
+) -> None:
+    """Recompute every trial's decision from the audit log alone (docs/autopilot.md, "Replay") and
+    say whether it agrees. Exit codes: 0 every decision agrees; 1 one disagrees or a record is bad
+    (each named); 2 the log cannot be read."""
+    report = _report(state_dir)
+    if as_json:
+        doc = {
+            "ok": report.ok,
+            "trials": [_trial_doc(t) for t in report.trials],
+            "bad_records": [{"line": b.line, "field": b.field, "reason": b.reason} for b in report.bad],
+        }
+        typer.echo(json.dumps(doc, indent=2, allow_nan=False))
+    else:
+        for t in report.trials:
+            mark = {True: "agrees", False: "DISAGREES", None: "running"}[t.agrees]
+            what = "no decision yet" if t.decision is None else f"{t.decision.verdict} ({t.decision.reason})"
+            typer.echo(printable_block(f"{mark}: {t.trial}: {what}, {len(t.pairs)} pairs"))
+            for p in t.problems:
+                typer.echo(printable_block(f"  {p}"))
+        for b in report.bad:
+            typer.secho(
+                printable_block(f"bad record, line {b.line}: field '{b.field}': {b.reason}"), fg="red"
+            )
+        decided = sum(1 for t in report.trials if t.decision is not None)
+        verdict = "all agree" if report.ok else "NOT all agree"
+        typer.echo(f"{decided} decisions replayed, {len(report.bad)} bad records: {verdict}")
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
