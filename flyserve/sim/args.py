@@ -28,6 +28,11 @@ class SimulateArgs:
     restart_every_s: float = 0.0
     max_restarts: int = 0
     kernel_timer_every: int = 0
+    truth_costs: str | None = None
+    """The cost table the *measured* kernel times come from (None: the --costs table)."""
+    noise_cv: float = 0.0
+    """Coefficient of variation of the lognormal noise on each measured kernel time (0: none)."""
+    noise_seed: int = 0
 
     @property
     def total_ranks(self) -> int:
@@ -94,6 +99,7 @@ def validate(args: SimulateArgs) -> None:
         raise ValueError(f"--kernel-timer-every must be >= 0 (got {args.kernel_timer_every})")
     if args.kernel_timer_every and args.costs is None:
         raise ValueError("--kernel-timer-every needs --costs (the timings are the cost model's)")
+    _validate_measurement(args)
     try:
         load_profile(args.profile)
     except ThresholdsError as exc:  # names the profile
@@ -101,11 +107,39 @@ def validate(args: SimulateArgs) -> None:
     if args.drift and args.costs is None:
         raise ValueError("--drift needs --costs (the drift multiplies the cost model's kernel times)")
     if args.costs is not None:
-        from flyserve.sim.kernel_times import load_pricing
+        from flyserve.sim.kernel_times import load_pricing, load_truth
 
         pricing = load_pricing(args.costs)
         if pricing.table.num_heads != args.num_heads:
             raise ValueError(
                 f"--num-heads {args.num_heads} does not match cost table {pricing.table.name!r} "
                 f"({pricing.table.num_heads} query heads per rank): the model would price another layer"
+            )
+        if args.truth_costs is not None:
+            load_truth(pricing, args.truth_costs)  # at start: a mismatch is never found mid-run
+
+
+def _validate_measurement(args: SimulateArgs) -> None:
+    """--truth-costs, --noise-cv, --noise-seed: what the timed steps' measured kernel times are."""
+    from flyserve.sim.kernel_times import NOISE_CV_MAX, NOISE_SEED_MAX
+
+    cv = args.noise_cv
+    if (
+        not isinstance(cv, int | float)
+        or isinstance(cv, bool)
+        or not math.isfinite(cv)
+        or not 0 <= cv <= NOISE_CV_MAX
+    ):
+        raise ValueError(f"--noise-cv must be a finite number from 0 to {NOISE_CV_MAX:g} (got {cv!r})")
+    if not 0 <= args.noise_seed <= NOISE_SEED_MAX:
+        raise ValueError(f"--noise-seed must be an integer from 0 to 2**64 - 1 (got {args.noise_seed})")
+    asked = [
+        flag for flag, on in (("--truth-costs", args.truth_costs is not None), ("--noise-cv", cv > 0)) if on
+    ]
+    for flag in asked:
+        if args.costs is None:
+            raise ValueError(f"{flag} needs --costs (it changes the cost model's measured kernel times)")
+        if not args.kernel_timer_every:
+            raise ValueError(
+                f"{flag} needs --kernel-timer-every (only the timed steps' kernel times are measured)"
             )

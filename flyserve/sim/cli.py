@@ -91,6 +91,33 @@ def simulate(
             "flyserve_kernel_seconds, as the GPU kernel timer would (0: off). A model, not a measurement.",
         ),
     ] = 0,
+    truth_costs: Annotated[
+        str | None,
+        typer.Option(
+            "--truth-costs",
+            help="Cost table (name or JSON path) the measured kernel times (--kernel-timer-every's) come "
+            "from, while the samples and the sidecar price with --costs: a table that disagrees plants "
+            "advice that measurement refutes. Same layer and only shapes --costs has (default: --costs).",
+        ),
+    ] = None,
+    noise_cv: Annotated[
+        float,
+        typer.Option(
+            "--noise-cv",
+            min=0.0,
+            max=1.0,
+            help="Multiply each measured kernel time by lognormal noise of mean 1 and this coefficient "
+            "of variation (0: none, exact times). Needs --kernel-timer-every.",
+        ),
+    ] = 0.0,
+    noise_seed: Annotated[
+        int,
+        typer.Option(
+            "--noise-seed",
+            min=0,
+            help="Seed of the noise (each rank draws its own stream from it): the same seed, the same times.",
+        ),
+    ] = 0,
     quiet: Annotated[
         bool,
         typer.Option(
@@ -131,6 +158,9 @@ def simulate(
         restart_every_s=restart_every,
         max_restarts=max_restarts,
         kernel_timer_every=kernel_timer_every,
+        truth_costs=truth_costs,
+        noise_cv=noise_cv,
+        noise_seed=noise_seed,
     )
     try:
         code = run(

@@ -8,10 +8,11 @@ import argparse
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from flyserve.sim.args import SimulateArgs, parse_drift
-from flyserve.sim.kernel_times import KernelTimes, load_pricing
+from flyserve.sim.kernel_times import KernelTimes, MeasurementNoise, load_pricing, load_truth
 
 RANK_MODULE = "flyserve.sim.simulate"
 """What ``python -m`` runs for a rank (simulate.py hands its argv to rank_main): a rank process's
@@ -48,7 +49,7 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float, *, join: bool = Fal
     control = RankControl(state, rank, engine=args.engine, profile=args.profile).start()
     recorder = DispatchRecorder(rank)
     shapes = ShapeSampleWriter(state.path, rank=rank, engine=args.engine, capacity=SAMPLE_CAPACITY)
-    kernel = _kernel_times(args, rank)
+    kernel = rank_kernel_times(args, rank)
     if kernel is not None:
         model = kernel.pricing
         shapes.set_layer(head_size=model.table.meta.get("head_size"), block_size=model.block_size)
@@ -125,11 +126,23 @@ def rank_command(
         *(["--costs", args.costs] if args.costs is not None else []),
         *(a for path, f in args.drift for a in ("--drift", f"{path}={f!r}")),
         *(["--kernel-timer-every", str(args.kernel_timer_every)] if args.kernel_timer_every else []),
+        *(["--truth-costs", args.truth_costs] if args.truth_costs is not None else []),
+        *(["--noise-cv", repr(args.noise_cv), "--noise-seed", str(args.noise_seed)] if args.noise_cv else []),
     ]  # fmt: skip
 
 
-def rank_main(argv: list[str]) -> int:
-    """A rank process: its command line (rank_command's) back into SimulateArgs, then its loop."""
+@dataclass(frozen=True)
+class RankArgv:
+    """What a rank process's command line says: the run's SimulateArgs and the rank's place in it."""
+
+    args: SimulateArgs
+    rank: int
+    start_at: float
+    join: bool
+
+
+def parse_rank_argv(argv: list[str]) -> RankArgv:
+    """rank_command's list (without its interpreter and module) back into what it was made from."""
     p = argparse.ArgumentParser(prog=f"python -m {RANK_MODULE}", description="one simulated rank (internal)")
     p.add_argument("--state-dir", type=Path, required=True)
     p.add_argument("--rank", type=int, required=True)
@@ -145,6 +158,9 @@ def rank_main(argv: list[str]) -> int:
     p.add_argument("--engine", type=int, default=0)
     p.add_argument("--join", action="store_true")
     p.add_argument("--kernel-timer-every", type=int, default=0)
+    p.add_argument("--truth-costs", default=None)
+    p.add_argument("--noise-cv", type=float, default=0.0)
+    p.add_argument("--noise-seed", type=int, default=0)
     a = p.parse_args(argv)
     args = SimulateArgs(
         a.state_dir,
@@ -158,13 +174,25 @@ def rank_main(argv: list[str]) -> int:
         costs=a.costs,
         drift=parse_drift(a.drift),
         kernel_timer_every=a.kernel_timer_every,
+        truth_costs=a.truth_costs,
+        noise_cv=a.noise_cv,
+        noise_seed=a.noise_seed,
     )
-    return run_rank(args, a.rank, a.start_at, join=a.join)
+    return RankArgv(args, a.rank, a.start_at, a.join)
 
 
-def _kernel_times(args: SimulateArgs, rank: int) -> KernelTimes | None:
-    """What this rank reports kernel times with (None without --costs), built by the loader
-    validate() ran before any rank started."""
+def rank_main(argv: list[str]) -> int:
+    """A rank process: its command line back into SimulateArgs, then its loop."""
+    r = parse_rank_argv(argv)
+    return run_rank(r.args, r.rank, r.start_at, join=r.join)
+
+
+def rank_kernel_times(args: SimulateArgs, rank: int) -> KernelTimes | None:
+    """What this rank reports kernel times with (None without --costs), built by the loaders
+    validate() ran before any rank started; the noise stream is the rank's own."""
     if args.costs is None:
         return None
-    return KernelTimes(load_pricing(args.costs), drift=dict(args.drift))
+    pricing = load_pricing(args.costs)
+    truth = load_truth(pricing, args.truth_costs) if args.truth_costs is not None else None
+    noise = MeasurementNoise(args.noise_cv, args.noise_seed, stream=rank) if args.noise_cv > 0 else None
+    return KernelTimes(pricing, truth=truth, drift=dict(args.drift), noise=noise)

@@ -30,7 +30,9 @@ check and its alert can be exercised end to end without a GPU (it is labelled a 
 measurement, in docs/operations.md). With ``--kernel-timer-every N`` as well, one step in N also
 puts that modelled time into ``flyserve_kernel_seconds{path,rank}``, where the GPU kernel timer puts
 its measured one on a real engine: the fleet's kernel time per token (docs/fleet.md) then has data,
-a model's, without a GPU.
+a model's, without a GPU. ``--truth-costs NAME|PATH`` and ``--noise-cv X`` make those measured
+times another table's, times lognormal noise (flyserve/sim/kernel_times.py): measurement that can
+disagree with the table the samples and the sidecar price with.
 
 ``--workload`` also takes a recorded shape log (a JSONL file, flyserve.lab.workloads.load_trace).
 
@@ -122,6 +124,7 @@ def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -
             if args.kernel_timer_every and args.costs
             else ""
         )
+        + _measured_text(args)
         + (
             f"; a rank killed and restarted every {args.restart_every_s:g}s, at most {args.max_restarts}"
             if args.restart_every_s > 0 and args.max_restarts > 0
@@ -195,6 +198,16 @@ def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -
         + (f", {restarts} restart(s)" if restarting else "")
     )
     return 0
+
+
+def _measured_text(args: SimulateArgs) -> str:
+    """The progress header's words on the measured kernel times when they are not the priced ones."""
+    parts = []
+    if args.truth_costs is not None:
+        parts.append(f"measured times from truth table {args.truth_costs}")
+    if args.noise_cv > 0:
+        parts.append(f"noise CV {args.noise_cv:g} (seed {args.noise_seed})")
+    return "".join(f", {p}" for p in parts)
 
 
 def _report_name(sl: RankSlot) -> str:
