@@ -128,6 +128,8 @@ class AutopilotConfig:
         _count("seed", self.seed, 0, (1 << 63) - 1)
         if not isinstance(self.test, SequentialConfig):
             raise InputError("test", "must be a SequentialConfig")
+        if self.test.cuped:  # a block carries no covariate yet (docs/autopilot.md, CUPED)
+            raise InputError("test.cuped", "must be off: blocks carry no covariate")
         if self.plan_blocks > MAX_BLOCKS:
             raise InputError("test.max_pairs", f"a plan holds at most {MAX_BLOCKS // 2} pairs")
 

@@ -395,6 +395,9 @@ def test_settings_out_of_range_are_refused_by_name():
         AutopilotConfig(test=SequentialConfig(max_pairs=200_000))
     assert e.value.field == "test.max_pairs"
     with pytest.raises(InputError) as e:
+        AutopilotConfig(test=SequentialConfig(cuped=True))
+    assert e.value.field == "test.cuped"
+    with pytest.raises(InputError) as e:
         observation(0.0, priced_samples=True)
     assert e.value.field == "priced_samples"
     with pytest.raises(InputError):
