@@ -1,5 +1,10 @@
 """Every flyserve metric, defined once at module level: name, help, labels, buckets.
 
+One concern that reads best whole: the list an operator's dashboards, alerts and docs/metrics.md
+are checked against. Each definition is one call of _counter, _gauge, _histogram or _rank_gauge
+(registry, scope and shared label sets said once there); consecutive definitions share a shape
+(name, help, labels) because each is one metric's own data, prometheus_client style.
+
 Three groups, by which process writes them:
 
 * rank side: written by each vLLM worker process (the routing's DispatchRecorder and the
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry
@@ -128,137 +134,134 @@ SIDECAR_SECONDS_BUCKETS: Final = (5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 
 # vLLM's API server exposes); REGISTRY below is flyserve's in-process view of all of them.
 # --------------------------------------------------------------------------------------------
 
+
+def _counter(name: str, help_text: str, labels: Sequence[str] = (), *, scope: str = RANK) -> FlyCounter:
+    return FlyCounter(name, help_text, labels, registry=None, scope=scope)
+
+
+def _gauge(
+    name: str, help_text: str, labels: Sequence[str] = (), *, mode: str | None = None, scope: str = RANK
+) -> FlyGauge:
+    """``mode``: how the files of several processes combine (prometheus_client's multiprocess_mode;
+    None keeps its default)."""
+    kwargs = {} if mode is None else {"multiprocess_mode": mode}
+    return FlyGauge(name, help_text, labels, registry=None, scope=scope, **kwargs)
+
+
+def _histogram(
+    name: str, help_text: str, labels: Sequence[str], buckets: Sequence[float], *, scope: str = RANK
+) -> FlyHistogram:
+    return FlyHistogram(name, help_text, labels, buckets=buckets, registry=None, scope=scope)
+
+
+def _rank_gauge(name: str, help_text: str) -> FlyGauge:
+    """A per-rank state (step, version, breaker): the newest live writer's value wins."""
+    return _gauge(name, help_text, ["rank"], mode="livemostrecent")
+
+
 # rank side ------------------------------------------------------------------------------
-DISPATCH_DECISIONS: Final = FlyCounter(
+DISPATCH_DECISIONS: Final = _counter(
     "flyserve_dispatch_decisions",
     "Dispatch decisions, one per engine step per rank, by kernel path and reason.",
     ["path", "reason", "rank"],
-    registry=None,
 )
-DISPATCH_TOKENS: Final = FlyCounter(
+DISPATCH_TOKENS: Final = _counter(
     "flyserve_dispatch_tokens",
     "Query tokens (num_actual_tokens) routed to each kernel path.",
     ["path", "rank"],
-    registry=None,
 )
-DISPATCH_ROWS: Final = FlyCounter(
+DISPATCH_ROWS: Final = _counter(
     "flyserve_dispatch_rows",
     "Batch rows routed to each kernel path, by kind (prefill rows or decode rows).",
     ["path", "kind", "rank"],
-    registry=None,
 )
-DISPATCH_LPT: Final = FlyCounter(
+DISPATCH_LPT: Final = _counter(
     "flyserve_dispatch_lpt",
     "Prefill-path decisions by q-block ordering (lpt = longest-first, plain = in order).",
     ["ordering", "rank"],
-    registry=None,
 )
-DISPATCH_QUERY_TOKENS: Final = FlyHistogram(
+DISPATCH_QUERY_TOKENS: Final = _histogram(
     "flyserve_dispatch_query_tokens",
     "Query tokens per batch (num_actual_tokens), by the path that ran it.",
     ["path", "rank"],
-    buckets=QUERY_TOKEN_BUCKETS,
-    registry=None,
+    QUERY_TOKEN_BUCKETS,
 )
-DISPATCH_MAX_SEQ_LEN: Final = FlyHistogram(
+DISPATCH_MAX_SEQ_LEN: Final = _histogram(
     "flyserve_dispatch_max_seq_len",
     "Longest context (max_seq_len) per batch, by the path that ran it.",
     ["path", "rank"],
-    buckets=MAX_SEQ_LEN_BUCKETS,
-    registry=None,
+    MAX_SEQ_LEN_BUCKETS,
 )
-KERNEL_SECONDS: Final = FlyHistogram(
+KERNEL_SECONDS: Final = _histogram(
     "flyserve_kernel_seconds",
     "Sampled device time of one attention call per kernel path (CUDA events; host clock on CPU).",
     ["path", "rank"],
-    buckets=KERNEL_SECONDS_BUCKETS,
-    registry=None,
+    KERNEL_SECONDS_BUCKETS,
 )
-KERNEL_TIMER_DROPPED: Final = FlyCounter(
+KERNEL_TIMER_DROPPED: Final = _counter(
     "flyserve_kernel_timer_dropped",
     "Kernel timings skipped because the pending-event queue was full (the GPU ran far behind).",
     ["path", "rank"],
-    registry=None,
 )
-ENGINE_STEP: Final = FlyGauge(
-    "flyserve_engine_step",
-    "The last engine step this rank routed.",
-    ["rank"],
-    multiprocess_mode="livemostrecent",
-    registry=None,
+ENGINE_STEP: Final = _rank_gauge("flyserve_engine_step", "The last engine step this rank routed.")
+THRESHOLDS_VERSION: Final = _rank_gauge(
+    "flyserve_thresholds_version", "The thresholds version this rank routes with."
 )
-THRESHOLDS_VERSION: Final = FlyGauge(
-    "flyserve_thresholds_version",
-    "The thresholds version this rank routes with.",
-    ["rank"],
-    multiprocess_mode="livemostrecent",
-    registry=None,
-)
-CIRCUIT_OPEN: Final = FlyGauge(
+CIRCUIT_OPEN: Final = _rank_gauge(
     "flyserve_circuit_open",
     "1 when this rank's prefill-path circuit breaker is open (every batch takes the unified path).",
-    ["rank"],
-    multiprocess_mode="livemostrecent",
-    registry=None,
 )
-LATE_APPLIES: Final = FlyCounter(
+LATE_APPLIES: Final = _counter(
     "flyserve_control_late_applies",
     "Thresholds versions this rank learned of after their effective step and applied at once (at a "
     "step other ranks may not share); should stay 0.",
     ["rank"],
-    registry=None,
 )
 
 # control side ----------------------------------------------------------------------------
-CONFIG_RELOADS: Final = FlyCounter(
+CONFIG_RELOADS: Final = _counter(
     "flyserve_config_reloads",
     "Thresholds changes attempted, by result (success, invalid, io_error) and source.",
     ["result", "source"],
-    registry=None,
     scope=CONTROL,
 )
-CONFIG_LAST_SUCCESS: Final = FlyGauge(
+CONFIG_LAST_SUCCESS: Final = _gauge(
     "flyserve_config_last_success_timestamp_seconds",
     "Unix time of the last thresholds change that was published.",
-    multiprocess_mode="max",
-    registry=None,
+    mode="max",
     scope=CONTROL,
 )
 
 # sidecar side (always in-process) ---------------------------------------------------------
-SIDECAR_REQUESTS: Final = FlyCounter(
+SIDECAR_REQUESTS: Final = _counter(
     "flyserve_sidecar_requests",
     "HTTP requests the sidecar answered, by route template, method and status code.",
     ["route", "method", "code"],
-    registry=None,
     scope=SIDECAR,
 )
-SIDECAR_REQUEST_SECONDS: Final = FlyHistogram(
+SIDECAR_REQUEST_SECONDS: Final = _histogram(
     "flyserve_sidecar_request_seconds",
     "Time the sidecar took to answer, by route template.",
     ["route"],
-    buckets=SIDECAR_SECONDS_BUCKETS,
-    registry=None,
+    SIDECAR_SECONDS_BUCKETS,
     scope=SIDECAR,
 )
-SIDECAR_DROPPED_CONNECTIONS: Final = FlyCounter(
+SIDECAR_DROPPED_CONNECTIONS: Final = _counter(
     "flyserve_sidecar_dropped_connections",
     "Connections the sidecar closed before answering: reason=head_timeout (no whole request head "
     "within --head-timeout), request_timeout (no whole request within --request-timeout), "
     "evicted (at --max-connections, the oldest connection still waiting for its head made room), "
     "refused (at --max-connections with every connection busy in a request).",
     ["reason"],
-    registry=None,
     scope=SIDECAR,
 )
-SIDECAR_SHED_REQUESTS: Final = FlyCounter(
+SIDECAR_SHED_REQUESTS: Final = _counter(
     "flyserve_sidecar_shed_requests",
     "Requests answered 503 at once because --max-connections requests were already in progress "
     "(probes and authenticated changes are always admitted).",
-    registry=None,
     scope=SIDECAR,
 )
-SIDECAR_STREAM_RECLAIMS: Final = FlyCounter(
+SIDECAR_STREAM_RECLAIMS: Final = _counter(
     "flyserve_sidecar_stream_reclaims",
     "SSE streams (/dispatch-stats/stream) the sidecar ended to free their slot, or refused: "
     "reason=stalled (an event's write did not complete within --stream-write-timeout, or at "
@@ -268,93 +271,80 @@ SIDECAR_STREAM_RECLAIMS: Final = FlyCounter(
     "the oldest one open over --stream-lease), full (at --max-streams with no stream stalled and none "
     "past its lease, a new one got 503).",
     ["reason"],
-    registry=None,
     scope=SIDECAR,
 )
-RANK_UP: Final = FlyGauge(
+RANK_UP: Final = _gauge(
     "flyserve_rank_up",
     "1 if the rank's report (ranks/<rank>.json) is fresh, 0 if stale.",
     ["rank"],
-    registry=None,
     scope=SIDECAR,
 )
-RANK_REPORT_AGE: Final = FlyGauge(
+RANK_REPORT_AGE: Final = _gauge(
     "flyserve_rank_report_age_seconds",
     "Seconds since the rank last wrote its report.",
     ["rank"],
-    registry=None,
     scope=SIDECAR,
 )
-RANKS_AGREE: Final = FlyGauge(
-    "flyserve_ranks_agree",
-    "1 if every live rank applied the same thresholds version.",
-    registry=None,
-    scope=SIDECAR,
+RANKS_AGREE: Final = _gauge(
+    "flyserve_ranks_agree", "1 if every live rank applied the same thresholds version.", scope=SIDECAR
 )
-THRESHOLDS_FINGERPRINT: Final = FlyGauge(
+THRESHOLDS_FINGERPRINT: Final = _gauge(
     "flyserve_thresholds_fingerprint",
     "The thresholds content the live ranks route with, as a number comparable across replicas: the "
     "first 13 hex digits (52 bits, exact in a float) of the sha256 of the version they applied; -1 when "
     "live ranks applied different contents, NaN with no live rank. Version numbers count one "
     "replica's changes; equal contents have equal fingerprints on every replica.",
-    registry=None,
     scope=SIDECAR,
 )
-SIDECAR_IGNORED_FILES: Final = FlyGauge(
+SIDECAR_IGNORED_FILES: Final = _gauge(
     "flyserve_sidecar_ignored_files",
     "Files the sidecar did not use: kind=metrics (metric files skipped as corrupt or foreign, "
     "distinct names since start), kind=rank_reports (files in ranks/ at the last look that are "
     "badly named, beyond the newest 256, unreadable or refused as implausible).",
     ["kind"],
-    registry=None,
     scope=SIDECAR,
 )
 
-SIDECAR_COMPACTED_FILES: Final = FlyCounter(
+SIDECAR_COMPACTED_FILES: Final = _counter(
     "flyserve_sidecar_compacted_files",
     "Dead processes' metric files the sidecar's compaction handled: action=merged (counters, "
     "histograms, min/max/sum/mostrecent gauges, summed into the <kind>_dead.db archives) or "
     "action=dropped (live-mode gauges of a dead process).",
     ["action"],
-    registry=None,
     scope=SIDECAR,
 )
-SIDECAR_METRICS_FILES: Final = FlyGauge(
+SIDECAR_METRICS_FILES: Final = _gauge(
     "flyserve_sidecar_metrics_files",
     "Metric files (*.db) in <state>/metrics after the last compaction: about 4 per live process "
     "plus one archive per kind; growing means compaction is off or cannot run.",
-    registry=None,
     scope=SIDECAR,
 )
 
 # live pricing (the sidecar started with --costs; flyserve.sidecar.live_costs) -----------------
-PRICED_SECONDS: Final = FlyCounter(
+PRICED_SECONDS: Final = _counter(
     "flyserve_priced_attention_seconds",
     "Sampled steps priced by the cost table: seconds of one attention call under each policy "
     "(routed = the path each step ran, oracle = the faster path per step, always_unified, "
     "always_prefill). Ratios of their rates are the routing regret.",
     ["policy"],
-    registry=None,
     scope=SIDECAR,
 )
 PRICED_BATCHES: Final = ("with_prefill", "decode_only")
 """Label values of PRICED_BY_BATCH: a batch with a prefill row (run-time thresholds route it) or
 decode only (it takes decode_path, fixed at start: only a restart moves its regret)."""
-PRICED_BY_BATCH: Final = FlyCounter(
+PRICED_BY_BATCH: Final = _counter(
     "flyserve_priced_attention_by_batch_seconds",
     "flyserve_priced_attention_seconds split by the kind of batch: batch=with_prefill (a row of 2+ "
     "query tokens: the run-time thresholds route it) or decode_only (it takes decode_path, fixed at "
     "start), policy=routed or oracle. Regret by cause: (routed - oracle) of one kind over all oracle.",
     ["batch", "policy"],
-    registry=None,
     scope=SIDECAR,
 )
-COST_DRIFT: Final = FlyGauge(
+COST_DRIFT: Final = _gauge(
     "flyserve_cost_drift_ratio",
     "Median of measured / cost-table-predicted kernel time per path over the last 15 minutes "
     "(NaN without measured samples). Outside [0.7, 1.4]: re-run flyserve calibrate.",
     ["path"],
-    registry=None,
     scope=SIDECAR,
 )
 
