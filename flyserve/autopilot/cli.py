@@ -375,7 +375,7 @@ def replay_cmd(
     state_dir: StateDirArg = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of lines.")] = False,
 ) -> None:
-    """Recompute every trial's decision from the audit log alone (docs/autopilot.md, "Replay") and
+    """Recompute every trial's decision from the audit log alone (docs/autopilot.md, "The audit, history and replay") and
     say whether it agrees. Exit codes: 0 every decision agrees; 1 one disagrees or a record is bad
     (each named); 2 the log cannot be read."""
     report = _report(state_dir)
