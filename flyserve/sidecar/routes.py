@@ -36,7 +36,6 @@ from flyserve.sidecar.models import (
     ErrorDetail,
     Health,
     History,
-    HistoryEntry,
     Readiness,
     RegretWindow,
     RestartAdvice,
@@ -47,8 +46,9 @@ from flyserve.sidecar.models import (
 from flyserve.sidecar.regret import RegretSummary
 from flyserve.sidecar.sample_evidence import Evidence
 from flyserve.sidecar.server import stream_connection
-from flyserve.sidecar.service import StatsService, thresholds_view
+from flyserve.sidecar.service import StatsService
 from flyserve.sidecar.stream import StreamHub, StreamsFull
+from flyserve.sidecar.thresholds_view import history_view, thresholds_view
 from flyserve.telemetry.shape_sample import read_shape_samples, routing_change
 from flyserve.terminal.printable import printable
 
@@ -232,21 +232,7 @@ def get_history(
     request: Request, limit: Annotated[int, Query(ge=1, le=1000, description="Newest N versions.")] = 50
 ) -> History:
     """Kept versions, oldest first (rollback targets)."""
-    snaps = _plane(request).history(limit)
-    return History(
-        entries=[
-            HistoryEntry(
-                version=s.version,
-                sha256=s.sha256,
-                source=s.source,
-                actor=s.actor or None,
-                time=s.time or None,
-                effective_step=s.effective_step,
-                overrides=dict(s.overrides),
-            )
-            for s in snaps
-        ]
-    )
+    return history_view(_plane(request).history(limit))
 
 
 def _respond(request: Request, result: ChangeResult, dry_run: bool) -> ChangeResponse:

@@ -16,22 +16,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flyserve.control import ConfigSnapshot, ControlPlane
-from flyserve.control.rank import CONTROL_MODES
 from flyserve.control.reports import is_live as report_is_live
 from flyserve.control.reports import liveness as report_liveness
-from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.channel_view import Witnesses, read_channel_view
 from flyserve.sidecar.live_costs import HORIZON_S, LivePricing
-from flyserve.sidecar.models import (
-    DispatchStats,
-    EngineStats,
-    KeyProvenance,
-    PrefillKernelView,
-    RankView,
-    Regret,
-    ThresholdsView,
-)
+from flyserve.sidecar.models import DispatchStats, EngineStats, RankView, Regret, ThresholdsView
+from flyserve.sidecar.rank_views import control_mode_of, rank_views, ranks_agree
 from flyserve.sidecar.regret import PricedSample
 from flyserve.sidecar.sample_evidence import Evidence, corroborate
 from flyserve.sidecar.settings import SidecarSettings
@@ -39,167 +30,21 @@ from flyserve.sidecar.stats import (
     WINDOWS,
     CounterHistory,
     CounterSnapshot,
-    RankCounters,
     kernels_of,
     read_counters,
     representative,
     totals_of,
     window_of,
 )
+from flyserve.sidecar.thresholds_view import thresholds_view
 from flyserve.telemetry import metrics as tm
 from flyserve.telemetry.shape_sample import ShapeSample, read_shape_samples
-from flyserve.thresholds_files import load_profile, profile_path
 
 log = logging.getLogger("flyserve.sidecar")
 
 
 MAX_LATE_S = 2.0
 """How late the background refresh may run before a request computes a cached payload itself."""
-
-_PROFILE_DEFAULTS: dict[tuple[str, int | None], dict[str, Any]] = {}
-
-
-def profile_defaults(name: str) -> dict[str, Any]:
-    """A profile's values, parsed once per (name, file mtime): YAML parsing was the largest cost
-    of a /dispatch-stats computation (about 9 ms of 15 ms, measured with cProfile)."""
-    try:
-        mtime: int | None = profile_path(name).stat().st_mtime_ns
-    except (ThresholdsError, OSError):
-        mtime = None
-    key = (name, mtime)
-    hit = _PROFILE_DEFAULTS.get(key)
-    if hit is None:
-        try:
-            hit = load_profile(name).model_dump()
-        except ThresholdsError:  # an unknown profile must not break the stats page
-            hit = {}
-        if len(_PROFILE_DEFAULTS) > 64:
-            _PROFILE_DEFAULTS.clear()
-        _PROFILE_DEFAULTS[key] = hit
-    return hit
-
-
-def thresholds_view(snap: ConfigSnapshot) -> ThresholdsView:
-    """The snapshot as the API shows it, with the keys that differ from the profile and their layer."""
-    values = snap.thresholds.model_dump()
-    defaults = profile_defaults(snap.profile)
-    differs = {
-        k: KeyProvenance(value=v, default=defaults[k], provenance=snap.provenance.get(k, "profile"))
-        for k, v in values.items()
-        if k in defaults and defaults[k] != v
-    }
-    return ThresholdsView(
-        version=snap.version,
-        sha256=snap.sha256,
-        source=snap.source,
-        actor=snap.actor or None,
-        time=snap.time or None,
-        effective_step=snap.effective_step,
-        profile=snap.profile,
-        circuit_open=snap.circuit_open,
-        values=values,
-        overrides=dict(snap.overrides),
-        differs_from_profile=differs,
-    )
-
-
-def _sha256_or_none(x: Any) -> str | None:
-    """A report's applied_sha256 if it is one (64 lowercase hex digits), else None: the report is a
-    file anyone who can write ranks/ controls."""
-    return x if isinstance(x, str) and len(x) == 64 and all(c in _HEX for c in x) else None
-
-
-_HEX = frozenset("0123456789abcdef")
-
-
-def _int_or_none(x: Any) -> int | None:
-    try:
-        return None if x is None else int(x)
-    except (TypeError, ValueError, OverflowError):
-        return None
-
-
-def _prefill_kernel_or_none(v: Any) -> PrefillKernelView | None:
-    """A rank report's prefill_kernel, or None when absent or malformed (a report is input)."""
-    if not isinstance(v, Mapping):
-        return None
-
-    def text(key: str, limit: int) -> str | None:
-        x = v.get(key)
-        return x[:limit] if isinstance(x, str) else None
-
-    kernel = text("kernel", 64)
-    if kernel is None:
-        return None
-    return PrefillKernelView(
-        kernel=kernel, revision=text("revision", 200), off_reason=text("off_reason", 400)
-    )
-
-
-def rank_views(
-    reports: list[Mapping[str, Any]],
-    counters: Mapping[int, RankCounters],
-    *,
-    now: float,
-    stale_after_s: float,
-    liveness: Mapping[tuple[int, int], str] | None = None,
-) -> list[RankView]:
-    """One view per rank seen in a report or in the counters. A rank that only left counters
-    behind (its report is gone) is shown stale, with its counters. ``liveness``: (engine, rank) ->
-    what the process table says of its report, where the caller has it."""
-    by_key: dict[tuple[int, int], Mapping[str, Any]] = {}
-    for d in reports:
-        r = _int_or_none(d.get("rank"))
-        if r is None:
-            continue
-        by_key[(_int_or_none(d.get("engine")) or 0, r)] = d
-    known_ranks = {r for (_, r) in by_key}
-    for r in counters:
-        if r not in known_ranks:
-            by_key[(0, r)] = {}
-    out = []
-    for (engine, rank), d in sorted(by_key.items()):
-        t = d.get("time")
-        try:
-            age = max(0.0, now - float(t)) if t is not None else None
-        except (TypeError, ValueError):
-            age = None
-        c = counters.get(rank)
-        out.append(
-            RankView(
-                rank=rank,
-                engine=engine,
-                pid=_int_or_none(d.get("pid")),
-                step=_int_or_none(d.get("step")),
-                applied_version=_int_or_none(d.get("applied_version")),
-                applied_step=_int_or_none(d.get("applied_step")),
-                applied_sha256=_sha256_or_none(d.get("applied_sha256")),
-                circuit_open=d.get("circuit_open") if isinstance(d.get("circuit_open"), bool) else None,
-                control_mode=d.get("control_mode") if d.get("control_mode") in CONTROL_MODES else None,
-                prefill_kernel=_prefill_kernel_or_none(d.get("prefill_kernel")),
-                age_s=None if age is None else round(age, 3),
-                stale=age is None or age > stale_after_s or (liveness or {}).get((engine, rank)) == "gone",
-                totals=totals_of([c]) if c is not None else None,
-                late_applies=_int_or_none(d.get("late_applies")),
-                liveness=(liveness or {}).get((engine, rank)),
-            )
-        )
-    return out
-
-
-def control_mode_of(views: list[RankView]) -> str | None:
-    """The live ranks' common mode, "mixed" when they differ, None when no live rank reports one."""
-    modes = {v.control_mode for v in views if not v.stale and v.control_mode is not None}
-    if not modes:
-        return None
-    return modes.pop() if len(modes) == 1 else "mixed"
-
-
-def _agree(views: list[RankView]) -> bool | None:
-    """True/False when live ranks run one/several versions; None with no live rank (nothing agrees:
-    "true" there read as "all is well" while no rank was running)."""
-    versions = {v.applied_version for v in views if not v.stale}
-    return len(versions) <= 1 if versions else None
 
 
 def count_priced(p: PricedSample) -> None:
@@ -362,14 +207,8 @@ class StatsService:
         ranks/, each report with what the process table says of it (a fresh report whose process
         is gone, or whose pid another process reuses, is stale)."""
         wall = self._wall()
-        looked = self.control.store.read_rank_reports(now=wall)
-        states = {
-            r.key: report_liveness(r, now=wall, stale_after_s=self.settings.stale_after_s).value
-            for _, r in looked
-        }
-        return rank_views(
-            [d for d, _ in looked], {}, now=wall, stale_after_s=self.settings.stale_after_s, liveness=states
-        )
+        reports, states, _ = self._reports(wall)
+        return rank_views(reports, {}, now=wall, stale_after_s=self.settings.stale_after_s, liveness=states)
 
     def live_rank_keys(self) -> set[tuple[int, int]]:
         """(engine, rank) of the ranks live now (flyserve.control.reports.is_live): whose shape
@@ -397,9 +236,9 @@ class StatsService:
         return corroborate(samples, counts)
 
     def _reports(self, wall: float) -> tuple[list[Mapping[str, Any]], dict[tuple[int, int], str], Witnesses]:
-        """One look at ranks/ for /dispatch-stats: the reports, (engine, rank) -> confirmed /
-        unconfirmed / gone (what the process table says of each), and what the live ones can vouch
-        for in the engine channel's status (flyserve.sidecar.channel_view.Witnesses)."""
+        """One look at ranks/: the reports, (engine, rank) -> confirmed / unconfirmed / gone (what
+        the process table says of each), and what the live ones can vouch for in the engine
+        channel's status (flyserve.sidecar.channel_view.Witnesses, for /dispatch-stats)."""
         looked = self.control.store.read_rank_reports(now=wall)
         states = {
             r.key: report_liveness(r, now=wall, stale_after_s=self.settings.stale_after_s).value
@@ -448,7 +287,7 @@ class StatsService:
                     engine=e,
                     representative_rank=rep,
                     ranks=sorted(members),
-                    ranks_agree=_agree(member_views),
+                    ranks_agree=ranks_agree(member_views),
                     totals=totals_of([counters[rep]] if rep in counters else []),
                     windows={
                         name: window_of(now_snap, base, complete, {e: members})
@@ -489,7 +328,7 @@ class StatsService:
                 name: window_of(now_snap, base, complete, engines) for name, (base, complete) in bases.items()
             },
             ranks=ranks,
-            ranks_agree=_agree(ranks),
+            ranks_agree=ranks_agree(ranks),
             live_ranks=sum(1 for v in ranks if not v.stale),
             control_mode=control_mode_of(ranks),
             late_applies=sum(v.late_applies or 0 for v in ranks),

@@ -7,7 +7,7 @@ import math
 
 from flyserve.sidecar.app import update_rank_gauges
 from flyserve.sidecar.fingerprint import FINGERPRINT_HEX_DIGITS, MIXED, fingerprint, fingerprint_of
-from flyserve.sidecar.service import rank_views
+from flyserve.sidecar.rank_views import rank_views
 from flyserve.telemetry import metrics as tm
 
 A = hashlib.sha256(b"a").hexdigest()

@@ -3,7 +3,7 @@ from the rank reports; a malformed field in a report (it is input) is dropped, n
 
 from __future__ import annotations
 
-from flyserve.sidecar.service import rank_views
+from flyserve.sidecar.rank_views import rank_views
 
 
 def _report(**extra):
