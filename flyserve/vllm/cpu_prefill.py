@@ -164,18 +164,10 @@ class CpuPrefillImpl(CPUAttentionBackendImpl):
             from flyserve.vllm.runtime import RankRuntime
 
             trip(RankRuntime.get(), exc, kernel=KERNEL_NAME)
-            # Same metadata (shared builder): the batch is re-run on vLLM's CPU kernel, not lost.
+            # Same metadata (shared builder): the batch is re-run on vLLM's CPU kernel, not lost (no
+            # output scales here: fused output quantization was refused above).
             return CPUAttentionBackendImpl.forward(
-                self,
-                layer,
-                query,
-                key,
-                value,
-                kv_cache,
-                attn_metadata,
-                output,
-                output_scale,
-                output_block_scale,
+                self, layer, query, key, value, kv_cache, attn_metadata, output
             )
         if _COMPARE is not None:
             self._compare(layer, query, key, value, kv_cache, attn_metadata, output)

@@ -226,58 +226,51 @@ class FlyDSLDualwaveImpl(RocmAiterUnifiedAttentionImpl):
         output_block_scale: Any = None,
     ) -> Any:
         if (
-            attn_metadata is None
-            or output_scale is not None
-            or output_block_scale is not None
-            or self.kernel is None
-            or self.static_off is not None
+            attn_metadata is not None
+            and output_scale is None
+            and output_block_scale is None
+            and self.kernel is not None
+            and self.static_off is None
         ):
-            return super().forward(
-                layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
-            )
-        key_cache, value_cache = self._split_kv_cache(kv_cache)
-        if not self._layout_checked:  # once: the layout is fixed by the backend and the config
-            self._layout_checked = True
-            problem = kv_layout_problem(key_cache, value_cache, self.kernel.revision)
-            if problem is not None:
-                self.switch_off(f"KV cache layout: {problem}")
-                return super().forward(
-                    layer,
-                    query,
-                    key,
-                    value,
-                    kv_cache,
-                    attn_metadata,
-                    output,
-                    output_scale,
-                    output_block_scale,
-                )
-        n = attn_metadata.num_actual_tokens
-        try:
-            call_paged(
-                self.kernel,
-                query[:n],
-                key_cache,
-                value_cache,
-                output[:n],
-                cu_seqlens_q=attn_metadata.query_start_loc,
-                cu_seqlens_kv=attn_metadata.cu_seqlens_kv,
-                seqlen_k=attn_metadata.seq_lens,
-                block_table=attn_metadata.block_table,
-                max_seqlen_q=int(attn_metadata.max_query_len),
-                max_seqlen_kv=int(attn_metadata.max_seq_len),
-                num_kv_heads=self.num_kv_heads,
-                lpt=attn_metadata.lpt,
-            )
-            return output
-        except Exception as exc:  # noqa: BLE001 - the circuit breaker: any kernel failure
-            from flyserve.vllm.breaker import trip
-            from flyserve.vllm.runtime import RankRuntime
+            key_cache, value_cache = self._split_kv_cache(kv_cache)
+            if self._layout_checked or self._layout_in_place(key_cache, value_cache):
+                n = attn_metadata.num_actual_tokens
+                try:
+                    call_paged(
+                        self.kernel,
+                        query[:n],
+                        key_cache,
+                        value_cache,
+                        output[:n],
+                        cu_seqlens_q=attn_metadata.query_start_loc,
+                        cu_seqlens_kv=attn_metadata.cu_seqlens_kv,
+                        seqlen_k=attn_metadata.seq_lens,
+                        block_table=attn_metadata.block_table,
+                        max_seqlen_q=int(attn_metadata.max_query_len),
+                        max_seqlen_kv=int(attn_metadata.max_seq_len),
+                        num_kv_heads=self.num_kv_heads,
+                        lpt=attn_metadata.lpt,
+                    )
+                    return output
+                except Exception as exc:  # noqa: BLE001 - the circuit breaker: any kernel failure
+                    from flyserve.vllm.breaker import trip
+                    from flyserve.vllm.runtime import RankRuntime
 
-            trip(RankRuntime.get(), exc, kernel=KERNEL_NAME)
-            return super().forward(
-                layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
-            )
+                    trip(RankRuntime.get(), exc, kernel=KERNEL_NAME)
+        # Not FlyDSL's batch, a layout it would copy, or a kernel failure: the unified kernel runs it
+        # on the same metadata, so the batch is not lost.
+        return super().forward(
+            layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
+        )
+
+    def _layout_in_place(self, key_cache: Any, value_cache: Any) -> bool:
+        """Once, at the first prefill forward (the layout is fixed by the backend and the config):
+        whether FlyDSL addresses this K/V cache in place; if not, the path is switched off."""
+        self._layout_checked = True
+        problem = kv_layout_problem(key_cache, value_cache, self.kernel.revision)
+        if problem is not None:
+            self.switch_off(f"KV cache layout: {problem}")
+        return problem is None
 
 
 def _on_gfx950() -> bool:
