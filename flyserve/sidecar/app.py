@@ -26,6 +26,7 @@ from flyserve.control.paths import make_private_dir
 from flyserve.policy.errors import MAX_ERRORS_SHOWN, MAX_MESSAGE_CHARS, redact_field
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.actor import actor_id
+from flyserve.sidecar.advice_job import compute_advice
 from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.compactor import MetricsCompactor
@@ -37,7 +38,7 @@ from flyserve.sidecar.middleware import (
     RequestMetricsMiddleware,
 )
 from flyserve.sidecar.models import RankView
-from flyserve.sidecar.routes import compute_advice, router
+from flyserve.sidecar.routes import router
 from flyserve.sidecar.service import MAX_LATE_S, StatsService
 from flyserve.sidecar.settings import SidecarSettings
 from flyserve.sidecar.stream import RECLAIM_REASONS, StreamHub
