@@ -54,10 +54,6 @@ def read_regular_file_owned(path: Path, max_bytes: int) -> tuple[bytes, int] | N
     return raw, st.st_uid
 
 
-AUDIT_READ_MAX = 64 << 20
-"""Bytes of audit.jsonl's tail read at most: its newest lines (8192 of the longest, 4096 changes)."""
-
-
 def read_file_tail(path: Path, max_bytes: int) -> str | None:
     """The last ``max_bytes`` of ``path`` as text, starting at a line (safe_read.read_tail), or None
     if it does not exist. The audit log was read with a plain open(): a symlink to /dev/zero filled

@@ -228,18 +228,18 @@ def test_the_owner_checked_is_the_one_of_the_file_read(
     """Rank 5's genuine file is listed (owned by the ranks' uid); between that and the open, a
     forgery owned by another uid is renamed over it, naming a live process of the ranks' uid. Was:
     the listing's owner (the ranks') checked against the forgery's pid - confirmed."""
-    from flyserve.control import state_files as store_mod
+    from flyserve.control import state_files
 
     path = plane.state_dir.ranks_dir / "5.json"
     plane.store.write_rank_report(real_report(5), rank=5)
-    real_open = store_mod._open_regular
+    real_open = state_files._open_regular
 
     def swapped(p: Path) -> Any:
         if p == path:
             rename_over(path, real_report(5, step=10**6), uid=OTHER_UID)
         return real_open(p)
 
-    monkeypatch.setattr(store_mod, "_open_regular", swapped)
+    monkeypatch.setattr(state_files, "_open_regular", swapped)
     (r,) = plane.store.reports(now=NOW)
     assert r.step == 10**6 and r.file_uid == OTHER_UID
     assert liveness(r, now=NOW, stale_after_s=30) is not Liveness.CONFIRMED
