@@ -34,7 +34,7 @@ DEFAULT_KEEP = 4
 
 MAX_BYTES_ENV = "FLYSERVE_AUDIT_MAX_BYTES"
 KEEP_ENV = "FLYSERVE_AUDIT_KEEP"
-MIN_MAX_BYTES = 64 << 10  # well above one audit line (store.MAX_AUDIT_LINE, 8 KiB)
+MIN_MAX_BYTES = 64 << 10  # well above one audit line (audit_log.MAX_AUDIT_LINE, 8 KiB)
 MAX_MAX_BYTES = 1 << 30
 MAX_KEEP = 99
 
@@ -179,7 +179,7 @@ def read_log_tail(
     instead, naming the file. audit.jsonl itself always raises (the live log is unusable: the
     caller refuses changes or reports it).
 
-    Each file is read with ``read_tail`` (store.read_file_tail: a symlink, FIFO or other non-regular
+    Each file is read with ``read_tail`` (state_files.read_file_tail: a symlink, FIFO or other non-regular
     file raises ValueError naming it; a file cut by the budget loses its cut first line). Each file's
     text ends with a newline here, so a torn last line of a rotated file (a writer killed mid-append)
     stays a line of its own, which JSON refuses, instead of swallowing the next file's first entry.

@@ -210,7 +210,7 @@ def _complete_audit(plane: Any, cur: ConfigSnapshot, actions: list[str], dropped
     try:
         entries = store.read_audit(raw=True)
     except ControlIOError as exc:
-        # A symlink, FIFO or other non-regular audit.jsonl is never read (store.read_file_tail);
+        # A symlink, FIFO or other non-regular audit.jsonl is never read (state_files.read_file_tail);
         # the rest of the repair stands and says so, rather than ending in an error that hides it.
         dropped.append(f"audit log not read, its entries not completed: {exc.message}"[:300])
         return

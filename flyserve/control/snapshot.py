@@ -380,7 +380,7 @@ def check_layers(snap: ConfigSnapshot, *, source: str | None = None, check_profi
     """Refuse a snapshot the control plane could not have published, as strictly as a PATCH: its
     profile must load (the next change starts from it), every key of the file and override layers
     must be a threshold, each layer's values must validate laid over the one below (what
-    ControlPlane._candidate computes), and the effective thresholds must hold every value the two
+    publishing.Publisher._candidate computes), and the effective thresholds must hold every value the two
     layers set. The sha256 alone proves nothing: whoever forges current.json computes it too, and a
     forged profile name or override key once made every later change fail while `repair` said
     "consistent". Values the profile alone sets are not compared: a profile file edited since (a

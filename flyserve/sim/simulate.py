@@ -170,7 +170,7 @@ def simulate(args: SimulateArgs, *, echo=print, progress_every_s: float = 2.0) -
                 next_report += progress_every_s
                 steps = []
                 for sl in slots:
-                    try:  # the state directory: one reader (safe_read via store.read_json)
+                    try:  # the state directory: one reader (safe_read via state_files.read_json)
                         d = read_json(args.state_dir / "ranks" / _report_name(sl)) or {}
                         steps.append(int(d.get("step", 0)))
                     except (OSError, ValueError, TypeError):

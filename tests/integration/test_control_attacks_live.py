@@ -171,9 +171,9 @@ def test_thresholds_set_on_a_full_disk_is_a_clean_error_then_works_when_space_re
 
 _KILLER = """
 import os, signal, sys
-import flyserve.control.snapshot_files as store
+import flyserve.control.snapshot_files as snapshot_files
 target, n = sys.argv[1], int(sys.argv[2])
-real = store.atomic_write
+real = snapshot_files.atomic_write
 seen = []
 def write(path, data, **kw):
     real(path, data, **kw)
@@ -181,7 +181,7 @@ def write(path, data, **kw):
         seen.append(path)
         if len(seen) >= n:
             os.kill(os.getpid(), signal.SIGKILL)
-store.atomic_write = write
+snapshot_files.atomic_write = write
 from flyserve.control import ControlPlane
 p = ControlPlane(sys.argv[3])
 for i in range(100):
@@ -278,13 +278,13 @@ def test_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_path: Path
 
 _TERMINATED = """
 import os, signal, sys
-import flyserve.control.snapshot_files as store
-real = store.atomic_write
+import flyserve.control.snapshot_files as snapshot_files
+real = snapshot_files.atomic_write
 def write(path, data, **kw):
     real(path, data, **kw)
     if path.parent.name == "history":  # mid-publish: history written, current.json not yet
         os.kill(os.getpid(), signal.SIGTERM)
-store.atomic_write = write
+snapshot_files.atomic_write = write
 from flyserve.control import ControlPlane
 ControlPlane(sys.argv[1]).apply_overrides({"min_seq_len": 3000}, actor="terminated")
 print("returned", flush=True)

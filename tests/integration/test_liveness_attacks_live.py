@@ -256,9 +256,9 @@ def test_garbage_rank_files_dated_ahead_do_not_push_the_live_ranks_out(rig: Rig)
 
 _KILLER = """
 import os, signal, sys
-import flyserve.control.snapshot_files as store
+import flyserve.control.snapshot_files as snapshot_files
 target = sys.argv[1]
-real = store.atomic_write
+real = snapshot_files.atomic_write
 def write(path, data, **kw):
     real(path, data, **kw)
     if (target == "history" and path.parent.name == "history") or path.name == target:
@@ -267,7 +267,7 @@ from flyserve.control import ControlPlane
 p = ControlPlane(sys.argv[2], history_keep=2)
 p.apply_overrides({"min_seq_len": int(sys.argv[3])}, actor="a")  # completes
 p.apply_overrides({"min_seq_len": int(sys.argv[3]) + 1}, actor="a")  # completes
-store.atomic_write = write
+snapshot_files.atomic_write = write
 p.apply_overrides({"min_seq_len": int(sys.argv[3]) + 2}, actor="doomed")  # killed mid-publish
 """
 

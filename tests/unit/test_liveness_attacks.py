@@ -328,24 +328,24 @@ def test_a_version_in_force_whose_history_was_pruned_is_not_recorded_abandoned(t
 def test_a_version_never_in_force_whose_history_file_stayed_is_abandoned(tmp_path: Path) -> None:
     """The other half: a writer killed after the history file, before current.json; the next writer
     numbers above it (never making it current). Its history file exists below current."""
-    from flyserve.control import snapshot_files as store_mod
+    from flyserve.control import snapshot_files
     from flyserve.control.repair import repair
 
     plane = ControlPlane(tmp_path / "state")
     plane.apply_overrides({"min_seq_len": 2000}, actor="a")
-    real = store_mod.atomic_write
+    real = snapshot_files.atomic_write
 
     def killed_after_history(path: Path, data: Any, **kw: Any) -> None:
         real(path, data, **kw)
         if path.parent.name == "history":
             raise KeyboardInterrupt  # stands in for kill -9: nothing after it runs
 
-    store_mod.atomic_write = killed_after_history
+    snapshot_files.atomic_write = killed_after_history
     try:
         with pytest.raises(KeyboardInterrupt):
             plane.apply_overrides({"min_seq_len": 3000}, actor="doomed")
     finally:
-        store_mod.atomic_write = real
+        snapshot_files.atomic_write = real
     assert plane.snapshot().version == 1 and plane.store.history_file_exists(2)
     assert plane.apply_overrides({"min_seq_len": 4000}, actor="a").snapshot.version == 3
     repair(plane)
