@@ -8,14 +8,13 @@ field is refused by name, and a trial's step takes the same one compare as any o
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
 import time
-import tracemalloc
 from pathlib import Path
 
 import pytest
+from _hot_path import run_hot_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -400,41 +399,15 @@ def test_a_rank_that_starts_on_a_trial_version_runs_its_plan(plane: ControlPlane
     ]
 
 
-def test_a_trial_step_takes_the_slow_path_once_per_block_and_keeps_nothing(
-    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_trial_step_takes_the_slow_path_once_per_block_and_keeps_nothing(plane: ControlPlane) -> None:
     rc = RankControl(plane.state_dir, 0, report=False)
     v = publish(plane, at=1000, trial={"block_steps": 32, "blocks": 500})
     rc.poll()
     p = v.plan_for(0)
     assert p is not None
-    slow_calls: list[int] = []
-    real_switch = rc._switch
-
-    def counting_switch(step: int) -> None:
-        slow_calls.append(step)
-        real_switch(step)
-
-    monkeypatch.setattr(rc, "_switch", counting_switch)
-    steps = list(range(20_000))
-
-    def no_io(*a: object, **k: object) -> None:
-        raise AssertionError("I/O on the hot path")
-
-    monkeypatch.setattr(builtins, "open", no_io)
-    monkeypatch.setattr(os, "stat", no_io)
-    monkeypatch.setattr(os, "open", no_io)
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for step in steps:
-            rc.current(step)
-        retained = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    monkeypatch.undo()
+    run = run_hot_path(rc, list(range(20_000)))
     # the version's step, then every block boundary up to the plan's end: nothing per step
-    assert slow_calls == [1000 + 32 * b for b in range(501)]
+    assert run.slow_calls == [1000 + 32 * b for b in range(501)]
     assert rc.current(p.end_step) is rc.snapshot
     # what is kept: the version's record and two arm snapshots, and this test's own list of calls
-    assert retained < 2_000 + 9 * len(slow_calls), f"{retained} bytes retained over 20000 steps"
+    assert run.retained < 2_000 + 9 * len(run.slow_calls), f"{run.retained} bytes retained over 20000 steps"

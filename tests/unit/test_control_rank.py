@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
 import time
-import tracemalloc
 from pathlib import Path
 
 import pytest
+from _hot_path import run_hot_path
 
 from flyserve.control import ControlPlane, RankControl
 from flyserve.policy import Thresholds
@@ -136,42 +135,16 @@ def test_the_background_thread_reports_and_picks_up(plane: ControlPlane) -> None
     assert abs(rep["time"] - time.time()) < 10
 
 
-def test_the_hot_path_does_no_io_takes_the_slow_path_once_and_keeps_nothing(
-    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_hot_path_does_no_io_takes_the_slow_path_once_and_keeps_nothing(plane: ControlPlane) -> None:
     rc = RankControl(plane.state_dir, 0, report=False)
     report_step(plane, 10_000)
     plane.apply_overrides({"min_seq_len": 4096}, actor="a")  # effective at 10_008
     rc.poll()
-    slow_calls: list[int] = []
-    real_switch = rc._switch
-
-    def counting_switch(step: int) -> None:
-        slow_calls.append(step)
-        real_switch(step)
-
-    monkeypatch.setattr(rc, "_switch", counting_switch)
-    steps = list(range(20_000))  # built up front: the loop itself allocates nothing
-
-    def no_io(*a: object, **k: object) -> None:
-        raise AssertionError("I/O on the hot path")
-
-    monkeypatch.setattr(builtins, "open", no_io)
-    monkeypatch.setattr(os, "stat", no_io)
-    monkeypatch.setattr(os, "open", no_io)
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for step in steps:
-            rc.current(step)
-        retained = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    monkeypatch.undo()
-    assert slow_calls == [10_008], "the slow path must run once, at the effective step"
+    run = run_hot_path(rc, list(range(20_000)))
+    assert run.slow_calls == [10_008], "the slow path must run once, at the effective step"
     assert rc.snapshot.version == 2
     # The one switch appends an (version, effective_step, applied_step) record; nothing per step.
-    assert retained < 2_000, f"{retained} bytes retained over 20000 steps"
+    assert run.retained < 2_000, f"{run.retained} bytes retained over 20000 steps"
 
 
 def test_a_rank_without_a_measured_rate_gets_the_assumed_high_rate_margin(plane: ControlPlane) -> None:
