@@ -12,45 +12,29 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _rank_liveness
 import pytest
+from _rank_liveness import CLOCK, LEAD_S, STEP_MARGIN, forged_report
 
 from flyserve.control import ControlPlane
 from flyserve.control.effective import CONSENSUS_S, CONSENSUS_STEPS, plan_steps
 from flyserve.control.reports import HOST, PIDNS, RankReport, own_proc_start, parse_report, proc_start_ticks
 
-FORGED_STARTED = 1_577_836_800.0  # 2020-01-01, the earliest start a report may claim
-STEP_MARGIN, LEAD_S = 8, 3.0
-NOW = time.time()  # the planes' clock and the reports' time (set per test): projections are exact
-
-
-@pytest.fixture(autouse=True)
-def _now() -> None:
-    global NOW
-    NOW = time.time()
-
-
-@pytest.fixture
-def plane(tmp_path: Path) -> ControlPlane:
-    return ControlPlane(tmp_path / "state", step_margin=STEP_MARGIN, lead_s=LEAD_S, clock=lambda: NOW)
+# The frozen clock, the plane on it and a live non-rank process (shared with
+# test_liveness_confirms_the_ranks_own_process.py): bound here so that pytest finds them.
+frozen_clock = _rank_liveness.frozen_clock
+plane = _rank_liveness.plane
+other_process = _rank_liveness.other_process
 
 
 def real_report(rank: int, *, step: int = 2000, rate: float | None = 20.0, **over: Any) -> dict[str, Any]:
     """As a rank of this process writes it: this host, this pid namespace, a live pid."""
-    now = NOW
+    now = CLOCK.now
     d = {"pid": os.getpid(), "host": HOST, "pidns": PIDNS, "proc_start": own_proc_start(), "rank": rank, "engine": 0,
          "started": now - 100.0, "step": step, "steps_per_s": rate, "applied_version": 0, "time": now}  # fmt: skip
-    d.update(over)
-    return d
-
-
-def forged_report(rank: int, **over: Any) -> dict[str, Any]:
-    """The "another host" forgery: plausible values, another host, a step of 1e11."""
-    d = {"pid": 4242 + rank, "host": "elsewhere", "pidns": "", "rank": rank, "engine": 0,
-         "started": FORGED_STARTED, "step": 10**11, "applied_version": 0, "time": NOW}  # fmt: skip
     d.update(over)
     return d
 
@@ -65,17 +49,6 @@ def bound_steps(step: int, rate: float) -> int:
     )
 
 
-@pytest.fixture
-def other_process() -> Iterator[int]:
-    """A live process of this user that is not a rank: what a local forger would name as its pid."""
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
-        yield p.pid
-    finally:
-        p.kill()
-        p.wait(timeout=10)
-
-
 # ---------------------------------------------------------------- liveness: what the process table says
 
 
@@ -83,7 +56,7 @@ def other_process() -> Iterator[int]:
 def test_liveness_is_confirmed_only_by_the_process_table(tmp_path: Path, other_process: int) -> None:
     from flyserve.control.reports import Liveness, is_live, liveness
 
-    now = NOW
+    now = CLOCK.now
 
     def rep(**over: Any) -> RankReport:
         r = parse_report(real_report(0, **over), now=now, file_uid=over.pop("uid", os.getuid()))
@@ -143,7 +116,7 @@ def test_local_forgeries_with_live_pids_are_capped_within_the_bound(
             pid=other_process,
             step=10**9,
             rate=10_000.0,
-            started=NOW - 200_000,
+            started=CLOCK.now - 200_000,
             proc_start=proc_start_ticks(other_process),
         )
         plane.store.write_rank_report(forged, rank=r)

@@ -26,13 +26,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _rank_liveness
 import pytest
+from _rank_liveness import CLOCK, LEAD_S, STEP_MARGIN, forged_report
 
 from flyserve.control import ControlPlane
 from flyserve.control.reports import HOST, PIDNS, Liveness, liveness, parse_report
 
-STEP_MARGIN, LEAD_S = 8, 3.0
 OTHER_UID = 54321  # a uid nobody here runs as: "another user who can write in ranks/"
+# The frozen clock, the plane on it and a live non-rank process (shared with
+# test_liveness_attacks.py): bound here so that pytest finds them.
+frozen_clock = _rank_liveness.frozen_clock
+plane = _rank_liveness.plane
+other_process = _rank_liveness.other_process
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 
 
@@ -42,33 +49,11 @@ def start_ticks(pid: int) -> int:
     return int(raw[raw.rfind(b")") + 1 :].split()[19])
 
 
-NOW = time.time()
-
-
-@pytest.fixture(autouse=True)
-def _now() -> None:
-    global NOW
-    NOW = time.time()
-
-
-@pytest.fixture
-def plane(tmp_path: Path) -> ControlPlane:
-    return ControlPlane(tmp_path / "state", step_margin=STEP_MARGIN, lead_s=LEAD_S, clock=lambda: NOW)
-
-
 def real_report(rank: int, *, step: int = 2000, rate: float = 20.0, **over: Any) -> dict[str, Any]:
     """As a rank of this process writes it (RankControl.report_dict): with its /proc start time."""
     d = {"pid": os.getpid(), "host": HOST, "pidns": PIDNS, "proc_start": start_ticks(os.getpid()),
-         "rank": rank, "engine": 0, "started": NOW - 100.0, "step": step, "steps_per_s": rate,
-         "applied_version": 0, "time": NOW}  # fmt: skip
-    d.update(over)
-    return d
-
-
-def forged_report(rank: int, **over: Any) -> dict[str, Any]:
-    """The "another host" forgery: plausible values, another host, a step of 1e11."""
-    d = {"pid": 4242 + rank, "host": "elsewhere", "pidns": "", "rank": rank, "engine": 0,
-         "started": 1_577_836_800.0, "step": 10**11, "applied_version": 0, "time": NOW}  # fmt: skip
+         "rank": rank, "engine": 0, "started": CLOCK.now - 100.0, "step": step, "steps_per_s": rate,
+         "applied_version": 0, "time": CLOCK.now}  # fmt: skip
     d.update(over)
     return d
 
@@ -89,17 +74,6 @@ def rename_over(path: Path, d: dict[str, Any], *, uid: int | None = None) -> Non
 
 
 @pytest.fixture
-def other_process() -> Iterator[int]:
-    """A live process of this user that is not a rank."""
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
-        yield p.pid
-    finally:
-        p.kill()
-        p.wait(timeout=10)
-
-
-@pytest.fixture
 def foreign_process() -> Iterator[int]:
     """A live process of OTHER_UID: what a writer of another uid can name as its "rank"."""
     p = subprocess.Popen(["/bin/sleep", "120"], user=OTHER_UID, group=OTHER_UID, cwd="/")
@@ -117,7 +91,7 @@ def _unfinished_publish(plane: ControlPlane, version: int) -> None:
     """A write-ahead line of ``version`` with no completion: its writer was killed after the line,
     before current.json (so it never was in force); nothing later names it."""
     cur = plane.store.read_current()
-    plane.store.audit({"id": "doomed", "time": NOW, "actor": "a", "source": "api", "action": "set",
+    plane.store.audit({"id": "doomed", "time": CLOCK.now, "actor": "a", "source": "api", "action": "set",
                        "result": "publishing", "version": version,
                        "version_before": cur.version if cur else 0})  # fmt: skip
 
@@ -166,11 +140,11 @@ def test_a_forgery_renamed_over_a_lone_confirmed_ranks_file_does_not_pin(plane: 
     """A single-rank engine (TP 1); its file replaced (os.replace) by the "another host" forgery
     between the rank's writes. Was: the forgery was the engine's only report - effective step near 1e11."""
     plane.store.write_rank_report(real_report(0), rank=0)
-    assert plane.store.live_ranks(now=NOW) == 1  # the reader has seen the confirmed rank
+    assert plane.store.live_ranks(now=CLOCK.now) == 1  # the reader has seen the confirmed rank
     rename_over(plane.state_dir.ranks_dir / "0.json", forged_report(0))
     s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
-    assert plane.store.live_ranks(now=NOW) == 1  # the rank stays live (its last own report)
+    assert plane.store.live_ranks(now=CLOCK.now) == 1  # the rank stays live (its last own report)
 
 
 @pytest.mark.slow  # subprocesses (live, dead and reused pids)
@@ -182,9 +156,9 @@ def test_another_live_pid_under_a_confirmed_ranks_name_is_refused(
     live, their keys are theirs. Was: both keys taken, the anchor lifted with them."""
     for r in (0, 1):
         plane.store.write_rank_report(real_report(r), rank=r)
-    plane.store.reports(now=NOW)
+    plane.store.reports(now=CLOCK.now)
     forged = {"pid": other_process, "proc_start": start_ticks(other_process), "step": 10**9,
-              "started": NOW - 200_000, "steps_per_s": 10_000.0}  # fmt: skip
+              "started": CLOCK.now - 200_000, "steps_per_s": 10_000.0}  # fmt: skip
     for r in (0, 1):
         rename_over(plane.state_dir.ranks_dir / f"{r}.json", real_report(r, **forged))
     s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
@@ -197,11 +171,11 @@ def test_a_restarted_rank_takes_its_key_once_the_old_process_is_gone(plane: Cont
     old = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     old_start = start_ticks(old.pid)
     plane.store.write_rank_report(real_report(0, pid=old.pid, proc_start=old_start, step=9000), rank=0)
-    assert [r.step for r in plane.store.reports(now=NOW)] == [9000]
+    assert [r.step for r in plane.store.reports(now=CLOCK.now)] == [9000]
     old.kill()
     old.wait(timeout=10)
-    plane.store.write_rank_report(real_report(0, step=5, started=NOW - 1), rank=0)
-    assert [(r.pid, r.step) for r in plane.store.reports(now=NOW)] == [(os.getpid(), 5)]
+    plane.store.write_rank_report(real_report(0, step=5, started=CLOCK.now - 1), rank=0)
+    assert [(r.pid, r.step) for r in plane.store.reports(now=CLOCK.now)] == [(os.getpid(), 5)]
 
 
 @pytest.mark.slow  # subprocesses (live, dead and reused pids)
@@ -213,9 +187,9 @@ def test_a_writer_of_another_uid_naming_its_own_process_is_not_confirmed(
     its uid, so the file-owner check agreed). Was: confirmed like a rank."""
     d = real_report(5, pid=foreign_process, proc_start=start_ticks(foreign_process))
     rename_over(plane.state_dir.ranks_dir / "5.json", d, uid=OTHER_UID)
-    (r,) = plane.store.reports(now=NOW)
+    (r,) = plane.store.reports(now=CLOCK.now)
     assert r.file_uid == OTHER_UID
-    assert liveness(r, now=NOW, stale_after_s=30) is Liveness.UNCONFIRMED
+    assert liveness(r, now=CLOCK.now, stale_after_s=30) is Liveness.UNCONFIRMED
 
 
 # ---------------------------------------------------------------- the owner of the bytes read
@@ -240,9 +214,9 @@ def test_the_owner_checked_is_the_one_of_the_file_read(
         return real_open(p)
 
     monkeypatch.setattr(state_files, "_open_regular", swapped)
-    (r,) = plane.store.reports(now=NOW)
+    (r,) = plane.store.reports(now=CLOCK.now)
     assert r.step == 10**6 and r.file_uid == OTHER_UID
-    assert liveness(r, now=NOW, stale_after_s=30) is not Liveness.CONFIRMED
+    assert liveness(r, now=CLOCK.now, stale_after_s=30) is not Liveness.CONFIRMED
 
 
 # ---------------------------------------------------------------- pid reuse
@@ -254,9 +228,9 @@ def test_a_reused_pid_is_not_the_rank(plane: ControlPlane, other_process: int) -
     rank recorded). Was: live and confirmed - a dead rank counted, its step planned from."""
     d = real_report(0, pid=other_process, proc_start=start_ticks(other_process) - 1)
     plane.store.write_rank_report(d, rank=0)
-    (r,) = plane.store.reports(now=NOW)
-    assert liveness(r, now=NOW, stale_after_s=30) is Liveness.GONE
-    assert plane.store.live_ranks(now=NOW) == 0
+    (r,) = plane.store.reports(now=CLOCK.now)
+    assert liveness(r, now=CLOCK.now, stale_after_s=30) is Liveness.GONE
+    assert plane.store.live_ranks(now=CLOCK.now) == 0
 
 
 def test_a_report_without_its_start_time_is_not_confirmed(plane: ControlPlane) -> None:
@@ -265,9 +239,9 @@ def test_a_report_without_its_start_time_is_not_confirmed(plane: ControlPlane) -
     d = real_report(0)
     del d["proc_start"]
     plane.store.write_rank_report(d, rank=0)
-    (r,) = plane.store.reports(now=NOW)
-    assert liveness(r, now=NOW, stale_after_s=30) is Liveness.UNCONFIRMED
-    assert plane.store.live_ranks(now=NOW) == 1
+    (r,) = plane.store.reports(now=CLOCK.now)
+    assert liveness(r, now=CLOCK.now, stale_after_s=30) is Liveness.UNCONFIRMED
+    assert plane.store.live_ranks(now=CLOCK.now) == 1
 
 
 def test_a_rank_records_its_own_start_time(tmp_path: Path) -> None:
@@ -291,7 +265,7 @@ def test_a_rank_records_its_own_start_time(tmp_path: Path) -> None:
     ],
 )
 def test_an_implausible_start_time_refuses_the_report(field: str, value: Any) -> None:
-    assert parse_report(real_report(0, **{field: value}), now=NOW) is None
+    assert parse_report(real_report(0, **{field: value}), now=CLOCK.now) is None
 
 
 # ---------------------------------------------------------------- ranks/ is sticky
@@ -397,11 +371,11 @@ def test_a_bad_file_for_one_look_does_not_erase_the_ranks_history(plane: Control
     forgery taken as a new process - step near 1e11."""
     path = plane.state_dir.ranks_dir / "0.json"
     plane.store.write_rank_report(real_report(0), rank=0)
-    assert plane.store.live_ranks(now=NOW) == 1
+    assert plane.store.live_ranks(now=CLOCK.now) == 1
     path.write_text("{torn")
-    assert plane.store.live_ranks(now=NOW) == 1  # its live process's last report stands in
+    assert plane.store.live_ranks(now=CLOCK.now) == 1  # its live process's last report stands in
     path.unlink()
-    assert plane.store.live_ranks(now=NOW) == 1
+    assert plane.store.live_ranks(now=CLOCK.now) == 1
     rename_over(path, forged_report(0))
     s = plane.apply_overrides({"min_seq_len": 4096}, actor="a").snapshot
     assert 2000 < s.effective_step <= bound_steps(2000, 20.0), s.effective_step
@@ -414,8 +388,8 @@ def test_an_exited_unreaped_rank_does_not_hold_its_key(plane: ControlPlane) -> N
     old = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     d = real_report(0, pid=old.pid, proc_start=start_ticks(old.pid), step=9000)
     plane.store.write_rank_report(d, rank=0)
-    (seen,) = plane.store.reports(now=NOW)
-    assert seen.step == 9000 and liveness(seen, now=NOW, stale_after_s=30) is Liveness.CONFIRMED
+    (seen,) = plane.store.reports(now=CLOCK.now)
+    assert seen.step == 9000 and liveness(seen, now=CLOCK.now, stale_after_s=30) is Liveness.CONFIRMED
     assert old.stdin is not None
     old.stdin.close()  # it exits; not waited for, so not reaped
     deadline = time.monotonic() + 30
@@ -423,7 +397,7 @@ def test_an_exited_unreaped_rank_does_not_hold_its_key(plane: ControlPlane) -> N
         assert time.monotonic() < deadline, "the child did not exit"
         time.sleep(0.05)
     try:
-        plane.store.write_rank_report(real_report(0, step=5, started=NOW - 1), rank=0)
-        assert [(r.pid, r.step) for r in plane.store.reports(now=NOW)] == [(os.getpid(), 5)]
+        plane.store.write_rank_report(real_report(0, step=5, started=CLOCK.now - 1), rank=0)
+        assert [(r.pid, r.step) for r in plane.store.reports(now=CLOCK.now)] == [(os.getpid(), 5)]
     finally:
         old.wait(timeout=10)
