@@ -6,6 +6,7 @@ audited) on a worker thread of its own; ``?dry_run=true`` also replays the recen
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import anyio
@@ -57,6 +58,22 @@ def parse_if_match(value: str | None) -> int | None:
     return int(v)
 
 
+@dataclass(frozen=True, slots=True)
+class ChangeOptions:
+    """What every change takes besides its body: the version it is based on (If-Match, parsed on the
+    change's thread), and whether it only reports (``?dry_run=true``)."""
+
+    if_match: str | None
+    dry_run: bool
+
+
+def _change_options(if_match: IfMatch = None, dry_run: DryRun = False) -> ChangeOptions:
+    return ChangeOptions(if_match, dry_run)
+
+
+Options = Annotated[ChangeOptions, Depends(_change_options)]
+
+
 def _thresholds_body_schema(nullable: bool) -> dict[str, Any]:
     props = Thresholds.model_json_schema()["properties"]
     if nullable:
@@ -103,14 +120,15 @@ def _respond(request: Request, result: ChangeResult, dry_run: bool) -> ChangeRes
 
 
 async def _change(
-    request: Request, dry_run: bool, change: Callable[[ControlPlane], ChangeResult]
+    request: Request, options: ChangeOptions, change: Callable[[ControlPlane, int | None], ChangeResult]
 ) -> ChangeResponse:
     """Run a change (file I/O under the control plane's lock) on a worker thread of its own limiter:
     a flood of slow anonymous reads that takes every slot of FastAPI's shared pool (40) must not
-    make a change with the token wait."""
+    make a change with the token wait. ``change`` gets the plane and the If-Match version."""
 
     def run() -> ChangeResponse:
-        return _respond(request, change(control_plane(request)), dry_run)
+        version = parse_if_match(options.if_match)
+        return _respond(request, change(control_plane(request), version), options.dry_run)
 
     return await anyio.to_thread.run_sync(run, limiter=limiter(request, "change", 4))
 
@@ -118,40 +136,51 @@ async def _change(
 _MUTATION = {"response_model": ChangeResponse, "responses": ERRORS, "tags": ["thresholds"]}
 
 
-@router.put("/thresholds", openapi_extra=_thresholds_body_schema(False), **_MUTATION)
-async def put_thresholds(
-    request: Request,
-    actor: Actor,
-    body: Annotated[dict[str, Any], Body()],
-    if_match: IfMatch = None,
-    dry_run: DryRun = False,
-) -> ChangeResponse:
-    """Replace the whole override layer: keys left out fall back to the config file, then the profile."""
-    return await _change(
-        request,
-        dry_run,
-        lambda plane: plane.replace(
-            body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
-        ),
+def _overrides_route(
+    method: str, change: Callable[..., ChangeResult], *, nullable: bool, name: str, description: str
+) -> None:
+    """PUT and PATCH /thresholds: the same parameters, the body handed to ``change`` (ControlPlane.
+    replace or apply_overrides); ``name`` is the operation's (its OpenAPI operationId's stem)."""
+
+    async def change_overrides(
+        request: Request,
+        actor: Actor,
+        body: Annotated[dict[str, Any], Body()],
+        options: Options,
+    ) -> ChangeResponse:
+        return await _change(
+            request,
+            options,
+            lambda plane, version: change(
+                plane, body, actor=actor, source="api", if_match=version, dry_run=options.dry_run
+            ),
+        )
+
+    router.add_api_route(
+        "/thresholds",
+        change_overrides,
+        methods=[method],
+        name=name,
+        description=description,
+        openapi_extra=_thresholds_body_schema(nullable),
+        **_MUTATION,
     )
 
 
-@router.patch("/thresholds", openapi_extra=_thresholds_body_schema(True), **_MUTATION)
-async def patch_thresholds(
-    request: Request,
-    actor: Actor,
-    body: Annotated[dict[str, Any], Body()],
-    if_match: IfMatch = None,
-    dry_run: DryRun = False,
-) -> ChangeResponse:
-    """Set some overrides; a key set to null drops its override (JSON merge-patch style)."""
-    return await _change(
-        request,
-        dry_run,
-        lambda plane: plane.apply_overrides(
-            body, actor=actor, source="api", if_match=parse_if_match(if_match), dry_run=dry_run
-        ),
-    )
+_overrides_route(
+    "PUT",
+    ControlPlane.replace,
+    nullable=False,
+    name="put_thresholds",
+    description="Replace the whole override layer: keys left out fall back to the config file, then the profile.",
+)
+_overrides_route(
+    "PATCH",
+    ControlPlane.apply_overrides,
+    nullable=True,
+    name="patch_thresholds",
+    description="Set some overrides; a key set to null drops its override (JSON merge-patch style).",
+)
 
 
 @router.post("/thresholds/rollback", **_MUTATION)
@@ -159,27 +188,24 @@ async def rollback_thresholds(
     request: Request,
     actor: Actor,
     body: RollbackRequest,
-    if_match: IfMatch = None,
-    dry_run: DryRun = False,
+    options: Options,
 ) -> ChangeResponse:
     """Publish a new version whose values equal an earlier one's (see /thresholds/history)."""
     return await _change(
         request,
-        dry_run,
-        lambda plane: plane.rollback(
-            body.version, actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run
+        options,
+        lambda plane, version: plane.rollback(
+            body.version, actor=actor, if_match=version, dry_run=options.dry_run
         ),
     )
 
 
 @router.post("/reload", **_MUTATION)
-async def reload_config(
-    request: Request, actor: Actor, if_match: IfMatch = None, dry_run: DryRun = False
-) -> ChangeResponse:
+async def reload_config(request: Request, actor: Actor, options: Options) -> ChangeResponse:
     """Re-read the operator config file and publish it (what SIGHUP or a file edit would do)."""
     # Counted in flyserve_config_reloads_total by the control plane.
     return await _change(
         request,
-        dry_run,
-        lambda plane: plane.reload(actor=actor, if_match=parse_if_match(if_match), dry_run=dry_run),
+        options,
+        lambda plane, version: plane.reload(actor=actor, if_match=version, dry_run=options.dry_run),
     )
