@@ -77,48 +77,35 @@ def test_committed_h200_profile_was_produced_by_calibrate_and_generalises():
         assert r.routed_over_oracle <= 1.02
 
 
-def test_grids_and_bad_grid():
-    assert len(load_grid("default")) == 20 + 24 + len(GRIDS["default"]["mixed"])
+def _lab(args: list[str]):
+    """`flyserve <args>` with the lab's commands registered."""
     app = typer.Typer()
     register(app)
-    res = CliRunner().invoke(
-        app, ["calibrate", "--out-profile", "x.yaml", "--out-costs", "x.json", "--grid", "no-such-grid"]
-    )
+    return CliRunner().invoke(app, args)
+
+
+def _calibrate_args(tmp_path, *extra: str) -> list[str]:
+    """`calibrate` on the quick grid, writing p.yaml and c.json under tmp_path."""
+    out = ["--out-profile", str(tmp_path / "p.yaml"), "--out-costs", str(tmp_path / "c.json")]
+    return ["calibrate", *out, "--grid", "quick", *extra]
+
+
+def test_grids_and_bad_grid():
+    assert len(load_grid("default")) == 20 + 24 + len(GRIDS["default"]["mixed"])
+    res = _lab(["calibrate", "--out-profile", "x.yaml", "--out-costs", "x.json", "--grid", "no-such-grid"])
     assert res.exit_code == 2 and "not a known grid" in res.output
 
 
-def test_calibrate_without_gpu_exits_3(tmp_path):
+@pytest.mark.parametrize("command", ["calibrate", "replay --live"])
+def test_a_gpu_command_without_gpu_exits_3(tmp_path, command):
     torch = require_module("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: this test is about its absence")
-    app = typer.Typer()
-    register(app)
-    res = CliRunner().invoke(
-        app,
-        [
-            "calibrate",
-            "--out-profile",
-            str(tmp_path / "p.yaml"),
-            "--out-costs",
-            str(tmp_path / "c.json"),
-            "--grid",
-            "quick",
-        ],
-    )
+    args = _calibrate_args(tmp_path) if command == "calibrate" else ["replay", "--live", "-w", "seed-8k-c8"]
+    res = _lab(args)
     assert res.exit_code == 3
     assert "no CUDA GPU" in res.output
     assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "c.json").exists()
-
-
-def test_replay_live_without_gpu_exits_3():
-    torch = require_module("torch")
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present: this test is about its absence")
-    app = typer.Typer()
-    register(app)
-    res = CliRunner().invoke(app, ["replay", "--live", "-w", "seed-8k-c8"])
-    assert res.exit_code == 3
-    assert "no CUDA GPU" in res.output
 
 
 class _FakeBench:
@@ -153,23 +140,7 @@ class _FakeBench:
 
 
 def _calibrate(tmp_path, *extra):
-    app = typer.Typer()
-    register(app)
-    return CliRunner().invoke(
-        app,
-        [
-            "calibrate",
-            "--out-profile",
-            str(tmp_path / "p.yaml"),
-            "--out-costs",
-            str(tmp_path / "c.json"),
-            "--grid",
-            "quick",
-            "--partial",
-            str(tmp_path / "part.jsonl"),
-            *extra,
-        ],
-    )
+    return _lab(_calibrate_args(tmp_path, "--partial", str(tmp_path / "part.jsonl"), *extra))
 
 
 def test_calibrate_end_to_end_with_a_fake_gpu_and_resume(tmp_path, monkeypatch):
