@@ -133,7 +133,7 @@ async def _change(
     return await anyio.to_thread.run_sync(run, limiter=limiter(request, "change", 4))
 
 
-_MUTATION = {"response_model": ChangeResponse, "responses": ERRORS, "tags": ["thresholds"]}
+_MUTATION: dict[str, Any] = {"response_model": ChangeResponse, "responses": ERRORS, "tags": ["thresholds"]}
 
 
 def _overrides_route(
