@@ -10,8 +10,6 @@ every wait has a deadline, every process is stopped at the end.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,7 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from _dashboards_live import _stop, _wait, free_port
+from _dashboards_live import _wait, free_port
+from _prometheus_live import LiveProcesses, start_prometheus
 
 from tests._support import require_binary
 
@@ -48,18 +47,8 @@ def _alerts(prom: str, name: str) -> list[dict]:
 
 def test_planted_drift_fires_the_drift_alert_and_no_drift_stays_silent(tmp_path: Path):
     prometheus = require_binary("prometheus")
-    env = {k: v for k, v in os.environ.items() if k not in ("PROMETHEUS_MULTIPROC_DIR", "FLYSERVE_STATE_DIR")}
-    env["PYTHONUNBUFFERED"] = "1"
-    procs: list[tuple[str, subprocess.Popen]] = []
-    logs = []
-
-    def spawn(name: str, argv: list[str]) -> subprocess.Popen:
-        log = (tmp_path / f"{name}.log").open("wb")
-        logs.append(log)
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        procs.append((name, p))
-        return p
-
+    processes = LiveProcesses(tmp_path)
+    spawn = processes.spawn
     cli = [sys.executable, "-m", "flyserve.cli"]
     ports = {}
     try:
@@ -88,23 +77,11 @@ def test_planted_drift_fires_the_drift_alert_and_no_drift_stays_silent(tmp_path:
                  "--steps", "6000", "--step-interval", "0.02", "--profile", "h200", "--costs", "h200", *drift],
             )  # fmt: skip
 
-        prom_dir = tmp_path / "prometheus"
-        prom_dir.mkdir()
-        cfg = yaml.safe_load((REPO / "config" / "prometheus.yml").read_text())
-        cfg["global"].update(scrape_interval="1s", evaluation_interval="1s", scrape_timeout="1s")
-        cfg["rule_files"] = [str(_test_rules(prom_dir))]
-        (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "flyserve"]
-        job["static_configs"] = [
+        targets = [
             {"targets": [f"127.0.0.1:{ports[n]}"], "labels": {"service": n}} for n in ("drift", "clean")
         ]
-        (prom_dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        prom_port = free_port()
-        prom = f"http://127.0.0.1:{prom_port}"
-        pp = spawn(
-            "prometheus",
-            [prometheus, f"--config.file={prom_dir / 'prometheus.yml'}", f"--storage.tsdb.path={prom_dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-        )  # fmt: skip
+        prom = start_prometheus(processes, prometheus, _test_rules, targets)
+        pp = processes.procs["prometheus"]
         _wait("prometheus", lambda: httpx.get(f"{prom}/-/ready", timeout=1).status_code == 200, 60, pp)
 
         drift_instance = f"127.0.0.1:{ports['drift']}"
@@ -136,7 +113,4 @@ def test_planted_drift_fires_the_drift_alert_and_no_drift_stays_silent(tmp_path:
             a for a in _alerts(prom, "FlyserveCostTableDrift") if a["labels"]["instance"] == clean_instance
         ]
     finally:
-        for _name, p in reversed(procs):
-            _stop(p)
-        for log in logs:
-            log.close()
+        processes.stop_all()

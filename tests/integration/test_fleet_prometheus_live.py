@@ -36,15 +36,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
-from _dashboards_live import _stop, _wait, free_port
+from _dashboards_live import _wait, free_port
+from _prometheus_live import LiveProcesses, start_prometheus
 from typer.testing import CliRunner
 
 from flyserve.fleet import queries, rules
@@ -76,18 +75,8 @@ def test_the_analysis_flags_the_bad_version_passes_the_good_and_gives_no_data_fo
 ):
     prometheus = require_binary("prometheus")
     t_start = time.monotonic()
-    env = {k: v for k, v in os.environ.items() if k not in ("PROMETHEUS_MULTIPROC_DIR", "FLYSERVE_STATE_DIR")}
-    env["PYTHONUNBUFFERED"] = "1"
-    procs: dict[str, subprocess.Popen] = {}
-    logs = []
-
-    def spawn(name: str, argv: list[str]) -> subprocess.Popen:
-        log = (tmp_path / f"{name}.log").open("wb")
-        logs.append(log)
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        procs[name] = p
-        return p
-
+    processes = LiveProcesses(tmp_path)
+    spawn, procs = processes.spawn, processes.procs
     cli = [sys.executable, "-m", "flyserve.cli"]
     trace = tmp_path / "prefill-heavy.jsonl"
     spec = WorkloadSpec(4096, 16, 8, num_requests=64, range_ratio=0.5, seed=1)
@@ -114,23 +103,8 @@ def test_the_analysis_flags_the_bad_version_passes_the_good_and_gives_no_data_fo
             )  # fmt: skip
 
         # Prometheus from the start; the windows judged below lie wholly after the last change.
-        prom_dir = tmp_path / "prometheus"
-        prom_dir.mkdir()
-        cfg = yaml.safe_load((REPO / "config" / "prometheus.yml").read_text())
-        cfg["global"].update(scrape_interval="1s", evaluation_interval="1s", scrape_timeout="1s")
-        cfg["rule_files"] = [str(_test_rules(prom_dir))]
-        (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "flyserve"]
-        job["static_configs"] = [
-            {"targets": [f"127.0.0.1:{ports[r]}"], "labels": {"replica": r}} for r in REPLICAS
-        ]
-        (prom_dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        prom_port = free_port()
-        prom = f"http://127.0.0.1:{prom_port}"
-        spawn(
-            "prometheus",
-            [prometheus, f"--config.file={prom_dir / 'prometheus.yml'}", f"--storage.tsdb.path={prom_dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-        )  # fmt: skip
+        targets = [{"targets": [f"127.0.0.1:{ports[r]}"], "labels": {"replica": r}} for r in REPLICAS]
+        prom = start_prometheus(processes, prometheus, _test_rules, targets)
 
         # A rank starts once its sidecar has published the file (a rank that starts first would
         # learn of version 1 late).
@@ -299,10 +273,7 @@ def test_the_analysis_flags_the_bad_version_passes_the_good_and_gives_no_data_fo
         timings["silent replica judged"] = time.monotonic() - t_start
         print("timings (s since start): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     finally:
-        for p in reversed(list(procs.values())):
-            _stop(p)
-        for log in logs:
-            log.close()
+        processes.stop_all()
 
 
 def queries_content(fingerprint_label: str) -> str:
