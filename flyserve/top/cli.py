@@ -76,10 +76,13 @@ def top(
 ) -> None:
     """A live terminal view of the sidecar's /dispatch-stats/stream: per engine and rank the path shares,
     fallback reasons, late applies, circuit, control mode, thresholds version and effective step, regret
-    and drift. Keys: w cycles the window (60s, 300s, 900s, since start), q quits."""
+    and drift; and the autopilot (GET /autopilot, asked every few seconds): its mode and state, a running
+    trial's pairs, arm and estimate, or its last decision. Keys: w cycles the window (60s, 300s, 900s,
+    since start), q quits."""
     from rich.console import Console
     from rich.live import Live
 
+    from flyserve.top.autopilot_poll import AutopilotPoll
     from flyserve.top.stream import StatsStream
     from flyserve.top.view import WINDOWS, Connection, render
 
@@ -97,21 +100,26 @@ def top(
             raise typer.Exit(2) from None
         token = secret.get_secret_value() if secret is not None else None
     stream = StatsStream(url, interval=interval, token=token).start()
+    autopilot = AutopilotPoll(url, token=token).start()
     console = Console()
 
     def frame(win: str):
         lt = stream.latest()
         age = None if lt.received_at is None else time.monotonic() - lt.received_at
         conn = Connection(url, lt.error, age, lt.events, lt.malformed, lt.oversize)
-        return render(lt.stats, win, conn), lt.events + lt.malformed + lt.oversize
+        return render(lt.stats, win, conn, autopilot.latest()), lt.events + lt.malformed + lt.oversize
 
     if once:
         deadline = time.monotonic() + max(5.0, interval * 4)
         while stream.latest().stats is None and time.monotonic() < deadline:
             time.sleep(0.05)
+        asked_by = min(deadline, time.monotonic() + 2.0)  # the autopilot's first answer, briefly
+        while autopilot.latest().kind == "waiting" and time.monotonic() < asked_by:
+            time.sleep(0.05)
         shown, _ = frame(window)
         console.print(shown)
         stream.stop()
+        autopilot.stop()
         raise typer.Exit(0 if stream.latest().stats is not None else 1)
 
     win_i = WINDOWS.index(window)
@@ -140,6 +148,7 @@ def top(
         interrupted = True
     finally:
         stream.stop()
+        autopilot.stop()
     raise typer.Exit(130 if interrupted else 0)
 
 

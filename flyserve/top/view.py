@@ -24,6 +24,9 @@ from rich.table import Table
 from rich.text import Text
 
 from flyserve.terminal.printable import printable, printable_text
+from flyserve.top.autopilot_poll import AutopilotSeen
+from flyserve.top.autopilot_view import autopilot_text
+from flyserve.top.payload import as_dict, as_list, fixed, real
 
 WINDOWS = ("60s", "300s", "900s", "total")
 """The `w` key cycles these: /dispatch-stats' windows, then the counters since start."""
@@ -59,34 +62,11 @@ class Connection:
     oversize: int = 0
 
 
-def _obj(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
-def _seq(x: Any) -> list[Any]:
-    return x if isinstance(x, list) else []
-
-
-def _real(x: Any) -> float | None:
-    """A JSON number as a float (None for anything else, or an integer too big for one)."""
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        return None
-    try:
-        return float(x)
-    except OverflowError:
-        return None
-
-
 def _pct(x: Any) -> str:
     if x is None:
         return "-"
-    v = _real(x)
+    v = real(x)
     return "?" if v is None else f"{v:.1%}"
-
-
-def _fixed(x: Any, fmt: str) -> str:
-    v = _real(x)
-    return "?" if v is None else format(v, fmt)
 
 
 def _num(x: Any) -> str:
@@ -95,15 +75,15 @@ def _num(x: Any) -> str:
 
 def _count(x: Any) -> float:
     """A count to compare and sort by: anything not a number counts as none."""
-    v = _real(x)
+    v = real(x)
     return 0.0 if v is None or math.isnan(v) else v
 
 
 def _totals(block: dict[str, Any] | None, window: str) -> dict[str, Any] | None:
     if block is None:
         return None
-    block = _obj(block)
-    got = block.get("totals") if window == "total" else _obj(block.get("windows")).get(window)
+    block = as_dict(block)
+    got = block.get("totals") if window == "total" else as_dict(block.get("windows")).get(window)
     return got if isinstance(got, dict) else None
 
 
@@ -111,7 +91,7 @@ def _reasons(t: dict[str, Any] | None) -> str:
     """The fallback reasons with a count, biggest first (admitted and no_prefill_rows are not fallbacks)."""
     if not t:
         return "-"
-    rs = _obj(t.get("reasons"))
+    rs = as_dict(t.get("reasons"))
     got = sorted(((n, r) for r in FALLBACK_REASONS if (n := _count(rs.get(r))) > 0), reverse=True)
     return ", ".join(f"{r} {printable(rs[r], 24)}" for _n, r in got[:3]) or "none"
 
@@ -153,11 +133,11 @@ def thresholds_line(stats: dict[str, Any]) -> Text:
     th = stats.get("thresholds")
     out = Text()
     if not isinstance(th, dict):
-        errs = "; ".join(printable(e, 160) for e in _seq(stats.get("errors"))[:16])
+        errs = "; ".join(printable(e, 160) for e in as_list(stats.get("errors"))[:16])
         errs = errs or "the control plane could not be read"
         out.append(f"thresholds: unknown ({errs[:160]})", style="red")
     else:
-        over = _obj(th.get("overrides"))
+        over = as_dict(th.get("overrides"))
         shown = ", ".join(f"{printable(k, CELL)}={printable(v, CELL)}" for k, v in list(over.items())[:4])
         out.append(
             f"thresholds version {_num(th.get('version'))} (effective step {_num(th.get('effective_step'))}, "
@@ -188,16 +168,16 @@ def engines_table(stats: dict[str, Any], window: str) -> Table:
     t = Table(title=f"engines ({window})", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("engine", "ranks", "agree", "batches", "prefill", "prefill of eligible", "top fallbacks"):
         t.add_column(col, no_wrap=True)
-    engines = _seq(stats.get("engines"))
+    engines = as_list(stats.get("engines"))
     for e in engines[:MAX_ROWS]:
-        e = _obj(e)
+        e = as_dict(e)
         w = _totals(e, window)
         b, share, share_pf = _shares(w)
         agree = e.get("ranks_agree")
         t.add_row(
             *_cells(
                 printable(e.get("engine"), CELL),
-                printable(",".join(map(str, _seq(e.get("ranks"))[:64])), CELL),
+                printable(",".join(map(str, as_list(e.get("ranks"))[:64])), CELL),
                 "-" if agree is None else ("yes" if agree else "NO"),
                 b,
                 share,
@@ -211,7 +191,7 @@ def engines_table(stats: dict[str, Any], window: str) -> Table:
 
 def _age(r: dict[str, Any]) -> str:
     age = r.get("age_s")
-    return ("STALE " if r.get("stale") else "") + ("never" if age is None else f"{_fixed(age, '.1f')}s ago")
+    return ("STALE " if r.get("stale") else "") + ("never" if age is None else f"{fixed(age, '.1f')}s ago")
 
 
 def ranks_table(stats: dict[str, Any]) -> Table:
@@ -220,9 +200,9 @@ def ranks_table(stats: dict[str, Any]) -> Table:
         t.add_column(col, no_wrap=True)
     t.add_column("top fallbacks", no_wrap=True)
     t.add_column("report", no_wrap=True, overflow="ellipsis")
-    ranks = _seq(stats.get("ranks"))
+    ranks = as_list(stats.get("ranks"))
     for r in ranks[:MAX_ROWS]:
-        r = _obj(r)
+        r = as_dict(r)
         tot = r.get("totals") if isinstance(r.get("totals"), dict) else None
         _b, share, _s = _shares(tot)
         circuit = r.get("circuit_open")
@@ -255,11 +235,11 @@ def regret_text(stats: dict[str, Any], window: str) -> Text:
             style="dim",
         )
         return out
-    reg = _obj(reg)
+    reg = as_dict(reg)
     name = REGRET_WINDOW[window]
-    w = _obj(_obj(reg.get("windows")).get(name))
-    ro = _real(w.get("routed_over_oracle"))
-    pb = _real(_obj(w.get("prefill_batches")).get("routed_over_oracle"))
+    w = as_dict(as_dict(reg.get("windows")).get(name))
+    ro = real(w.get("routed_over_oracle"))
+    pb = real(as_dict(w.get("prefill_batches")).get("routed_over_oracle"))
     out.append(f"regret ({name}, cost table {printable(reg.get('costs'), CELL)}): ")
     if ro is None:
         why = reg.get("unpriceable")
@@ -271,18 +251,18 @@ def regret_text(stats: dict[str, Any], window: str) -> Text:
             f"  routed/oracle {ro:.3f} over {_num(w.get('samples', 0))} samples; batches with a prefill row "
             f"{'-' if pb is None else f'{pb:.3f}'} (the rest take decode_path: a restart)"
         )
-    drift = _obj(w.get("drift"))
+    drift = as_dict(w.get("drift"))
     parts = []
     for path in ("unified", "prefill"):
-        d = _obj(drift.get(path))
+        d = as_dict(drift.get(path))
         m = d.get("median_ratio")
-        parts.append(f"{path} {'-' if m is None else _fixed(m, '.2f')} ({_num(d.get('samples', 0))} samples)")
+        parts.append(f"{path} {'-' if m is None else fixed(m, '.2f')} ({_num(d.get('samples', 0))} samples)")
     out.append("\ndrift (measured/predicted): " + ", ".join(parts))
     return out
 
 
 def _errors_text(stats: dict[str, Any]) -> Text | None:
-    errs = _seq(stats.get("errors"))
+    errs = as_list(stats.get("errors"))
     if not errs:
         return None
     return Text("errors: " + "; ".join(printable(e, 120) for e in errs[:3]), style="red")
@@ -297,14 +277,19 @@ def _section(draw: Callable[[], Any], what: str) -> Any:
         return Text(f"malformed event: the {what} could not be drawn ({type(exc).__name__})", style="red")
 
 
-def render(stats: dict[str, Any] | None, window: str, conn: Connection) -> Group:
-    """The whole screen for one payload (None before the first)."""
+def render(
+    stats: dict[str, Any] | None, window: str, conn: Connection, autopilot: AutopilotSeen | None = None
+) -> Group:
+    """The whole screen for one payload (None before the first); with ``autopilot`` (what the last
+    ask of GET /autopilot gave), the autopilot's lines under the thresholds."""
     parts: list[Any] = [header(stats if isinstance(stats, dict) else None, window, conn)]
     if stats is not None and not isinstance(stats, dict):
         parts.append(Text("malformed event: the payload is not a JSON object", style="red"))
     elif stats is not None:
+        parts.append(_section(lambda: thresholds_line(stats), "thresholds"))
+        if autopilot is not None:
+            parts.append(_section(lambda: autopilot_text(autopilot), "autopilot"))
         parts += [
-            _section(lambda: thresholds_line(stats), "thresholds"),
             _section(lambda: engines_table(stats, window), "engines table"),
             _section(lambda: ranks_table(stats), "ranks table"),
             _section(lambda: regret_text(stats, window), "regret"),
