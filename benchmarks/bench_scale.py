@@ -44,31 +44,9 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sidecar import TOKEN, drive, free_port, stop
+from bench_sidecar import drive, start_sidecar, stop, wait_ranks
 
 STEP_INTERVAL = 0.5  # 64 processes on a small machine: 2 steps per second per rank
-
-
-def start_sidecar(
-    state: Path, port: int, log: Path, compact_interval: float, switch_interval_ms: float
-) -> subprocess.Popen:
-    env = dict(os.environ, FLYSERVE_SIDECAR_TOKEN=TOKEN)
-    cmd = [sys.executable, "-m", "flyserve.cli", "sidecar", "--state-dir", str(state), "--port", str(port),
-           "--log-level", "warning", "--compact-interval", str(compact_interval), "--stale-after", "10",
-           "--switch-interval-ms", str(switch_interval_ms)]  # fmt: skip
-    p = subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 90
-    while True:
-        if p.poll() is not None:
-            raise SystemExit(f"sidecar exited (see {log})")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                return p
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit("sidecar did not start in 90 s")
-        time.sleep(0.3)
 
 
 def decisions_total(body: str) -> float:
@@ -127,19 +105,6 @@ class Watcher:
             return {"files": [], "totals": [], "drops": []}
 
 
-def wait_ranks(base: str, want: int, sim: subprocess.Popen, log: Path, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(base + "/dispatch-stats", timeout=10).json()["live_ranks"] >= want:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or sim.poll() is not None:
-            raise SystemExit(f"{want} ranks did not come up (see {log})")
-        time.sleep(1.0)
-
-
 def measure(base: str, port: int, rate: float, duration: float) -> list[tuple[str, np.ndarray, int, int]]:
     out = []
     for path in ("/dispatch-stats", "/metrics"):
@@ -179,9 +144,13 @@ def main() -> int:
     rows: list[tuple[str, str, np.ndarray, int, int, str]] = []
     notes: list[str] = []
     t_start = time.time()
+    sidecar_args = ("--compact-interval", str(args.compact_interval), "--stale-after", "10",
+                    "--switch-interval-ms", str(args.switch_interval_ms))  # fmt: skip
 
     # ------------------------------------------------------------------ 2 ranks
-    state, log = tmp / "state-2", tmp / "bench-2.log"
+    phase = tmp / "2-ranks"
+    phase.mkdir()
+    state, log = phase / "state", tmp / "bench-2.log"
     sim = subprocess.Popen(
         [*nice, sys.executable, "-m", "flyserve.cli", "simulate", "--state-dir", str(state), "--ranks", "2",
          "--workload", "seed-32k-c32", "--steps", "400", "--step-interval", str(STEP_INTERVAL)],
@@ -189,9 +158,8 @@ def main() -> int:
     )  # fmt: skip
     sidecar = None
     try:
-        port = free_port()
-        sidecar = start_sidecar(state, port, log, args.compact_interval, args.switch_interval_ms)
-        base = f"http://127.0.0.1:{port}"
+        sc = start_sidecar(phase, *sidecar_args)
+        sidecar, port, base = sc.proc, sc.port, sc.url
         wait_ranks(base, 2, sim, log)
         files = sum(1 for n in os.listdir(state / "metrics") if n.endswith(".db"))
         for path, lat, errors, size in measure(base, port, args.rate, args.duration):
@@ -202,7 +170,9 @@ def main() -> int:
         stop(sim)
 
     # ------------------------------------------------------------------ 8 engines x 8 ranks
-    state, log = tmp / "state-64", tmp / "bench-64.log"
+    phase = tmp / "8x8"
+    phase.mkdir()
+    state, log = phase / "state", tmp / "bench-64.log"
     steps = int((args.restarts * args.restart_every + 8 * args.duration + 400) / STEP_INTERVAL)
     sim = subprocess.Popen(
         [*nice, sys.executable, "-m", "flyserve.cli", "simulate", "--state-dir", str(state), "--engines", "8",
@@ -214,9 +184,8 @@ def main() -> int:
     sidecar = None
     watcher = None
     try:
-        port = free_port()
-        sidecar = start_sidecar(state, port, log, args.compact_interval, args.switch_interval_ms)
-        base = f"http://127.0.0.1:{port}"
+        sc = start_sidecar(phase, *sidecar_args)
+        sidecar, port, base = sc.proc, sc.port, sc.url
         wait_ranks(base, 60, sim, log)  # a restarting rank is missing for a second or two
         watcher = Watcher(state / "metrics", base, tmp / "watch.json")
         watcher.start()

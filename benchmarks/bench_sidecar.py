@@ -19,8 +19,6 @@ import argparse
 import asyncio
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,43 +28,50 @@ from pathlib import Path
 import httpx  # set-up only; the load itself uses the minimal client below
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+from _live_sidecar import CLI, LiveSidecar, stop_process
+from _live_sidecar import start_sidecar as start_live_sidecar
+
 TOKEN = "bench-token-0123456789abcdef"
+STEP_INTERVAL_S = 0.05  # the simulated ranks of bench_sidecar.py and bench_sidecar_streams.py
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_sidecar(state: Path, port: int, stats_ttl: float, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, FLYSERVE_SIDECAR_TOKEN=TOKEN)
-    cmd = [sys.executable, "-m", "flyserve.cli", "sidecar", "--state-dir", str(state), "--port", str(port),
-           "--stats-ttl", str(stats_ttl), "--log-level", "warning"]  # fmt: skip
-    cmd += ["--metrics-ttl", "1.0" if stats_ttl > 0 else "0"]
-    p = subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        if p.poll() is not None:
-            raise SystemExit(f"sidecar exited (see {log})")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return p
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit("sidecar did not start in 60 s")
-        time.sleep(0.2)
+def start_sidecar(tmp: Path, *extra: str) -> LiveSidecar:
+    """The sidecar under load: `flyserve sidecar --state-dir tmp/state *extra` as the live tests
+    start it (127.0.0.1, a free port, the token in tmp/token, its output in tmp/sidecar.log),
+    returned once /healthz answers; stopped again if it exits or is not up in 90 s."""
+    return start_live_sidecar(tmp, TOKEN, *extra, timeout=90)
 
 
 def stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
+    """SIGTERM, 15 s for a clean exit, then SIGKILL."""
+    stop_process(p, term_wait_s=15, kill_wait_s=5)
+
+
+def start_ranks(state: Path, log: Path, ranks: int, workload: str, seconds: float) -> subprocess.Popen:
+    """`flyserve simulate` with ``ranks`` ranks replaying ``workload``, a step every STEP_INTERVAL_S for
+    about ``seconds``, its output appended to ``log``."""
+    steps = int(seconds / STEP_INTERVAL_S)
+    return subprocess.Popen(
+        [*CLI, "simulate", "--state-dir", str(state), "--ranks", str(ranks), "--workload", workload,
+         "--steps", str(steps), "--step-interval", str(STEP_INTERVAL_S)],
+        stdout=log.open("a"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def wait_ranks(base: str, want: int, sim: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    """Until the sidecar at ``base`` counts ``want`` live ranks; SystemExit naming ``log`` if the
+    simulator exits first or ``timeout`` s pass."""
+    deadline = time.monotonic() + timeout
+    while True:
         try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
+            if httpx.get(base + "/dispatch-stats", timeout=10).json()["live_ranks"] >= want:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or sim.poll() is not None:
+            raise SystemExit(f"{want} ranks did not come up (see {log})")
+        time.sleep(0.5)
 
 
 class Conn:
@@ -141,25 +146,14 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="flyserve-bench-sidecar-"))
     state, log = tmp / "state", tmp / "bench.log"
     runs = [("/dispatch-stats", 0.5), ("/metrics", 0.5), ("/dispatch-stats", 0.0), ("/healthz", 0.5)]
-    total = args.duration * len(runs) + 120
-    steps = int(total / 0.05)
-    sim = subprocess.Popen(
-        [sys.executable, "-m", "flyserve.cli", "simulate", "--state-dir", str(state), "--ranks", str(args.ranks),
-         "--workload", args.workload, "--steps", str(steps), "--step-interval", "0.05"],
-        stdout=log.open("a"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    sim = start_ranks(state, log, args.ranks, args.workload, args.duration * len(runs) + 120)
     rows = []
     sidecar = None
     try:
         for path, ttl in runs:
-            port = free_port()
-            sidecar = start_sidecar(state, port, ttl, log)
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 90
-            while httpx.get(base + "/dispatch-stats", timeout=5).json()["live_ranks"] < args.ranks:
-                if time.monotonic() > deadline or sim.poll() is not None:
-                    raise SystemExit(f"{args.ranks} ranks did not come up (see {log})")
-                time.sleep(0.5)
+            sc = start_sidecar(tmp, "--stats-ttl", str(ttl), "--metrics-ttl", "1.0" if ttl > 0 else "0")
+            sidecar, port, base = sc.proc, sc.port, sc.url
+            wait_ranks(base, args.ranks, sim, log, timeout=90)
             httpx.get(base + path, timeout=5)  # warm-up
             lat, errors, achieved = asyncio.run(drive("127.0.0.1", port, path, args.rate, args.duration))
             size = len(httpx.get(base + path, timeout=5).content)

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_sidecar import drive, free_port, start_sidecar, stop
+from bench_sidecar import drive, start_ranks, start_sidecar, stop, wait_ranks
 
 
 async def with_streams(port: int, clients: int, query: str, rate: float, duration: float):
@@ -73,23 +72,13 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="flyserve-bench-streams-"))
     state, log = tmp / "state", tmp / "bench.log"
-    steps = int((args.duration * 3 + 180) / 0.05)
-    sim = subprocess.Popen(
-        [sys.executable, "-m", "flyserve.cli", "simulate", "--state-dir", str(state), "--ranks", str(args.ranks),
-         "--workload", args.workload, "--steps", str(steps), "--step-interval", "0.05"],
-        stdout=log.open("a"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    port = free_port()
+    sim = start_ranks(state, log, args.ranks, args.workload, args.duration * 3 + 180)
     sidecar = None
     rows = []
     try:
-        sidecar = start_sidecar(state, port, 0.5, log)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while httpx.get(base + "/dispatch-stats", timeout=5).json()["live_ranks"] < args.ranks:
-            if time.monotonic() > deadline or sim.poll() is not None:
-                raise SystemExit(f"{args.ranks} ranks did not come up (see {log})")
-            time.sleep(0.5)
+        sc = start_sidecar(tmp, "--stats-ttl", "0.5", "--metrics-ttl", "1.0")
+        sidecar, port, base = sc.proc, sc.port, sc.url
+        wait_ranks(base, args.ranks, sim, log, timeout=90)
         httpx.get(base + "/dispatch-stats", timeout=5)  # warm-up
         lat, err, ach = asyncio.run(drive("127.0.0.1", port, "/dispatch-stats", args.rate, args.duration))
         rows.append(("idle", 0, lat, err, ach, 0))
