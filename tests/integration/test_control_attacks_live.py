@@ -53,28 +53,27 @@ def cpu_load() -> Iterator[None]:
 # ---------------------------------------------------------------- same step in the first second
 
 
-def one_trial(tmp_path: Path, ranks: int = 2) -> list[tuple[int, int, int]]:
-    """Start ranks (default 1 s report interval), publish a change the moment every rank has written
-    its first report, and return each rank's (version, effective_step, applied_step) for it."""
-    state = tmp_path / "state"
-    ControlPlane(state).reload(actor="startup", startup=True)
+@contextlib.contextmanager
+def rank_workers(tmp_path: Path, ranks: int, *, interval: str, step_sleep: str) -> Iterator[None]:
+    """``ranks`` processes of _control_rank_worker.py on tmp_path/state, each reporting every
+    ``interval`` s and writing what it applied to tmp_path/rank<r>.json; at the end the stop file
+    is written and each is waited for (killed after 60 s)."""
     stop = tmp_path / "stop"
     procs = []
     for r in range(ranks):
-        args = ["--state-dir", str(state), "--rank", str(r), "--out", str(tmp_path / f"rank{r}.json")]
-        args += ["--stop-file", str(stop), "--interval", "1.0", "--step-sleep", "0.002"]
+        args = [
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--rank",
+            str(r),
+            "--out",
+            str(tmp_path / f"rank{r}.json"),
+        ]
+        args += ["--stop-file", str(stop), "--interval", interval, "--step-sleep", step_sleep]
         args += ["--max-steps", "200000", "--max-seconds", "150"]
         procs.append(subprocess.Popen([sys.executable, str(WORKER), *args]))
-    store = Store(state)
     try:
-        wait_for(lambda: len(store.rank_reports()) == ranks, "every rank's first report", 60)
-        snap = ControlPlane(state).apply_overrides({"min_seq_len": 4096}, actor="early").snapshot
-        assert snap.version == 2
-        wait_for(
-            lambda: all(d.get("applied_version") == 2 for d in store.rank_reports()),
-            "every rank to apply version 2",
-            150,
-        )
+        yield
     finally:
         stop.write_text("")
         for p in procs:
@@ -83,6 +82,23 @@ def one_trial(tmp_path: Path, ranks: int = 2) -> list[tuple[int, int, int]]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=10)
+
+
+def one_trial(tmp_path: Path, ranks: int = 2) -> list[tuple[int, int, int]]:
+    """Start ranks (default 1 s report interval), publish a change the moment every rank has written
+    its first report, and return each rank's (version, effective_step, applied_step) for it."""
+    state = tmp_path / "state"
+    ControlPlane(state).reload(actor="startup", startup=True)
+    store = Store(state)
+    with rank_workers(tmp_path, ranks, interval="1.0", step_sleep="0.002"):
+        wait_for(lambda: len(store.rank_reports()) == ranks, "every rank's first report", 60)
+        snap = ControlPlane(state).apply_overrides({"min_seq_len": 4096}, actor="early").snapshot
+        assert snap.version == 2
+        wait_for(
+            lambda: all(d.get("applied_version") == 2 for d in store.rank_reports()),
+            "every rank to apply version 2",
+            150,
+        )
     out = []
     for r in range(ranks):
         applied = json.loads((tmp_path / f"rank{r}.json").read_text())["applied"]
@@ -225,15 +241,8 @@ def test_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_path: Path
     state = tmp_path / "state"
     plane = ControlPlane(state)
     plane.reload(actor="startup", startup=True)
-    stop = tmp_path / "stop"
-    procs = []
-    for r in range(2):
-        args = ["--state-dir", str(state), "--rank", str(r), "--out", str(tmp_path / f"rank{r}.json")]
-        args += ["--stop-file", str(stop), "--interval", "0.5", "--step-sleep", "0.01"]
-        args += ["--max-steps", "200000", "--max-seconds", "150"]
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), *args]))
     store = Store(state)
-    try:
+    with rank_workers(tmp_path, 2, interval="0.5", step_sleep="0.01"):
         wait_for(
             lambda: (
                 len(store.rank_reports()) == 2 and all(d.get("steps_per_s") for d in store.rank_reports())
@@ -255,14 +264,6 @@ def test_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_path: Path
             "both real ranks to apply the change",
             150,
         )
-    finally:
-        stop.write_text("")
-        for p in procs:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
     got = [
         next(
             tuple(a)
