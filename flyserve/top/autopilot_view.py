@@ -24,8 +24,8 @@ CELL = 48
 """Characters of one value from the answer (an id, a knob, a reason is much shorter)."""
 MAX_KNOBS = 8
 """Knobs shown of a trial's changes: the thresholds have about a dozen."""
-ARMS = {0: "current", 1: "candidate"}
-"""arm_now as the sidecar's gauge numbers it (-1: none)."""
+ARMS = {-1: "none", 0: "current", 1: "candidate"}
+"""arm_now as the sidecar numbers it (its gauge flyserve_autopilot_arm too)."""
 
 
 def _field(x: Any, limit: int = CELL) -> str:
@@ -106,7 +106,7 @@ def _last_decision(out: Text, body: dict[str, Any]) -> None:
     if not decisions:
         out.append("\nno decision yet", style="dim")
         return
-    d = as_dict(decisions[-1])  # oldest first, as `flyserve autopilot history` lists them
+    d = as_dict(decisions[0])  # newest first, as GET /autopilot lists them
     out.append(
         f"\nlast decision: trial {_field(d.get('trial_id'))} {_field(d.get('decision'))} "
         f"({_field(d.get('reason'), 120)}) after {_field(d.get('pairs'))} pairs, "

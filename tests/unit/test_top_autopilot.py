@@ -100,6 +100,7 @@ def test_a_promotion_awaiting_approval_says_the_operators_version_runs() -> None
     body = {**RUNNING, "mode": "trial", "state": "awaiting_approval", "trial": trial}
     shown = _screen(_answer(body))
     assert "mode trial  state awaiting_approval" in shown
+    assert "arm now none" in shown
     assert "verdict promote (better)" in shown
     assert "promotion awaits an approval; the engine runs the operator's version meanwhile" in shown
 
@@ -112,7 +113,7 @@ def test_idle_shows_the_last_decision_and_the_last_refusal() -> None:
         "trial": None,
         "paused": True,
         "last_refusal": "cool-down: 412 s left",
-        "last_decisions": [older, DECISION],
+        "last_decisions": [DECISION, older],  # newest first
     }
     shown = _screen(_answer(body))
     assert "autopilot: mode auto  PAUSED  state cooldown" in shown
