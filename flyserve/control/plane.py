@@ -16,9 +16,9 @@ from flyserve.control.effective import ASSUMED_STEPS_PER_S
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import StateDir, default_state_dir
 from flyserve.control.publishing import ChangeResult, Publisher
-from flyserve.control.snapshot import ConfigSnapshot
+from flyserve.control.snapshot import ConfigSnapshot, Trial
 from flyserve.control.store import Store
-from flyserve.policy.thresholds import START_ONLY_FIELDS, ThresholdsError
+from flyserve.policy.thresholds import START_ONLY_FIELDS, Thresholds, ThresholdsError
 from flyserve.thresholds_files import load_profile
 
 DEFAULT_STEP_MARGIN = 8
@@ -274,6 +274,30 @@ class ControlPlane(Publisher):
             if_match=if_match,
             dry_run=dry_run,
             request={"circuit_open": bool(open), "reason": reason},
+        )
+
+    def publish_autopilot(
+        self,
+        thresholds: Thresholds,
+        *,
+        trial: Trial | None,
+        request: Mapping[str, Any],
+        actor: str = "autopilot",
+        if_match: int | None = None,
+    ) -> ChangeResult:
+        """The sidecar's autopilot: publish ``thresholds`` (with ``trial`` attached, or none) through
+        the one publishing path: validated like every change (a trial's candidate may not move a
+        start-only field), versioned, audited (source 'autopilot', ``request`` says which trial and
+        why). As a rollback does, the values that differ from the file's become the overrides."""
+
+        def build(cur: ConfigSnapshot) -> dict[str, Any]:
+            base = load_profile(cur.profile).merged(cur.file_values, source=cur.config_file or "file")
+            target, below = thresholds.model_dump(), base.model_dump()
+            target.update({k: getattr(cur.thresholds, k) for k in START_ONLY_FIELDS})
+            return {"overrides": {k: v for k, v in target.items() if below[k] != v}, "trial": trial}
+
+        return self._change(
+            "autopilot", build, actor=actor, source="autopilot", request=dict(request), if_match=if_match
         )
 
     # ------------------------------------------------------------------ watching

@@ -275,4 +275,6 @@ class Publisher(VersionRecord):
             circuit_reason=fields.get("circuit_reason", cur.circuit_reason),
             config_file=config_file,
             file_sha256=fields.get("file_sha256", cur.file_sha256),
+            # Only the autopilot's changes name a trial: any other change ends a running one.
+            trial=fields.get("trial"),
         )

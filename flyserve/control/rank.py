@@ -31,6 +31,7 @@ from flyserve.control.paths import StateDir, default_state_dir
 from flyserve.control.reports import HOST, PIDNS, own_proc_start
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
+from flyserve.control.trial_blocks import TrialBlockMeter
 from flyserve.control.version_trust import anchored_ceiling, believed, live_anchor
 from flyserve.thresholds_files import load_profile
 
@@ -130,6 +131,7 @@ class RankControl:
         self._plan: SwitchbackPlan | None = None
         self._arms: tuple[ConfigSnapshot, ConfigSnapshot] = (snap, snap)
         self._boundary = _NEVER  # the next step at which the trial's arm may change
+        self._meter = TrialBlockMeter()  # the running trial's blocks as this rank's timed samples saw them
         self._start_trial(snap, snap.step_for(self.engine))
         self._enter_block(0)
         self._pending_step = self._boundary
@@ -222,6 +224,17 @@ class RankControl:
     @property
     def step(self) -> int:
         return self._step
+
+    def record_kernel_sample(self, step: int, seconds: float, tokens: int) -> None:
+        """One timed kernel sample of ``step`` (the GPU timer's one step in N, never every step):
+        inside a trial's block it is added to that block's kernel seconds, tokens and sample count,
+        which the report carries (``trial_blocks``) for the sidecar's autopilot to pair."""
+        plan = self._plan
+        block = None if plan is None else plan.block_of(step)
+        if plan is None or block is None:
+            return
+        with self._lock:
+            self._meter.add(plan, block, float(seconds), int(tokens))
 
     # ------------------------------------------------------------------ engine channel
 
@@ -429,8 +442,14 @@ class RankControl:
             "steps_per_s": None if rate is None else round(rate, 3),
             "late_applies": self.late_applies,
             "trial": self.trial_at(self._step),
+            "trial_blocks": self._trial_blocks(),
             "time": now,
         }
+
+    def _trial_blocks(self) -> dict[str, Any] | None:
+        with self._lock:
+            got = self._meter.report(self._plan, self._step)
+        return None if got is None else got.to_dict()
 
     def write_report(self) -> None:
         try:

@@ -30,8 +30,9 @@ from flyserve.policy.thresholds import (
     unknown_key_error,
 )
 
-SOURCES: tuple[str, ...] = ("default", "file", "api", "cli", "rollback")
-"""Who made a version: the profile alone at start, the operator file, the HTTP API, the CLI, a rollback."""
+SOURCES: tuple[str, ...] = ("default", "file", "api", "cli", "rollback", "autopilot")
+"""Who made a version: the profile alone at start, the operator file, the HTTP API, the CLI, a
+rollback, or the sidecar's autopilot (a trial, a promotion, a return to the operator's thresholds)."""
 
 LAYERS: tuple[str, ...] = ("profile", "file", "override")
 """Provenance values, lowest priority first (Envoy runtime style)."""

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from flyserve.autopilot.inputs import Mode
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.control.paths import make_private_dir
 from flyserve.policy.errors import MAX_ERRORS_SHOWN, MAX_MESSAGE_CHARS, redact_field
@@ -28,6 +29,8 @@ from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.actor import actor_id
 from flyserve.sidecar.advice_job import compute_advice
 from flyserve.sidecar.advice_worker import FitWorker
+from flyserve.sidecar.autopilot_live import live_inputs
+from flyserve.sidecar.autopilot_runner import AutopilotRunner
 from flyserve.sidecar.cache import TtlCache
 from flyserve.sidecar.compactor import MetricsCompactor
 from flyserve.sidecar.fingerprint import fingerprint_of
@@ -180,6 +183,8 @@ def create_app(settings: SidecarSettings) -> FastAPI:
         _repair_state_dir(control)
         stats.start()
         compactor.start()  # its own thread: never where requests are answered
+        if settings.autopilot != "off":
+            app.state.autopilot.start()  # its own thread too (a POST /autopilot/mode starts it later)
         # The operator's file is watched here, in the one process that always runs beside the
         # ranks: an edit (or a ConfigMap swap, or SIGHUP) is published without anyone calling
         # POST /reload. Publishing is idempotent by content hash, so another watcher is harmless.
@@ -196,6 +201,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
             if watcher is not None:
                 watcher.stop()
             compactor.stop()
+            app.state.autopilot.stop()
             stats.stop()
             app.state.advice_worker.close()
 
@@ -233,6 +239,17 @@ def create_app(settings: SidecarSettings) -> FastAPI:
         lambda window: compute_advice(stats, window),
         deadline_s=settings.advice_deadline_s,
         fresh_s=settings.advice_fresh_s,
+    )
+    app.state.autopilot = AutopilotRunner(
+        control,
+        config=settings.autopilot_config(),
+        mode=Mode(settings.autopilot),
+        bounds=settings.autopilot_bounds,
+        live_inputs=live_inputs(
+            app.state.advice_worker, settings.autopilot_window, priced=lambda: stats.pricing is not None
+        ),
+        interval_s=settings.autopilot_interval_s,
+        on_publish=app.state.advice_worker.invalidate,
     )
     app.state.stream_hub = StreamHub(
         stats.dispatch_stats_json,

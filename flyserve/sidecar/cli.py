@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from flyserve.control.options import StateDirArg
 from flyserve.terminal.printable import install_log_filter, printable_block
+
+
+class AUTOPILOT_DEFAULTS:
+    """AutopilotConfig's defaults, restated: importing it here would load the autopilot (and numpy)
+    for every `flyserve` command (tests/unit/test_sidecar_autopilot_cli.py checks they agree)."""
+
+    block_steps = 32
+    plan_blocks = 3000
+    cooldown_s = 600.0
+    regret_bound = 0.03
+    min_saving = 0.005
+    min_priced_samples = 1000
 
 
 def sidecar(
@@ -185,6 +197,63 @@ def sidecar(
             "times per request (docs/performance.md section 12 measures it).",
         ),
     ] = 1.0,
+    autopilot: Annotated[
+        str,
+        typer.Option(
+            "--autopilot",
+            help="The autopilot's mode (docs/autopilot.md): off (default: nothing), advise (proposals "
+            "only), trial (runs trials; a promotion waits for POST /autopilot/approve), auto.",
+            envvar="FLYSERVE_AUTOPILOT",
+        ),
+    ] = "off",
+    autopilot_bounds: Annotated[
+        Path | None,
+        typer.Option(
+            "--autopilot-bounds",
+            help="YAML knob -> {min, max}: the knobs the autopilot may move, and how far. Without it "
+            "the autopilot moves no knob.",
+            envvar="FLYSERVE_AUTOPILOT_BOUNDS",
+        ),
+    ] = None,
+    autopilot_block_steps: Annotated[
+        int,
+        typer.Option("--autopilot-block-steps", min=1, max=1 << 20, help="Engine steps per trial block (K)."),
+    ] = AUTOPILOT_DEFAULTS.block_steps,
+    autopilot_max_blocks: Annotated[
+        int,
+        typer.Option(
+            "--autopilot-max-blocks", min=2, help="Blocks a trial may run (even): the test's budget, twice."
+        ),
+    ] = AUTOPILOT_DEFAULTS.plan_blocks,
+    autopilot_cooldown: Annotated[
+        float, typer.Option("--autopilot-cooldown", min=0.0, help="Seconds with no new trial after one ends.")
+    ] = AUTOPILOT_DEFAULTS.cooldown_s,
+    autopilot_regret_bound: Annotated[
+        float,
+        typer.Option("--autopilot-regret-bound", min=0.0, help="A trial starts only above this live regret."),
+    ] = AUTOPILOT_DEFAULTS.regret_bound,
+    autopilot_min_saving: Annotated[
+        float,
+        typer.Option(
+            "--autopilot-min-saving", min=0.0, max=1.0, help="... and an advice saving of at least this."
+        ),
+    ] = AUTOPILOT_DEFAULTS.min_saving,
+    autopilot_min_priced_samples: Annotated[
+        int,
+        typer.Option(
+            "--autopilot-min-priced-samples", min=1, help="... over at least this many priced samples."
+        ),
+    ] = AUTOPILOT_DEFAULTS.min_priced_samples,
+    autopilot_window: Annotated[
+        str,
+        typer.Option(
+            "--autopilot-window", help="The regret and advice window the trigger reads: 60s or 900s."
+        ),
+    ] = "900s",
+    autopilot_interval: Annotated[
+        float,
+        typer.Option("--autopilot-interval", min=0.05, max=60.0, help="Seconds between autopilot ticks."),
+    ] = 1.0,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn/flyserve log level.")] = "info",
 ) -> None:
     """Serve /dispatch-stats, /thresholds and /metrics next to vLLM (uvicorn, one worker)."""
@@ -241,6 +310,29 @@ def sidecar(
         except CostTableError as exc:
             err(f"error: --costs: {exc}", err=True)
             raise typer.Exit(2) from None
+    if autopilot not in ("off", "advise", "trial", "auto"):
+        err(f"error: --autopilot: must be off, advise, trial or auto, got {autopilot!r}", err=True)
+        raise typer.Exit(2)
+    if autopilot_window not in ("60s", "900s"):
+        err(f"error: --autopilot-window: must be 60s or 900s, got {autopilot_window!r}", err=True)
+        raise typer.Exit(2)
+    if autopilot_max_blocks % 2:
+        err(
+            f"error: --autopilot-max-blocks: must be even (blocks come in pairs), got {autopilot_max_blocks}",
+            err=True,
+        )
+        raise typer.Exit(2)
+    bounds: dict[str, Any] = {}
+    if autopilot_bounds is not None:
+        from flyserve.sidecar.autopilot_bounds import BoundsError, read_bounds
+
+        try:
+            bounds = dict(read_bounds(autopilot_bounds))
+        except BoundsError as exc:
+            err(f"error: --autopilot-bounds: {exc}", err=True)
+            raise typer.Exit(2) from None
+    elif autopilot != "off":
+        err("warning: no --autopilot-bounds: the autopilot moves no knob", err=True)
     try:  # before saying where it listens: a port in use is the message, naming --port
         sock = bind(host, port)
     except BindError as exc:
@@ -276,6 +368,16 @@ def sidecar(
         costs=costs,
         max_requests=max_connections,
         compact_interval_s=compact_interval,
+        autopilot=autopilot,
+        autopilot_bounds=bounds,
+        autopilot_block_steps=autopilot_block_steps,
+        autopilot_max_blocks=autopilot_max_blocks,
+        autopilot_cooldown_s=autopilot_cooldown,
+        autopilot_regret_bound=autopilot_regret_bound,
+        autopilot_min_saving=autopilot_min_saving,
+        autopilot_min_priced_samples=autopilot_min_priced_samples,
+        autopilot_window=autopilot_window,
+        autopilot_interval_s=autopilot_interval,
     )
     if token is None:
         err("warning: no token (--token-file or $FLYSERVE_SIDECAR_TOKEN): mutations are disabled", err=True)
@@ -312,8 +414,11 @@ def sidecar(
 
 
 def register(app: typer.Typer) -> None:
+    from flyserve.autopilot.cli import autopilot_app
     from flyserve.control.cli import thresholds_app
+    from flyserve.sidecar import autopilot_cli
     from flyserve.sidecar.advise_cli import advise
 
     app.command("sidecar")(sidecar)
     thresholds_app.command("advise")(advise)  # reads the sidecar's live window, so it lives here
+    autopilot_cli.register(autopilot_app)  # status, mode, pause, resume, kill, approve: the sidecar's routes

@@ -178,7 +178,13 @@ class RequestMetricsMiddleware:
 RESERVED = frozenset({("GET", "/healthz"), ("GET", "/readyz")})
 """Always admitted: the probes a kubelet or load balancer decides with."""
 RESERVED_WITH_TOKEN = frozenset(
-    {("PATCH", "/thresholds"), ("PUT", "/thresholds"), ("POST", "/thresholds/rollback"), ("POST", "/reload")}
+    {
+        ("PATCH", "/thresholds"),
+        ("PUT", "/thresholds"),
+        ("POST", "/thresholds/rollback"),
+        ("POST", "/reload"),
+        ("POST", "/autopilot/kill"),
+    }
 )
 """Admitted over the cap when they carry the valid bearer token: a change must get through a flood."""
 

@@ -11,15 +11,23 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from flyserve.autopilot.inputs import AutopilotConfig, KnobBound
+from flyserve.autopilot.switchback import MAX_BLOCKS
 from flyserve.files import safe_read
 
 log = logging.getLogger("flyserve.sidecar")
 
 TOKEN_ENV = "FLYSERVE_SIDECAR_TOKEN"
+AUTOPILOT_ENV = "FLYSERVE_AUTOPILOT"
+"""The autopilot's mode when --autopilot is not given."""
+_AP = AutopilotConfig()
 # A token shorter than this is refused: a bearer token is the only thing between the network
 # and the thresholds every rank runs with.
 MIN_TOKEN_LENGTH = 16
@@ -32,7 +40,7 @@ class TokenError(ValueError):
 class SidecarSettings(BaseModel):
     """The sidecar's configuration. Frozen: the app never changes it while serving."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     state_dir: Path = Field(description="The flyserve state directory shared with the ranks.")
     profile: str = Field("gfx950", description="Threshold profile the control plane layers overrides on.")
@@ -157,6 +165,69 @@ class SidecarSettings(BaseModel):
     dry_run_shape_limit: int = Field(
         2048, gt=0, description="At most this many recent shapes are replayed for a dry run's routing change."
     )
+    autopilot: Literal["off", "advise", "trial", "auto"] = Field(
+        "off",
+        description="The autopilot's mode at start ($FLYSERVE_AUTOPILOT; docs/autopilot.md): off (nothing), "
+        "advise (proposals only), trial (trials; a promotion waits for POST /autopilot/approve), auto.",
+    )
+    autopilot_bounds: Mapping[str, KnobBound] = Field(
+        default_factory=dict,
+        description="Knob -> KnobBound the autopilot may move a knob within (--autopilot-bounds FILE); "
+        "a knob with none is never moved, and with none at all the autopilot moves nothing.",
+    )
+    autopilot_block_steps: int = Field(
+        _AP.block_steps, ge=1, le=1 << 20, description="Engine steps per trial block (K)."
+    )
+    autopilot_max_blocks: int = Field(
+        _AP.plan_blocks,
+        ge=2,
+        le=MAX_BLOCKS,
+        description="Blocks a trial may run (even: whole pairs): the sequential test's budget, twice.",
+    )
+    autopilot_cooldown_s: float = Field(
+        _AP.cooldown_s, ge=0, le=7 * 86400, description="No new trial this long after one ends."
+    )
+    autopilot_regret_bound: float = Field(
+        _AP.regret_bound, ge=0, le=100, description="A trial starts only while live regret is above this."
+    )
+    autopilot_min_saving: float = Field(
+        _AP.min_saving, ge=0, le=1, description="... and the advice predicts at least this share saved."
+    )
+    autopilot_min_priced_samples: int = Field(
+        _AP.min_priced_samples,
+        ge=1,
+        description="... over a regret window of at least this many priced samples.",
+    )
+    autopilot_min_block_samples: int = Field(
+        _AP.min_block_samples,
+        ge=1,
+        description="A block counts only with this many corroborated kernel samples.",
+    )
+    autopilot_window: Literal["60s", "900s"] = Field(
+        "900s", description="The regret window (and advice window) the trigger reads."
+    )
+    autopilot_interval_s: float = Field(
+        1.0, gt=0, le=60, description="Seconds between the autopilot's ticks (its own thread)."
+    )
+
+    @field_validator("autopilot_max_blocks")
+    @classmethod
+    def _whole_pairs(cls, v: int) -> int:
+        if v % 2:
+            raise ValueError("must be even (blocks come in pairs)")
+        return v
+
+    def autopilot_config(self) -> AutopilotConfig:
+        """The state machine's settings from these fields (the rest: AutopilotConfig's defaults)."""
+        return AutopilotConfig(
+            regret_bound=self.autopilot_regret_bound,
+            min_priced_samples=self.autopilot_min_priced_samples,
+            min_saving=self.autopilot_min_saving,
+            cooldown_s=self.autopilot_cooldown_s,
+            block_steps=self.autopilot_block_steps,
+            min_block_samples=self.autopilot_min_block_samples,
+            test=replace(_AP.test, max_pairs=self.autopilot_max_blocks // 2),
+        )
 
 
 MAX_TOKEN_FILE_BYTES = 4096

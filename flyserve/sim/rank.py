@@ -89,7 +89,10 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float, *, join: bool = Fal
             if kernel is not None:  # the modelled kernel time of the path this step ran
                 kernel_s = kernel.modelled(ts.query_lens, ts.seq_lens, d.path)
                 if timed_every and step % timed_every == 0:  # what the GPU timer observes
-                    kernel_hist[d.path].observe(kernel.measured(ts.query_lens, ts.seq_lens, d.path, kernel_s))
+                    measured = kernel.measured(ts.query_lens, ts.seq_lens, d.path, kernel_s)
+                    kernel_hist[d.path].observe(measured)
+                    # a trial's block sums its timed samples (the autopilot pairs them): here, not per step
+                    control.record_kernel_sample(step, measured, int(ts.query_lens.sum()))
             shapes.add(
                 step, ts.query_lens, ts.max_seq_len, heads, True, ts.seq_lens, d.path, time.time(), kernel_s
             )

@@ -83,7 +83,7 @@ _BACKEND: Final = _backend.BACKEND  # the backend state (generation, listeners) 
 ROW_KINDS: Final = ("prefill", "decode")
 ORDERINGS: Final = ("lpt", "plain")
 RELOAD_RESULTS: Final = ("success", "invalid", "io_error")
-RELOAD_SOURCES: Final = ("default", "file", "api", "cli", "rollback")
+RELOAD_SOURCES: Final = ("default", "file", "api", "cli", "rollback", "autopilot")
 
 # Powers of two: batch sizes in tokens are set by max_num_batched_tokens (a power of two or
 # close); 1 token = a single decode row.
@@ -348,6 +348,38 @@ COST_DRIFT: Final = _gauge(
     scope=SIDECAR,
 )
 
+# the autopilot (the sidecar started with --autopilot; flyserve.sidecar.autopilot_runner) -----------
+AUTOPILOT_OUTCOMES: Final = ("promoted", "rolled_back", "aborted", "inconclusive", "killed", "expired")
+"""Label values of AUTOPILOT_TRIALS: how a trial ended (docs/autopilot.md, "Metrics")."""
+AUTOPILOT_MODES: Final = ("off", "advise", "trial", "auto")
+AUTOPILOT_TRIALS: Final = _counter(
+    "flyserve_autopilot_trials",
+    "Autopilot trials ended, by outcome: promoted (the candidate published, or approved), "
+    "rolled_back (measured worse or no better, or a guardrail), aborted (an operator-side ending: "
+    "pause, a mode change, an operator change, control frozen), inconclusive (the budget or the plan "
+    "ran out), killed (the kill switch), expired (an awaited approval timed out).",
+    ["outcome"],
+    scope=SIDECAR,
+)
+AUTOPILOT_ARM: Final = _gauge(
+    "flyserve_autopilot_arm",
+    "The arm the ranks run now, as the autopilot planned it: -1 no trial, 0 the current thresholds, "
+    "1 the candidate.",
+    scope=SIDECAR,
+)
+AUTOPILOT_EXPLORATION_COST: Final = _counter(
+    "flyserve_autopilot_exploration_cost_seconds",
+    "Kernel seconds the trials spent on the slower arm, as measured: per counted block pair, the "
+    "slower block's tokens times its excess kernel seconds per token over the faster block's.",
+    scope=SIDECAR,
+)
+AUTOPILOT_MODE: Final = _gauge(
+    "flyserve_autopilot_mode",
+    "1 for the autopilot mode in force (off, advise, trial, auto), 0 for the others.",
+    ["mode"],
+    scope=SIDECAR,
+)
+
 RANK_METRICS: Final = (
     DISPATCH_DECISIONS,
     DISPATCH_TOKENS,
@@ -379,6 +411,10 @@ SIDECAR_METRICS: Final = (
     PRICED_SECONDS,
     PRICED_BY_BATCH,
     COST_DRIFT,
+    AUTOPILOT_TRIALS,
+    AUTOPILOT_ARM,
+    AUTOPILOT_EXPLORATION_COST,
+    AUTOPILOT_MODE,
 )
 SHARED_METRICS: Final = RANK_METRICS + CONTROL_METRICS
 ALL_METRICS: Final = SHARED_METRICS + SIDECAR_METRICS

@@ -57,6 +57,10 @@ def test_metric_names_are_the_agreed_ones() -> None:
         "flyserve_priced_attention_seconds_total",
         "flyserve_priced_attention_by_batch_seconds_total",
         "flyserve_cost_drift_ratio",
+        "flyserve_autopilot_trials_total",
+        "flyserve_autopilot_arm",
+        "flyserve_autopilot_exploration_cost_seconds_total",
+        "flyserve_autopilot_mode",
     )
     assert all(":" not in n and n.startswith("flyserve_") for n in metrics.METRIC_NAMES)
     assert metrics.METRIC_TYPES["flyserve_kernel_seconds"] == "histogram"

@@ -1,5 +1,5 @@
 """Pydantic response (and request) models: the documented schema of the sidecar's JSON, one module per
-resource (thresholds, stats, channel, advice, ops).
+resource (thresholds, stats, channel, advice, ops, autopilot).
 
 These are what OpenAPI shows and what the schemathesis fuzz validates responses against;
 a field added here is a field every client may rely on.
@@ -16,6 +16,12 @@ from flyserve.sidecar.models.advice import (
     Regret,
     RegretWindow,
     RestartAdvice,
+)
+from flyserve.sidecar.models.autopilot import (
+    AutopilotDecisionView,
+    AutopilotModeRequest,
+    AutopilotStatus,
+    AutopilotTrialView,
 )
 from flyserve.sidecar.models.base import FrozenModel, ThresholdValue
 from flyserve.sidecar.models.channel import ChannelEngineView, ChannelView, ChannelWorkerView
@@ -44,6 +50,10 @@ __all__ = [
     "AdvicePatch",
     "AdviceSampleRank",
     "AdviceShape",
+    "AutopilotDecisionView",
+    "AutopilotModeRequest",
+    "AutopilotStatus",
+    "AutopilotTrialView",
     "ChangeResponse",
     "ChannelEngineView",
     "ChannelView",

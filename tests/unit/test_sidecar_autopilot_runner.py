@@ -1,0 +1,274 @@
+"""The sidecar's autopilot runner over a real ControlPlane in a tmp state directory, with a real
+RankControl in this process as the rank (its report is confirmed: this process, this user) and a
+clock the test moves: a trial started, run block by block from the rank's timed samples, promoted
+or rolled back, every decision replayed from the audit log; a sidecar restarted mid-trial rolls
+back; forged reports never reach a trial; the kill switch returns the operator's version.
+
+Marked slow: a trial runs a few hundred steps of a real RankControl, each report and version
+written with fsync (2-6 s a test on the 2-core VM)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flyserve.autopilot.audit_log import read_audit_lines
+from flyserve.autopilot.inputs import AutopilotConfig, KnobBound, Mode
+from flyserve.autopilot.replay import replay
+from flyserve.autopilot.sequential import SequentialConfig
+from flyserve.control import ControlPlane, RankControl
+from flyserve.control.snapshot import Trial
+from flyserve.sidecar.autopilot_runner import NO_BOUNDS, AutopilotRunner, LiveInputs, UnknownTrial
+from flyserve.telemetry import metrics as tm
+
+pytestmark = pytest.mark.slow
+
+OPERATOR_MIN_SEQ_LEN = 1024
+CANDIDATE_MIN_SEQ_LEN = 4096
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _config(**kw: Any) -> AutopilotConfig:
+    args: dict[str, Any] = {
+        "block_steps": 4,
+        "cooldown_s": 60.0,
+        "min_priced_samples": 100,
+        "min_block_samples": 2,
+        "test": SequentialConfig(max_pairs=200),
+    }
+    args.update(kw)
+    return AutopilotConfig(**args)
+
+
+def _advice() -> LiveInputs:
+    return LiveInputs(0.08, 5000, {"min_seq_len": CANDIDATE_MIN_SEQ_LEN}, 0.03)
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> ControlPlane:
+    p = ControlPlane(tmp_path / "state", step_margin=1, lead_s=0.0)
+    p.apply_overrides({"min_seq_len": OPERATOR_MIN_SEQ_LEN}, actor="operator")
+    return p
+
+
+def _runner(plane: ControlPlane, clock: Clock, *, mode: Mode = Mode.AUTO, **kw: Any) -> AutopilotRunner:
+    args: dict[str, Any] = {
+        "config": _config(),
+        "mode": mode,
+        "bounds": {"min_seq_len": KnobBound(256, 8192)},
+        "live_inputs": _advice,
+        "clock": clock,
+        "stale_after_s": 1e6,
+    }
+    args.update(kw)
+    return AutopilotRunner(plane, **args)
+
+
+class Rank:
+    """A rank in this process: steps, a timed sample every step (kernel seconds per token set by
+    the arm it runs: the candidate ``effect`` faster), a report after every ``report_every`` steps."""
+
+    def __init__(self, plane: ControlPlane, effect: float, seed: int = 1) -> None:
+        self.rc = RankControl(plane.state_dir, 0, report=True)
+        self.effect = effect
+        self.rng = random.Random(seed)
+        self.step = 0
+
+    def run(self, steps: int) -> None:
+        self.rc.poll()
+        for _ in range(steps):
+            snap = self.rc.current(self.step)
+            per_token = 1e-6 * math.exp(
+                (math.log1p(-self.effect) if snap.arm == 1 else 0.0) + self.rng.gauss(0.0, 0.05)
+            )
+            self.rc.record_kernel_sample(self.step, per_token * 100, 100)
+            self.step += 1
+        self.rc.poll()
+
+
+def _drive(runner: AutopilotRunner, rank: Rank, clock: Clock, *, rounds: int = 400) -> None:
+    """Rank steps and runner ticks until the trial ends."""
+    for _ in range(rounds):
+        rank.run(16)
+        clock.now += 0.5
+        runner.tick()
+        if runner.state.trial is None:
+            return
+    raise AssertionError("the trial did not end")
+
+
+def _replayed_ok(plane: ControlPlane) -> None:
+    report = replay(read_audit_lines(plane.state_dir.path))
+    assert report.ok, [(t.trial, t.problems) for t in report.trials] + [b for b in report.bad]
+    assert report.trials and all(t.agrees for t in report.trials)
+
+
+def test_a_faster_candidate_is_tried_and_promoted(plane: ControlPlane) -> None:
+    clock = Clock()
+    runner = _runner(plane, clock)
+    before = tm.AUTOPILOT_TRIALS.labels("promoted")._value.get()
+    runner.tick()
+    cur = plane.snapshot()
+    assert cur.trial is not None and cur.source == "autopilot"
+    assert cur.thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
+    assert cur.trial.candidate.min_seq_len == CANDIDATE_MIN_SEQ_LEN
+    assert runner.status()["state"] == "running"
+    _drive(runner, Rank(plane, effect=0.2), clock)
+    cur = plane.snapshot()
+    assert cur.trial is None and cur.thresholds.min_seq_len == CANDIDATE_MIN_SEQ_LEN
+    st = runner.status()
+    assert st["state"] == "cooldown"
+    last = st["last_decisions"][0]
+    assert last["decision"] == "promote" and last["result_version"] == cur.version
+    assert last["effect"] < 0  # negative: the candidate faster
+    assert tm.AUTOPILOT_TRIALS.labels("promoted")._value.get() == before + 1
+    _replayed_ok(plane)
+
+
+def test_a_slower_candidate_is_rolled_back_to_the_operators_thresholds(plane: ControlPlane) -> None:
+    clock = Clock()
+    runner = _runner(plane, clock)
+    runner.tick()
+    trial_version = plane.snapshot().version
+    _drive(runner, Rank(plane, effect=-0.1), clock)
+    cur = plane.snapshot()
+    assert cur.version > trial_version and cur.trial is None
+    assert cur.thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
+    assert runner.status()["last_decisions"][0]["decision"] == "rollback"
+    _replayed_ok(plane)
+
+
+def test_trial_mode_waits_for_the_approval_and_an_unknown_id_is_refused(plane: ControlPlane) -> None:
+    clock = Clock()
+    runner = _runner(plane, clock, mode=Mode.TRIAL)
+    runner.tick()
+    trial_id = plane.snapshot().trial.trial_id  # type: ignore[union-attr]
+    _drive(runner, Rank(plane, effect=0.2), clock)
+    assert runner.status()["state"] == "awaiting_approval"
+    assert plane.snapshot().thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
+    with pytest.raises(UnknownTrial):
+        runner.approve("ap-99-9", "operator")
+    runner.approve(trial_id, "operator")
+    assert plane.snapshot().thresholds.min_seq_len == CANDIDATE_MIN_SEQ_LEN
+    _replayed_ok(plane)
+
+
+def test_the_kill_switch_returns_the_operators_version_after_a_promotion(plane: ControlPlane) -> None:
+    clock = Clock()
+    runner = _runner(plane, clock)
+    runner.tick()
+    _drive(runner, Rank(plane, effect=0.2), clock)
+    assert plane.snapshot().thresholds.min_seq_len == CANDIDATE_MIN_SEQ_LEN
+    runner.kill()
+    assert plane.snapshot().thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
+    assert runner.status()["mode"] == "off"
+    assert tm.AUTOPILOT_MODE.labels("off")._value.get() == 1.0
+
+
+def test_a_sidecar_restarted_mid_trial_rolls_back_and_says_why(plane: ControlPlane) -> None:
+    operator = plane.snapshot()
+    candidate = operator.thresholds.merged({"min_seq_len": CANDIDATE_MIN_SEQ_LEN})
+    plane.publish_autopilot(
+        operator.thresholds,
+        trial=Trial("ap-1-1", 7, 4, 400, candidate),
+        request={"autopilot": "start", "trial": "ap-1-1"},
+    )
+    assert plane.snapshot().trial is not None
+    runner = _runner(plane, Clock(), mode=Mode.OFF)
+    runner.tick()
+    cur = plane.snapshot()
+    assert cur.trial is None and cur.thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
+    last = json.loads(read_audit_lines(plane.state_dir.path)[-1])
+    assert last["source"] == "autopilot" and "restarted" in last["request"]["reason"]
+
+
+def test_without_bounds_the_autopilot_moves_nothing_and_says_so(plane: ControlPlane) -> None:
+    runner = _runner(plane, Clock(), bounds=None)
+    version = plane.snapshot().version
+    runner.tick()
+    assert plane.snapshot().version == version
+    assert runner.status()["last_refusal"] == NO_BOUNDS
+
+
+def test_forged_and_unconfirmed_block_reports_never_reach_the_trial(plane: ControlPlane) -> None:
+    clock = Clock()
+    runner = _runner(plane, clock)
+    runner.tick()
+    trial = plane.snapshot().trial
+    assert trial is not None
+    now = time.time()
+    base = {
+        "pid": os.getpid(),
+        "rank": 1,
+        "engine": 0,
+        "started": now - 10,
+        "time": now,
+        "step": 100,
+        "applied_version": plane.snapshot().version,
+        "trial": None,
+    }
+    blocks = [{"block": b, "arm": 0, "kernel_seconds": 1.0, "tokens": 100, "samples": 50} for b in range(4)]
+    hostile = [
+        {"id": trial.trial_id, "through": 3, "blocks": [{**blocks[0], "kernel_seconds": float("nan")}]},
+        {"id": trial.trial_id, "through": 3, "blocks": [{**blocks[0], "tokens": -1}]},
+        {"id": trial.trial_id, "through": 3, "blocks": [{**blocks[0], "tokens": "HUGE"}]},
+        {"id": trial.trial_id, "through": 10**6, "blocks": blocks},
+        {"id": trial.trial_id, "through": 3, "blocks": blocks * 20},
+    ]
+    from flyserve.control.reports import HOST, PIDNS, own_proc_start
+
+    plane.state_dir.rank_file(1, 0).parent.mkdir(parents=True, exist_ok=True)
+    for forged in hostile:
+        text = json.dumps(
+            {**base, "host": HOST, "pidns": PIDNS, "proc_start": own_proc_start(), "trial_blocks": forged}
+        )
+        # an integer of 5000 digits, as a file can hold it (json.dumps refuses to write one)
+        plane.state_dir.rank_file(1, 0).write_text(text.replace('"HUGE"', "1" + "0" * 4999))
+        clock.now += 0.1
+        runner.tick()
+        assert runner.state.trial is not None and runner.state.trial.next_block == 0
+    # a report "from another host" (unconfirmed) with well-formed blocks: not counted either
+    plane.store.write_rank_report(
+        {
+            **base,
+            "host": "elsewhere",
+            "pidns": "pid:[1]",
+            "trial_blocks": {"id": trial.trial_id, "through": 3, "blocks": blocks},
+        },
+        rank=1,
+    )
+    runner.tick()
+    assert runner.state.trial is not None and runner.state.trial.next_block == 0
+
+
+def test_operator_surfaces_pause_resume_and_mode(plane: ControlPlane) -> None:
+    clock = Clock()
+    runner = _runner(plane, clock)
+    runner.tick()
+    assert plane.snapshot().trial is not None
+    runner.pause()
+    assert plane.snapshot().trial is None and runner.status()["paused"] is True
+    runner.resume()
+    runner.set_mode(Mode.ADVISE)
+    clock.now += 120
+    runner.tick()
+    st = runner.status()
+    assert st["mode"] == "advise" and st["proposal"]["changed"] == {
+        "min_seq_len": [OPERATOR_MIN_SEQ_LEN, CANDIDATE_MIN_SEQ_LEN]
+    }
+    assert plane.snapshot().trial is None
+    assert tm.AUTOPILOT_MODE.labels("advise")._value.get() == 1.0
