@@ -1,5 +1,5 @@
 """The Control plane dashboard (flyserve-control.json): reloads, the version every rank runs,
-circuit breakers, rank liveness and the sidecar's own latency."""
+circuit breakers, rank liveness, the sidecar's own latency and the autopilot's trials."""
 
 from __future__ import annotations
 
@@ -20,11 +20,16 @@ from flyserve.dashboards.panels import (
     _variables,
 )
 from flyserve.dashboards.queries import (
+    AUTOPILOT_ARM,
+    AUTOPILOT_EXPLORATION_COST,
+    AUTOPILOT_MODE,
+    AUTOPILOT_TRIALS,
     CIRCUIT_OPEN,
     CONFIG_LAST_SUCCESS,
     CONFIG_RELOADS,
     ENGINE_STEP,
     INSTANCE_SEL,
+    RANGE,
     RANK_REPORT_AGE,
     RANK_SEL,
     RANK_UP,
@@ -46,13 +51,14 @@ def control_plane() -> dash.Dashboard:
     d = _dashboard(
         "flyserve-control",
         "flyserve / Control plane",
-        "Thresholds reloads, the version every rank runs, circuit breakers, rank liveness "
-        "and the sidecar's own latency.",
+        "Thresholds reloads, the version every rank runs, circuit breakers, rank liveness, "
+        "the sidecar's own latency and the autopilot's trials.",
     )
     d = _variables(d).annotation(_annotation_thresholds_change()).annotation(_annotation_circuit_change())
     d = _control_reloads_row(d)
     d = _control_ranks_row(d)
-    return _control_sidecar_row(d)
+    d = _control_sidecar_row(d)
+    return _control_autopilot_row(d)
 
 
 def _control_reloads_row(d: dash.Dashboard) -> dash.Dashboard:
@@ -326,6 +332,73 @@ def _control_sidecar_row(d: dash.Dashboard) -> dash.Dashboard:
         )
     )
     return d
+
+
+def _control_autopilot_row(d: dash.Dashboard) -> dash.Dashboard:
+    """The autopilot (docs/autopilot.md): how its trials end, which arm runs now, what exploring cost,
+    and the mode in force. Last on the dashboard, so the panels above keep their ids."""
+    d = d.with_row(dash.Row("Autopilot"))
+    d = d.with_panel(
+        _timeseries(
+            "Autopilot trials by outcome",
+            "Trials ended per rate window, by outcome: promoted (the candidate is now the thresholds), "
+            "rolled_back (measured worse or no better, or a guardrail), aborted (pause, a mode change, an "
+            "operator change), inconclusive (the budget ran out), killed (the kill switch), expired (an "
+            "awaited approval timed out). Rollbacks in a row: the alert FlyserveAutopilotRepeatedRollbacks; "
+            "`flyserve autopilot history` says what each trial moved and why it ended.",
+            [
+                _target(
+                    f"sum by (outcome) (increase({AUTOPILOT_TRIALS}{{{INSTANCE_SEL}}}[{RATE}]))",
+                    "{{outcome}}",
+                )
+            ],
+            unit="short",
+            bars=True,
+            stacked=True,
+            legend_calcs=["sum"],
+        )
+    )
+    d = d.with_panel(
+        _state_timeline(
+            "Autopilot arm",
+            "The arm each sidecar's ranks run now, as the autopilot planned it: none (no trial), current "
+            "(the thresholds in force) or candidate (the trial's). A trial alternates the two block by "
+            "block (a switchback), so the band flickers while one runs; none again once it is decided.",
+            f"max by (instance) ({AUTOPILOT_ARM}{{{INSTANCE_SEL}}})",
+            {"-1": ("none", "transparent"), "0": ("current", "blue"), "1": ("candidate", "orange")},
+            [(None, "transparent"), (0, "blue"), (1, "orange")],
+            legend="{{instance}}",
+        )
+    )
+    d = d.with_panel(
+        _state_timeline(
+            "Autopilot mode",
+            "The autopilot's mode in force on each sidecar: off (nothing), advise (proposals only), trial "
+            "(trials, promotions wait for an approval) or auto (trials and promotions by itself). One line "
+            "per mode, coloured while it is in force.",
+            f"max by (instance, mode) ({AUTOPILOT_MODE}{{{INSTANCE_SEL}}})",
+            {"0": ("", "transparent"), "1": ("in force", "green")},
+            [(None, "transparent"), (1, "green")],
+            legend="{{instance}} {{mode}}",
+        )
+    )
+    return d.with_panel(
+        _stat(
+            "Autopilot exploration cost",
+            "Kernel seconds the trials spent on the slower arm over the dashboard's time range, as "
+            "measured block pair by block pair: the price of finding out. Compare it with what a promotion "
+            "saves (regret on the Dispatch overview); a cost that grows with no promotion is trials that "
+            "lead nowhere: pause the autopilot (`flyserve autopilot pause`).",
+            _target(
+                f"sum(increase({AUTOPILOT_EXPLORATION_COST}{{{INSTANCE_SEL}}}[{RANGE}]))",
+                "exploration cost",
+                instant=True,
+            ),
+            unit="s",
+            w=12,
+            h=8,
+        )
+    )
 
 
 # --------------------------------------------------------------------------- the fleet

@@ -196,6 +196,8 @@ def _state_timeline(
     expr: str,
     mapping: dict[str, tuple[str, str]],
     steps: list[tuple[float | None, str]],
+    *,
+    legend: str = "rank {{rank}}",
 ) -> statetimeline.Panel:
     return (
         statetimeline.Panel()
@@ -206,7 +208,7 @@ def _state_timeline(
         .height(8)
         .mappings(_value_mappings(mapping))
         .thresholds(_thresholds(steps))
-        .with_target(_target(expr, "rank {{rank}}"))
+        .with_target(_target(expr, legend))
     )
 
 

@@ -33,6 +33,10 @@ SIDECAR_SHED_REQUESTS = tm.exposed_name(tm.SIDECAR_SHED_REQUESTS)
 SIDECAR_STREAM_RECLAIMS = tm.exposed_name(tm.SIDECAR_STREAM_RECLAIMS)
 SIDECAR_COMPACTED_FILES = tm.exposed_name(tm.SIDECAR_COMPACTED_FILES)
 SIDECAR_METRICS_FILES = tm.exposed_name(tm.SIDECAR_METRICS_FILES)
+AUTOPILOT_TRIALS = tm.exposed_name(tm.AUTOPILOT_TRIALS)
+AUTOPILOT_ARM = tm.exposed_name(tm.AUTOPILOT_ARM)
+AUTOPILOT_EXPLORATION_COST = tm.exposed_name(tm.AUTOPILOT_EXPLORATION_COST)
+AUTOPILOT_MODE = tm.exposed_name(tm.AUTOPILOT_MODE)
 KERNEL_SECONDS_BUCKET = KERNEL_SECONDS + "_bucket"
 KERNEL_SECONDS_COUNT = KERNEL_SECONDS + "_count"
 KERNEL_SECONDS_SUM = KERNEL_SECONDS + "_sum"
@@ -42,6 +46,8 @@ SIDECAR_REQUEST_SECONDS_BUCKET = SIDECAR_REQUEST_SECONDS + "_bucket"
 
 RATE = "$__rate_interval"
 """Grafana's rate window: at least four scrape intervals, so rate() always sees two samples."""
+RANGE = "$__range"
+"""The dashboard's whole time range: what a stat that counts "over the range" increases over."""
 
 RANK_SEL = 'instance=~"$instance", rank=~"$rank"'
 INSTANCE_SEL = 'instance=~"$instance"'

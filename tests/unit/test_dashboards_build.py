@@ -203,6 +203,10 @@ def test_the_panels_the_issue_asks_for(built):
         "Config version per rank",
         "Circuit breaker per rank",
         "Sidecar request latency",
+        "Autopilot trials by outcome",
+        "Autopilot arm",
+        "Autopilot mode",
+        "Autopilot exploration cost",
     } <= titles["flyserve-control"]
     assert {
         "Replicas now",
