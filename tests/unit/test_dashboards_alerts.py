@@ -66,6 +66,7 @@ def test_the_alerts_the_issue_asks_for():
         "FlyserveKernelTimeRegression",
         "FlyserveRoutingRegretHigh",
         "FlyserveCostTableDrift",
+        "FlyserveAutopilotRepeatedRollbacks",
     }
 
 
@@ -129,6 +130,16 @@ MUTANTS = [
     ("FlyserveCostTableDrift", "(flyserve_cost_drift_ratio) > 1.4)", "(flyserve_cost_drift_ratio) > 1.6)"),
     ("FlyserveCostTableDrift", "(flyserve_cost_drift_ratio) < 0.7)", "(flyserve_cost_drift_ratio) < 0.4)"),
     ("FlyserveCostTableDrift", "< 0.7)\n        for: 30m", "< 0.7)\n        for: 10m"),
+    ("FlyserveAutopilotRepeatedRollbacks", "[1h])) >= 3", "[1h])) >= 4"),
+    ("FlyserveAutopilotRepeatedRollbacks", "[1h])) >= 3", "[1h])) >= 2"),
+    ("FlyserveAutopilotRepeatedRollbacks", '|inconclusive"}[1h]', '|inconclusive"}[15m]'),
+    ("FlyserveAutopilotRepeatedRollbacks", '"rolled_back|aborted|inconclusive"', '"rolled_back"'),
+    (
+        "FlyserveAutopilotRepeatedRollbacks",
+        '"rolled_back|aborted|inconclusive"',
+        '"rolled_back|aborted|inconclusive|promoted"',
+    ),
+    ("FlyserveAutopilotRepeatedRollbacks", "for: 3m", "for: 0m"),
 ]
 
 
