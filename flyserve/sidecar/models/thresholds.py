@@ -22,7 +22,7 @@ class ThresholdsView(FrozenModel):
 
     version: int
     sha256: str
-    source: str = Field(description="default | file | api | cli | rollback")
+    source: str = Field(description="default | file | api | cli | rollback | autopilot")
     actor: str | None = None
     time: float | None = Field(None, description="Unix time of the change.")
     effective_step: int = Field(description="Engine step at which ranks switch to this version.")
