@@ -113,7 +113,8 @@ class FlyserveRouting:
                 self.rt.kernel_timer.forwards_per_step = max(1, len(layers))
                 # Drift: a timed step's harvested time joins that step's shape sample (ShapeSampleWriter).
                 self.rt.kernel_timer.step_source = self.rt
-                self.rt.kernel_timer.on_step_timed = self.rt.shape_sample.add_kernel_time
+                # And a timed step inside a trial's block adds to that block (the autopilot's pairs).
+                self.rt.kernel_timer.on_step_timed = self.rt.on_step_timed
         self.num_heads = _num_heads(vllm_config, layers)
         self.problems = group_problems(layers, vllm_config.model_config.dtype, self.prefill_spec)
         self.unsupported = bool(self.problems)
@@ -234,6 +235,7 @@ class FlyserveRouting:
                 timer = rt.kernel_timer
                 if timer is not None and step >= timer.next_step:
                     timer.arm(step)  # one forward of this step is timed (KernelTimer.arm)
+                    rt.note_timed_step(step, metadata.num_actual_tokens)
                 # flyserve's checked forward only where a step needs it (forward_switch.py).
                 if d.variant or (timer is not None and timer.armed):
                     if not SWITCH.checked:

@@ -212,6 +212,11 @@ class ShapeLog:
             pass
 
 
+TIMED_STEPS_KEPT = 8
+"""Timed steps whose token counts wait for their harvest (CUDA events complete within a few steps;
+the timer arms once per N >= 1 steps)."""
+
+
 class RankRuntime:
     """The one per-process object: rank identity, RankControl, DispatchRecorder, step, shape log.
 
@@ -289,6 +294,9 @@ class RankRuntime:
         self._sample_stop = threading.Event()
         self._sample_thread: threading.Thread | None = None
         self.kernel_timer = _kernel_timer(rank, self.tracing)
+        # The tokens of the last few timed steps (noted when the timer is armed, 1 step in N), so a
+        # harvested timing inside a trial's block adds to that block (RankControl.record_kernel_sample).
+        self.timed_tokens: dict[int, int] = {}
         if not self.serving and PHASE.installed:
             PHASE.on_serving(self.start_serving)
         if start:
@@ -316,6 +324,23 @@ class RankRuntime:
         self.serving = True
         log.info("flyserve rank %d: serving from step %d (%s); %s", self.rank, self.step + 1, why,
                  self.startup.summary())  # fmt: skip
+
+    def note_timed_step(self, step: int, tokens: int) -> None:
+        """The routing armed the kernel timer at ``step`` (1 step in N): its tokens, kept for the
+        harvest (the last TIMED_STEPS_KEPT timed steps)."""
+        tt = self.timed_tokens
+        tt[step] = tokens
+        if len(tt) > TIMED_STEPS_KEPT:
+            del tt[next(iter(tt))]
+
+    def on_step_timed(self, step: int, path: str, seconds: float) -> None:
+        """KernelTimer.on_step_timed (timed steps only, when harvested): the drift check's join with
+        the step's shape sample, and the running trial's block. A forward that ran in a later step
+        than the armed one (a graph replay skipped it) has no token count: not a trial sample."""
+        self.shape_sample.add_kernel_time(step, path, seconds)
+        tokens = self.timed_tokens.get(step)
+        if tokens is not None:
+            self.control.record_kernel_sample(step, seconds, tokens)
 
     def _flush_shape_sample(self) -> None:
         while not self._sample_stop.wait(SHAPE_SAMPLE_FLUSH_S):
