@@ -8,9 +8,11 @@ the run; on a developer machine without the extra it still skips, saying what to
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import multiprocessing.util
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -135,23 +137,69 @@ def require_executable(path: Path, install: str) -> Path:
     return path
 
 
-SHARED_FIXTURE_SCOPES = frozenset({"module", "class", "package"})
+SHARED_FIXTURE_SCOPE = re.compile(r"""scope\s*=\s*["'](?:module|class|package)["']""")
+"""A fixture shared wider than one test, as its module declares it."""
+
+LONGEST_FIRST = (
+    # The longest modules of a 4-worker run on the 2-core CI machine, longest first (measured,
+    # --durations, with other work on the machine): started first, they run beside the many short ones
+    # instead of after them. A module missing here only starts later.
+    "tests/integration/test_flydsl_compile_live.py",  # 800 s: 4 independent compiles, spread
+    "tests/e2e/test_vllm_e2e_engine_channel.py",  # 503 s
+    "tests/e2e/test_vllm_e2e_offline.py",  # one engine (module fixture) serving 10 tests: ~400 s
+    "tests/e2e/test_vllm_e2e_demo.py",  # 283 s
+    "tests/e2e/test_vllm_e2e_startup_refusals.py",  # 261 s
+    "tests/e2e/test_vllm_e2e_data_parallel.py",  # 246 s
+    "tests/e2e/test_vllm_e2e_two_nodes.py",  # 247 s
+    "tests/integration/test_dashboards_live.py",  # 4 x 60 s set-ups
+    "tests/e2e/test_vllm_e2e_serve.py",
+    "tests/e2e/test_arms_vllm.py",
+    "tests/e2e/test_vllm_bad_profile.py",
+)
 
 
-def shared_fixture_group(item: pytest.Item) -> str | None:
-    """The xdist group of a test that uses a fixture shared wider than itself: its module's node id.
+@functools.cache
+def shares_a_fixture(module_path: str) -> bool:
+    """Whether a test module declares a module-, class- or package-scoped fixture (read from its
+    source: the xdist controller that asks has collected nothing)."""
+    try:
+        return bool(SHARED_FIXTURE_SCOPE.search((REPO / module_path).read_text(errors="replace")))
+    except OSError:
+        return False
 
-    pytest.ini's ``--dist loadgroup`` sends each group to one worker as a whole, and every other test
-    to whichever worker is free. A module-scoped fixture (a vLLM engine, a kubectl build) is set up
-    once per worker that runs one of its tests: grouped, it starts once, as without xdist. Session
-    fixtures are built once per worker either way (tiny_model: seconds)."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    for defs in info.name2fixturedefs.values():
-        if any(d.scope in SHARED_FIXTURE_SCOPES for d in defs):
-            return item.nodeid.split("::", 1)[0]
-    return None
+
+def xdist_work_unit(nodeid: str) -> str:
+    """What one xdist worker runs as a whole: a module that shares a fixture (a vLLM engine, a
+    kubectl build) goes to one worker, so the fixture is set up once, as without xdist; any other
+    test is a unit of its own. pytest-xdist's own --dist loadgroup does this by renaming each node
+    id, which pytest 9.2 no longer lets it do (Node.nodeid reads _id, xdist writes _nodeid): the
+    offline e2e module's engine then started on four workers (4 x ~260 s)."""
+    module = nodeid.split("::", 1)[0]
+    return module if shares_a_fixture(module) else nodeid
+
+
+def xdist_order(path: Path) -> tuple[int, int]:
+    """The collection order under xdist: the longest modules first (LONGEST_FIRST), then the slow
+    tiers before the fast (e2e, integration, benchmarks, unit), so that the long tail starts early;
+    a run in one process keeps tier_of's fast-to-slow order."""
+    try:
+        rel = path.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        rel = ""
+    rank = LONGEST_FIRST.index(rel) if rel in LONGEST_FIRST else len(LONGEST_FIRST)
+    return rank, -tier_of(path)
+
+
+def make_xdist_scheduler(config: pytest.Config, log: object) -> object:
+    """A LoadScopeScheduling whose work units are xdist_work_unit's, dealt in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep xdist_order's order
+    return SharedFixtureScheduling(config, log)
 
 
 # The fast tier, ``pytest -m "not slow"``: tests that start no subprocess, connect no socket

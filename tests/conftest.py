@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ from _support import (
     FastTierGuard,
     fast_tier_guard,
     in_slow_tier,
-    shared_fixture_group,
+    make_xdist_scheduler,
     tier_of,
+    xdist_order,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,15 +32,22 @@ def seed_cases() -> dict:
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config, items) -> None:
-    """Every test under tests/integration, tests/e2e and tests/gpu is slow; fast to slow (unit,
-    benchmarks, integration, e2e, gpu): a broken unit test shows in seconds."""
+    """Every test under tests/integration, tests/e2e and tests/gpu is slow. In one process the run
+    goes fast to slow (unit, benchmarks, integration, e2e, gpu): a broken unit test shows in seconds.
+    On xdist's workers the longest modules go first (_support.xdist_order): the tail is what a
+    parallel run waits for."""
     for item in items:
         if in_slow_tier(Path(str(item.path))):
             item.add_marker(pytest.mark.slow)
-        group = shared_fixture_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: tier_of(Path(str(item.path))))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: xdist_order(Path(str(item.path))))
+    else:
+        items.sort(key=lambda item: tier_of(Path(str(item.path))))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Work units of _support.xdist_work_unit: a module sharing a fixture runs on one worker."""
+    return make_xdist_scheduler(config, log)
 
 
 # The fast tier's guard (_support.FastTierGuard): a test not marked slow that starts a subprocess or

@@ -1,0 +1,53 @@
+"""How the suite is dealt to xdist's workers (tests/_support.py): a module that shares a fixture is
+one work unit, any other test is its own, and the longest modules are dealt first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from _support import LONGEST_FIRST, REPO, shares_a_fixture, xdist_order, xdist_work_unit
+
+OFFLINE = "tests/e2e/test_vllm_e2e_offline.py"  # one vLLM engine, a module fixture, ten tests
+COMPILES = "tests/integration/test_flydsl_compile_live.py"  # independent compiles
+
+
+def test_a_module_with_a_module_fixture_is_one_unit() -> None:
+    assert shares_a_fixture(OFFLINE)
+    assert xdist_work_unit(f"{OFFLINE}::test_policy_routing_used_both_paths") == OFFLINE
+    assert xdist_work_unit(f"{OFFLINE}::test_forced_unified_and_forced_prefill") == OFFLINE
+
+
+def test_a_test_of_a_module_without_one_is_its_own_unit() -> None:
+    assert not shares_a_fixture(COMPILES)
+    node = f"{COMPILES}::test_every_variant_compiles_under_flydsl_050_as_recorded[943152de]"
+    assert xdist_work_unit(node) == node
+
+
+def test_a_missing_module_is_not_grouped() -> None:
+    assert xdist_work_unit("tests/unit/no_such_module.py::test_x") == "tests/unit/no_such_module.py::test_x"
+
+
+def test_every_listed_long_module_exists() -> None:
+    """A renamed module would silently lose its early start."""
+    assert [p for p in LONGEST_FIRST if not (REPO / p).is_file()] == []
+
+
+def test_the_longest_go_first_then_slow_tiers_before_fast() -> None:
+    paths = [
+        REPO / "tests/unit/test_policy_rules.py",
+        REPO / "benchmarks/test_bench_routing.py",
+        REPO / "tests/integration/test_sidecar_live.py",
+        REPO / "tests/e2e/test_vllm_e2e_serve.py",
+        REPO / COMPILES,
+        REPO / OFFLINE,
+    ]
+    ordered = [p.relative_to(REPO).as_posix() for p in sorted(paths, key=xdist_order)]
+    assert ordered == [
+        COMPILES,
+        OFFLINE,
+        "tests/e2e/test_vllm_e2e_serve.py",
+        "tests/integration/test_sidecar_live.py",
+        "benchmarks/test_bench_routing.py",
+        "tests/unit/test_policy_rules.py",
+    ]
+    assert xdist_order(Path("/elsewhere/test_x.py"))[0] == len(LONGEST_FIRST)
