@@ -27,6 +27,7 @@ from flyserve.control.paths import StateDir, default_state_dir
 from flyserve.control.rank import FILE_POLLING_UNORDERED
 from flyserve.vllm.channel_pusher import DEFAULT_POLL_S, ChannelPusher
 from flyserve.vllm.engine_channel import REPORT_METHOD
+from flyserve.vllm.env_numbers import env_number
 from flyserve.vllm.topology import channel_ordering
 
 log = logging.getLogger("flyserve.vllm")
@@ -43,16 +44,9 @@ TOKEN_FILE_ENV = "FLYSERVE_SIDECAR_TOKEN_FILE"
 
 
 def poll_interval() -> float:
-    raw = os.environ.get(POLL_ENV)
-    if not raw:
-        return DEFAULT_POLL_S
-    try:
-        v = float(raw)
-    except ValueError:
-        raise ValueError(f"{POLL_ENV} must be a number of seconds, got {raw[:40]!r}") from None
-    if not 0 < v <= 60:
-        raise ValueError(f"{POLL_ENV} must be in (0, 60] seconds, got {v}")
-    return v
+    return env_number(
+        POLL_ENV, DEFAULT_POLL_S, float, ok=lambda v: 0 < v <= 60, expect="a number of seconds in (0, 60]"
+    )
 
 
 class FlyserveEndpointPlugin:

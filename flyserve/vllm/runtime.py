@@ -28,6 +28,7 @@ from typing import Any
 
 from flyserve.policy import PREFILL, UNIFIED
 from flyserve.telemetry.shape_sample import ShapeSampleWriter
+from flyserve.vllm.env_numbers import env_number
 
 log = logging.getLogger("flyserve.vllm")
 
@@ -372,16 +373,9 @@ class RankRuntime:
 
 def _shape_sample_every() -> int:
     """1 step in N into the shape sample ($FLYSERVE_SHAPE_SAMPLE_EVERY, default SHAPE_SAMPLE_EVERY)."""
-    raw = os.environ.get(SHAPE_SAMPLE_EVERY_ENV)
-    if not raw:
-        return SHAPE_SAMPLE_EVERY
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"${SHAPE_SAMPLE_EVERY_ENV} must be an integer >= 1 (got {raw[:20]!r})")
-    return n
+    return env_number(
+        SHAPE_SAMPLE_EVERY_ENV, SHAPE_SAMPLE_EVERY, int, ok=lambda n: n >= 1, expect="an integer >= 1"
+    )
 
 
 def _kernel_timer(rank: int, tracing: Any) -> Any:
