@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from flyserve.policy.thresholds import Thresholds
 
 # The seed's defaults, used when no Thresholds is given (kept equal to Thresholds' defaults;
-# tests/unit/test_shape.py checks that).
+# tests/unit/test_policy_shape_thresholds.py checks that).
 _DEFAULT_DECODE_QUERY_LEN_MAX = 1
 _DEFAULT_BLOCK_M = 256
 # from_step counts the rows of a batch this small in Python rather than numpy (see there).

@@ -40,7 +40,7 @@ HOW = {
 
 
 class Priced(Protocol):
-    """What restart advice reads of a priced sample (live_costs.PricedSample)."""
+    """What restart advice reads of a priced sample (regret.PricedSample)."""
 
     sample: ShapeSample
     unified_s: float

@@ -7,7 +7,7 @@ names the exact commit it came from:
     git -C FlyDSL show 943152de:kernels/attention/flash_attn_interface.py > /tmp/fi.py
     python scripts/contracts/extract_signature.py /tmp/fi.py flydsl_flash_attn_func \
         --repo ROCm/FlyDSL --ref refs/pull/1056/head --commit 943152de... --date 2026-08-22 \
-        --path kernels/attention/flash_attn_interface.py > tests/data/contracts/flydsl-943152de.json
+        --path kernels/attention/flash_attn_interface.py > tests/data/contracts/flydsl_flash_attn_func-pr1056-943152de.json
 
 Only parameter names, kinds and defaults (literal values) are kept: data, not the library's code.
 """

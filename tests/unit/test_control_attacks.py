@@ -100,7 +100,7 @@ def test_repair_with_nothing_readable_publishes_the_profile_above_every_audited_
 
 
 def test_orphan_history_is_removed_and_a_write_ahead_entry_is_completed(plane: ControlPlane) -> None:
-    """What a writer killed mid-publish leaves (the kill itself: tests/integration/test_control_attacks_live)."""
+    """What a writer killed mid-publish leaves (the kill itself: tests/integration/test_control_attacks_live.py)."""
     v1 = plane.apply_overrides({"min_seq_len": 2048}, actor="a").snapshot
     orphan = v1.replace(version=2)
     plane.state_dir.history_file(2).write_text(orphan.to_json())
