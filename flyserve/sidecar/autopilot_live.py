@@ -16,7 +16,7 @@ from flyserve.sidecar.advice_job import FittedAdvice
 from flyserve.sidecar.advice_worker import FitWorker
 from flyserve.sidecar.autopilot_runner import NO_INPUTS, LiveInputs
 
-log = logging.getLogger("flyserve.sidecar.autopilot")
+log = logging.getLogger("flyserve.sidecar")
 
 
 def inputs_of(fitted: FittedAdvice) -> LiveInputs:

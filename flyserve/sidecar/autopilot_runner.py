@@ -63,7 +63,7 @@ from flyserve.control.trial_blocks import (
 from flyserve.policy.thresholds import Thresholds, ThresholdsError
 from flyserve.telemetry import metrics as tm
 
-log = logging.getLogger("flyserve.sidecar.autopilot")
+log = logging.getLogger("flyserve.sidecar")
 
 ACTOR = "autopilot"
 RESTART_ONLY = frozenset({"decode_path", "block_size"})
