@@ -211,7 +211,10 @@ class AutopilotRunner:
         return self._state
 
     def tick(self) -> None:
-        """Blocks to the test, then one observation, each action carried out (public for tests)."""
+        """Blocks to the test, then one observation, each action carried out (public for tests).
+        The advice is asked for before the lock is taken (a fit may take its deadline): GET
+        /autopilot and the operator's changes never wait for it."""
+        live = self._live_inputs() if self._could_start(self._clock()) else NO_INPUTS
         with self._lock:
             now = self._clock()
             reports = self._confirmed_reports(now)
@@ -221,7 +224,7 @@ class AutopilotRunner:
                 self._started = True
                 self._recover(cur)
             self._feed_blocks(reports, now)
-            obs = self._observation(cur, reports, now)
+            obs = self._observation(cur, reports, now, live)
             if obs is not None:
                 self._apply(ap.observe(self.config, self._state, obs), now)
             self._update_arm(reports)
@@ -280,20 +283,26 @@ class AutopilotRunner:
         )
         self._publish(thresholds, None, request, "rollback")
 
-    def _observation(
-        self, cur: ConfigSnapshot, reports: list[tuple[dict[str, Any], RankReport]], now: float
-    ) -> Observation | None:
-        if self._baseline is None:
-            return None
-        st = self._state
-        could_start = (
+    def _could_start(self, now: float) -> bool:
+        """Whether observe could start (or propose) a trial now: only then is the advice asked for."""
+        st = self._state  # one reference read: the state is a frozen value
+        return (
             st.trial is None
             and st.awaiting is None
             and st.mode is not Mode.OFF
             and not st.paused
             and now >= st.cooldown_until
         )
-        live = self._live_inputs() if could_start else NO_INPUTS
+
+    def _observation(
+        self,
+        cur: ConfigSnapshot,
+        reports: list[tuple[dict[str, Any], RankReport]],
+        now: float,
+        live: LiveInputs,
+    ) -> Observation | None:
+        if self._baseline is None:
+            return None
         version, thresholds = self._baseline
         pending = (
             cur.version not in self._published
@@ -462,6 +471,7 @@ class AutopilotRunner:
             thresholds, to = action.thresholds, action.to_version
             if kill and self._operator is not None:  # the kill switch: the last operator version
                 to, thresholds = self._operator
+                self._baseline = self._operator  # whatever the autopilot promoted since is gone
             request = {
                 "autopilot": "rollback",
                 "trial": action.trial_id,
