@@ -11,25 +11,17 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _live_sidecar import wait_for
 
 from flyserve.control import ControlPlane, Store
 
 pytestmark = pytest.mark.integration
 
 WORKER = Path(__file__).with_name("_control_rank_worker.py")
-
-
-def wait_for(cond: Callable[[], object], what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -91,13 +83,19 @@ def one_trial(tmp_path: Path, ranks: int = 2) -> list[tuple[int, int, int]]:
     ControlPlane(state).reload(actor="startup", startup=True)
     store = Store(state)
     with rank_workers(tmp_path, ranks, interval="1.0", step_sleep="0.002"):
-        wait_for(lambda: len(store.rank_reports()) == ranks, "every rank's first report", 60)
+        wait_for(
+            lambda: len(store.rank_reports()) == ranks,
+            what="every rank's first report",
+            timeout=60,
+            every=0.02,
+        )
         snap = ControlPlane(state).apply_overrides({"min_seq_len": 4096}, actor="early").snapshot
         assert snap.version == 2
         wait_for(
             lambda: all(d.get("applied_version") == 2 for d in store.rank_reports()),
-            "every rank to apply version 2",
-            150,
+            what="every rank to apply version 2",
+            timeout=150,
+            every=0.02,
         )
     out = []
     for r in range(ranks):
@@ -247,8 +245,9 @@ def test_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_path: Path
             lambda: (
                 len(store.rank_reports()) == 2 and all(d.get("steps_per_s") for d in store.rank_reports())
             ),
-            "both ranks to report a measured rate",
-            60,
+            what="both ranks to report a measured rate",
+            timeout=60,
+            every=0.02,
         )
         now = time.time()
         forged = {"pid": 4242, "host": "", "pidns": "", "rank": 7, "engine": 0, "started": 0.0,
@@ -261,8 +260,9 @@ def test_a_forged_rank_report_does_not_pin_changes_for_real_ranks(tmp_path: Path
             lambda: all(
                 d.get("applied_version") == snap.version for d in store.rank_reports() if d["rank"] != 7
             ),
-            "both real ranks to apply the change",
-            150,
+            what="both real ranks to apply the change",
+            timeout=150,
+            every=0.02,
         )
     got = [
         next(

@@ -10,8 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from flyserve.policy import decide
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _control_rank_worker import shape_pool
+from _live_sidecar import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,15 +28,6 @@ RANKS = 4
 # ranks poll every 50 ms here. A rank that still learns of it late (a loaded machine) must apply it at
 # once; the checks below tell the two cases apart from what each rank recorded.
 LEAD_S = 2.0
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 class ConfigMapDir:
@@ -116,16 +106,24 @@ def test_four_ranks_switch_together_through_file_api_and_configmap_swaps(tmp_pat
 
         wait_for(
             lambda: len(reports()) == RANKS and all(d["step"] > 0 for d in reports().values()),
-            "every rank to report",
-            120,  # four interpreters importing numpy and pydantic: over 30 s beside a parallel run
+            what="every rank to report",
+            every=0.02,
+            timeout=120,  # four interpreters importing numpy and pydantic: over 30 s beside a parallel run
         )
         watcher = plane.watch(poll_interval_s=1.0, actor="test-watcher", debounce_ms=50)
 
         def applied_everywhere(v: int) -> None:
-            wait_for(lambda: plane.snapshot().version == v, f"version {v} to be published")
+            wait_for(
+                lambda: plane.snapshot().version == v,
+                what=f"version {v} to be published",
+                timeout=60,
+                every=0.02,
+            )
             wait_for(
                 lambda: all(d["applied_version"] == v for d in reports().values()),
-                f"every rank to apply version {v}",
+                what=f"every rank to apply version {v}",
+                timeout=60,
+                every=0.02,
             )
 
         # 1. an in-place edit of the file (through the symlinks)
