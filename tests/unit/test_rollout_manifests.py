@@ -24,27 +24,17 @@ from typing import Any
 
 import pytest
 import yaml
-from _support import require_executable
+from test_deploy_manifests import _kubectl  # .venv-checkov's pinned kubectl, else PATH's
 
 pytestmark = pytest.mark.slow  # runs kubectl kustomize (a module fixture) and the supervisor in sh
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 CRDS = REPO / "tests" / "data" / "crds"
-CHECKOV_VENV = REPO / ".venv-checkov"
-INSTALL = "run scripts/setup.sh (it makes .venv-checkov with checkov and kubectl)"
 TOKEN_FILE = "sidecar-token.secret"
 K8S_VERSION = "1.32"
 OVERLAYS = ("example", "example-argo", "example-flagger")
 SUPERVISOR = DEPLOY / "base" / "sidecar-supervise.sh"
-
-
-def _kubectl() -> Path:
-    pinned = CHECKOV_VENV / "bin" / "kubectl"
-    if pinned.is_file():
-        return pinned
-    found = shutil.which("kubectl")
-    return Path(found) if found else require_executable(pinned, INSTALL)
 
 
 def _deploy_copy(dest: Path) -> Path:
