@@ -190,13 +190,46 @@ def xdist_order(path: Path) -> tuple[int, int]:
     return rank, -tier_of(path)
 
 
+HEAVY_AT_ONCE = 2
+"""How many heavy work units (a real vLLM, FlyDSL's compiler) run at once. Four at once on the 2-core
+CI machine (load average 15) made every engine crawl: two leave two workers to the light tests."""
+
+
+def is_heavy(unit: str) -> bool:
+    """A work unit that keeps the CPU busy for minutes: tests/e2e (a real vLLM) and the compile check."""
+    module = unit.split("::", 1)[0]
+    return module.startswith("tests/e2e/") or module == "tests/integration/test_flydsl_compile_live.py"
+
+
+def next_unit(queue: list[str], heavy_running: int) -> str:
+    """The unit to deal next: the first in order, but the first light one while HEAVY_AT_ONCE heavy
+    units run (the first heavy one when none light is left: a worker is never left idle)."""
+    if heavy_running >= HEAVY_AT_ONCE:
+        for unit in queue:
+            if not is_heavy(unit):
+                return unit
+    return queue[0]
+
+
 def make_xdist_scheduler(config: pytest.Config, log: object) -> object:
-    """A LoadScopeScheduling whose work units are xdist_work_unit's, dealt in collection order."""
+    """A LoadScopeScheduling whose work units are xdist_work_unit's, dealt in collection order with
+    at most HEAVY_AT_ONCE heavy units running."""
     from xdist.scheduler import LoadScopeScheduling
 
     class SharedFixtureScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_work_unit(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            heavy_running = sum(
+                1
+                for units in self.assigned_work.values()
+                for unit, tests in units.items()
+                if is_heavy(unit) and not all(tests.values())
+            )
+            unit = next_unit(list(self.workqueue), heavy_running)
+            self.workqueue.move_to_end(unit, last=False)  # the base class takes the first
+            super()._assign_work_unit(node)
 
     config.option.loadscopereorder = False  # keep xdist_order's order
     return SharedFixtureScheduling(config, log)

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _support import LONGEST_FIRST, REPO, shares_a_fixture, xdist_order, xdist_work_unit
+from _support import (
+    HEAVY_AT_ONCE,
+    LONGEST_FIRST,
+    REPO,
+    is_heavy,
+    next_unit,
+    shares_a_fixture,
+    xdist_order,
+    xdist_work_unit,
+)
 
 OFFLINE = "tests/e2e/test_vllm_e2e_offline.py"  # one vLLM engine, a module fixture, ten tests
 COMPILES = "tests/integration/test_flydsl_compile_live.py"  # independent compiles
@@ -51,3 +60,15 @@ def test_the_longest_go_first_then_slow_tiers_before_fast() -> None:
         "tests/unit/test_policy_rules.py",
     ]
     assert xdist_order(Path("/elsewhere/test_x.py"))[0] == len(LONGEST_FIRST)
+
+
+def test_heavy_units_wait_for_a_slot_while_light_ones_run() -> None:
+    e2e = (f"{OFFLINE}", "tests/e2e/test_vllm_e2e_demo.py::test_demo")
+    light = "tests/unit/test_policy_rules.py::test_x"
+    queue = [*e2e, light]
+    assert all(is_heavy(u) for u in e2e) and not is_heavy(light)
+    assert is_heavy(f"{COMPILES}::test_every_variant_compiles_under_flydsl_050_as_recorded[943152de]")
+    assert next_unit(queue, heavy_running=0) == OFFLINE
+    assert next_unit(queue, heavy_running=HEAVY_AT_ONCE - 1) == OFFLINE
+    assert next_unit(queue, heavy_running=HEAVY_AT_ONCE) == light
+    assert next_unit(list(e2e), heavy_running=HEAVY_AT_ONCE) == OFFLINE  # no light left: never idle
