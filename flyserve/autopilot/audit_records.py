@@ -68,11 +68,14 @@ MODE_REASONS = ("set", "pause", "resume", "kill")
 
 # The guardrails (names in decision records; docs/autopilot.md, "Guardrails").
 P99 = "step-time p99"
+"""Read in older logs only: the step-time guardrail compared p99s before the ranks measured
+blocks; it now compares mean step times (STEP_TIME)."""
+STEP_TIME = "step time"
 FALLBACK_RATE = "fallback rate"
 ERROR_RATE = "error rate"
 CIRCUIT_OPENED = "circuit opened"
 SAMPLES_STOPPED = "samples stopped"
-GUARDRAILS = (P99, FALLBACK_RATE, ERROR_RATE, CIRCUIT_OPENED, SAMPLES_STOPPED)
+GUARDRAILS = (P99, FALLBACK_RATE, ERROR_RATE, CIRCUIT_OPENED, SAMPLES_STOPPED, STEP_TIME)
 AT_LEAST = frozenset((CIRCUIT_OPENED, SAMPLES_STOPPED))
 """Guardrails breached when the figure reaches the limit; the others when it exceeds it."""
 

@@ -68,9 +68,9 @@ class RunningTrial:
     chain: str = rec.ZERO_CHAIN
     empty_in_row: int = 0
     last_block_time: float = 0.0
-    current_p99: float | None = None
-    waiting_p99: float | None = None
-    """A candidate block's p99 seen before any current block to compare it with."""
+    current_step_s: float | None = None
+    waiting_step_s: float | None = None
+    """A candidate block's mean step time seen before any current block to compare it with."""
     current_steps: int = 0
     current_fallbacks: int = 0
     current_errors: int = 0
@@ -283,9 +283,10 @@ def _guardrail(
         return (rec.SAMPLES_STOPPED, float(after.empty_in_row), float(config.max_empty_blocks))
     # A candidate block against the current arm's latest; or a current block against the candidate
     # block that came before any current block did.
-    p99, ref = (m.step_p99_s, before.current_p99) if m.arm == 1 else (before.waiting_p99, m.step_p99_s)
-    if p99 is not None and ref is not None and ref > 0.0 and p99 / ref > config.p99_ratio_limit:
-        return (rec.P99, p99 / ref, config.p99_ratio_limit)
+    # Mean step times, not p99s: the ranks time a block's two boundaries, never each step.
+    slow, ref = (m.step_s, before.current_step_s) if m.arm == 1 else (before.waiting_step_s, m.step_s)
+    if slow is not None and ref is not None and ref > 0.0 and slow / ref > config.p99_ratio_limit:
+        return (rec.STEP_TIME, slow / ref, config.p99_ratio_limit)
     if after.candidate_steps > 0:
         base = after.current_steps or 1
         for name, cand, cur, excess in (
@@ -304,7 +305,7 @@ def _guardrail(
 
 
 def _tally(config: AutopilotConfig, t: RunningTrial, m: BlockMeasurement) -> RunningTrial:
-    """The trial's tallies with this block in (steps, fallbacks, errors, p99s, empty blocks)."""
+    """The trial's tallies with this block in (steps, fallbacks, errors, step times, empty blocks)."""
     gap = m.block - t.next_block  # blocks never reported count as empty
     empty = m.corroborated_samples < config.min_block_samples or m.per_token is None
     empty_in_row = (t.empty_in_row + gap + 1) if empty else 0
@@ -313,8 +314,8 @@ def _tally(config: AutopilotConfig, t: RunningTrial, m: BlockMeasurement) -> Run
             t,
             empty_in_row=empty_in_row,
             last_block_time=m.now,
-            current_p99=m.step_p99_s if m.step_p99_s is not None else t.current_p99,
-            waiting_p99=None,
+            current_step_s=m.step_s if m.step_s is not None else t.current_step_s,
+            waiting_step_s=None,
             current_steps=t.current_steps + m.steps,
             current_fallbacks=t.current_fallbacks + m.fallbacks,
             current_errors=t.current_errors + m.errors,
@@ -323,7 +324,7 @@ def _tally(config: AutopilotConfig, t: RunningTrial, m: BlockMeasurement) -> Run
         t,
         empty_in_row=empty_in_row,
         last_block_time=m.now,
-        waiting_p99=m.step_p99_s if t.current_p99 is None else None,
+        waiting_step_s=m.step_s if t.current_step_s is None else None,
         candidate_steps=t.candidate_steps + m.steps,
         candidate_fallbacks=t.candidate_fallbacks + m.fallbacks,
         candidate_errors=t.candidate_errors + m.errors,

@@ -100,7 +100,8 @@ class AutopilotConfig:
     block_timeout_s: float = 300.0
     """No block reported for this long during a trial: "samples stopped" too."""
     p99_ratio_limit: float = 1.5
-    """A candidate block's step-time p99 above this multiple of the current arm's latest: rolled back."""
+    """A candidate block's mean step time above this multiple of the current arm's latest: rolled
+    back (the name is the settings' and audit records' key, kept from when it limited a p99)."""
     fallback_rate_excess: float = 0.01
     """Fallbacks per step on the candidate's blocks above the current arm's rate by more: rolled back."""
     error_rate_excess: float = 0.001
@@ -193,7 +194,8 @@ class BlockMeasurement:
     measured and the tokens they covered (the block's kernel time per token is their ratio);
     ``corroborated_samples``: how many samples those are (forged or stale samples are not
     counted by the caller: sidecar.sample_evidence); ``steps``: the engine steps the block held;
-    ``step_p99_s``: the block's step-time p99; ``fallbacks``/``errors``: the block's counts;
+    ``step_s``: the block's mean step time (None: not measured); ``fallbacks``/``errors``: the
+    block's counts;
     ``circuit_open``: whether any rank's circuit breaker was open during the block."""
 
     trial_id: str
@@ -203,7 +205,7 @@ class BlockMeasurement:
     tokens: int
     corroborated_samples: int
     steps: int
-    step_p99_s: float | None
+    step_s: float | None
     fallbacks: int
     errors: int
     circuit_open: bool
@@ -216,8 +218,8 @@ class BlockMeasurement:
         _count("tokens", self.tokens, 0, MAX_COUNT)
         _count("corroborated_samples", self.corroborated_samples, 0, MAX_COUNT)
         _count("steps", self.steps, 0, MAX_COUNT)
-        if self.step_p99_s is not None:
-            _finite("step_p99_s", self.step_p99_s, 0.0, 1e6)
+        if self.step_s is not None:
+            _finite("step_s", self.step_s, 0.0, 1e6)
         _count("fallbacks", self.fallbacks, 0, MAX_COUNT)
         _count("errors", self.errors, 0, MAX_COUNT)
         if not isinstance(self.circuit_open, bool):

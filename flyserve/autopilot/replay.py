@@ -189,6 +189,7 @@ def _recheck_guardrail(t: TrialReplay, d: rec.DecisionRecord, s: rec.StartRecord
         t.problems.append(f"{g.name}: figure {g.value:g} does not breach limit {g.limit:g}")
     allowed = {
         rec.P99: (s.guard["p99_ratio_limit"],),
+        rec.STEP_TIME: (s.guard["p99_ratio_limit"],),
         rec.SAMPLES_STOPPED: (s.guard["max_empty_blocks"], s.guard["block_timeout_s"]),
         rec.CIRCUIT_OPENED: (1.0,),
     }.get(g.name)

@@ -20,9 +20,10 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 from flyserve.autopilot.switchback import CANDIDATE_ARM, CURRENT_ARM, SwitchbackPlan
 from flyserve.control._metrics import count_late_applies
@@ -31,7 +32,7 @@ from flyserve.control.paths import StateDir, default_state_dir
 from flyserve.control.reports import HOST, PIDNS, own_proc_start
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
-from flyserve.control.trial_blocks import TrialBlockMeter
+from flyserve.control.trial_blocks import BlockEnd, TrialBlockMeter
 from flyserve.control.version_trust import anchored_ceiling, believed, live_anchor
 from flyserve.thresholds_files import load_profile
 
@@ -57,6 +58,26 @@ polling kept on purpose: the executor runs RPCs apart from the steps (vLLM 0.32'
 path), so a push could land at different steps on different workers; the channel is refused."""
 
 
+BlockCounters = Callable[[], tuple[int, int]]
+"""The rank's running (fallbacks, kernel errors) totals; read at block boundaries only."""
+
+
+def _no_counters() -> tuple[int, int]:
+    return (0, 0)
+
+
+class _BlockStart(NamedTuple):
+    """Where the running trial block began: its plan and index, the monotonic time, the step and
+    the (fallbacks, errors) totals then."""
+
+    plan: SwitchbackPlan
+    block: int
+    time: float
+    step: int
+    fallbacks: int
+    errors: int
+
+
 class RankControl:
     """One per rank process (vLLM creates one routing object per attention group: share this one)."""
 
@@ -69,6 +90,7 @@ class RankControl:
         profile: str = "gfx950",
         interval_s: float = 1.0,
         report: bool = True,
+        block_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state_dir = StateDir(state_dir if state_dir is not None else default_state_dir())
         self.store = Store(self.state_dir, check_profile=False)
@@ -132,6 +154,9 @@ class RankControl:
         self._arms: tuple[ConfigSnapshot, ConfigSnapshot] = (snap, snap)
         self._boundary = _NEVER  # the next step at which the trial's arm may change
         self._meter = TrialBlockMeter()  # the running trial's blocks as this rank's timed samples saw them
+        self._counters: BlockCounters = _no_counters
+        self._block_clock = block_clock  # read at trial block boundaries: a block's mean step time
+        self._block_start: _BlockStart | None = None
         self._start_trial(snap, snap.step_for(self.engine))
         self._enter_block(0)
         self._pending_step = self._boundary
@@ -192,11 +217,44 @@ class RankControl:
         plan = self._plan
         if plan is None:
             self._active, self._boundary = self._snapshot, _NEVER
+            self._mark_block(step, None, None)
             return
         block = plan.block_of(step)
         self._active = self._snapshot if block is None else self._arms[plan.arm_of_block(block)]
         nxt = plan.next_boundary(step)
         self._boundary = _NEVER if nxt is None else nxt
+        self._mark_block(step, plan, block)
+
+    def _mark_block(self, step: int, plan: SwitchbackPlan | None, block: int | None) -> None:
+        """At a boundary (once per block or version, never per step): close the block that ran
+        with its mean step time and the fallbacks and errors counted in it, and note where the new
+        one begins."""
+        run = self._block_start
+        if run is not None and run.plan is plan and run.block == block:
+            return
+        now = self._block_clock()
+        fallbacks, errors = self._counters() if plan is not None or run is not None else (0, 0)
+        if run is not None:
+            steps = step - run.step
+            self._meter.end_block(
+                run.plan,
+                run.block,
+                BlockEnd(
+                    (now - run.time) / steps if steps > 0 else None,
+                    max(0, fallbacks - run.fallbacks),
+                    max(0, errors - run.errors),
+                ),
+            )
+        self._block_start = (
+            None if plan is None or block is None else _BlockStart(plan, block, now, step, fallbacks, errors)
+        )
+
+    def count_blocks_with(self, counters: BlockCounters) -> None:
+        """Where this rank's running fallback and kernel-error totals are read at each trial block
+        boundary (the recorder's fallback decisions, the breaker's trips): each block reports the
+        difference. Without it a block reports none."""
+        with self._lock:
+            self._counters = counters
 
     def _next_pending_step(self) -> int:
         """The earliest step at which a queued version is due (call under _lock)."""

@@ -1,9 +1,12 @@
 """A trial's blocks as one rank measured them: kept by the rank, reported, validated on read.
 
 The rank already times one step in N (the GPU timer, or the simulator's measured times); each timed
-sample that falls in a trial's block is added here: kernel seconds, tokens, one sample. Nothing is
-done per step: the per-step path stays the one compare of RankControl.current (docs/autopilot.md,
-"Why the hot path is one compare"). The rank's report carries the last MAX_REPORTED_BLOCKS blocks
+sample that falls in a trial's block is added here: kernel seconds, tokens, one sample. At each
+block boundary (RankControl's switch, once per K steps) the rank adds the block's guardrail
+figures (``end_block``): its mean step time (wall time between the two boundaries over the steps
+between them) and the fallbacks and kernel errors it counted in the block (the difference of its
+running counters at the two boundaries). Nothing is done per step: the per-step path stays the one
+compare of RankControl.current (docs/autopilot.md, "Why the hot path is one compare"). The rank's report carries the last MAX_REPORTED_BLOCKS blocks
 it finished and ``through``, the highest block it has passed; the sidecar's autopilot sums the
 confirmed ranks' figures per block once every rank has passed it.
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flyserve.autopilot.switchback import MAX_BLOCKS, SwitchbackPlan, SwitchbackPlanError, check_trial_id
@@ -27,7 +30,13 @@ MAX_BLOCK_KERNEL_S = 86_400.0
 """No block's summed kernel time is above a day (a block is at most 2^20 steps)."""
 MAX_BLOCK_COUNT = 1 << 53
 """Tokens and samples above this are not believed (and lose precision as floats)."""
+MAX_STEP_SECONDS = 3_600.0
+"""No engine step's mean time is above an hour."""
+ENDS_KEPT = 4
+"""Block ends held for blocks that have no sample yet (a late harvest); older ones are dropped."""
 _BLOCK_KEYS = frozenset({"block", "arm", "kernel_seconds", "tokens", "samples"})
+_GUARD_KEYS = frozenset({"step_seconds", "fallbacks", "errors"})
+"""Optional in a block: a report written before the rank measured them still reads."""
 _KEYS = frozenset({"id", "through", "blocks"})
 
 
@@ -40,15 +49,35 @@ class TrialBlocksError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class BlockEnd:
+    """A block's guardrail figures, taken at its closing boundary: the mean step time (None when
+    no step was seen between the boundaries), the fallbacks and the kernel errors counted in it."""
+
+    step_seconds: float | None
+    fallbacks: int
+    errors: int
+
+
+NO_END = BlockEnd(None, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
 class BlockFigures:
     """One finished block of one rank: its arm, the kernel seconds of its timed samples, the tokens
-    those samples covered and how many samples they were."""
+    those samples covered and how many samples they were; and its guardrail figures (BlockEnd),
+    absent (None, 0, 0) until the block's closing boundary has been seen."""
 
     block: int
     arm: int
     kernel_seconds: float
     tokens: int
     samples: int
+    step_seconds: float | None = None
+    fallbacks: int = 0
+    errors: int = 0
+
+    def with_end(self, end: BlockEnd) -> BlockFigures:
+        return replace(self, step_seconds=end.step_seconds, fallbacks=end.fallbacks, errors=end.errors)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +86,9 @@ class BlockFigures:
             "kernel_seconds": self.kernel_seconds,
             "tokens": self.tokens,
             "samples": self.samples,
+            "step_seconds": self.step_seconds,
+            "fallbacks": self.fallbacks,
+            "errors": self.errors,
         }
 
 
@@ -86,15 +118,20 @@ class TrialBlockMeter:
         self._tokens = 0
         self._samples = 0
         self._done: deque[BlockFigures] = deque(maxlen=MAX_REPORTED_BLOCKS)
+        self._ends: dict[int, BlockEnd] = {}  # ends of blocks not closed yet (at most ENDS_KEPT)
+
+    def _begin(self, trial_id: str) -> None:
+        self._trial_id, self._through, self._block = trial_id, -1, -1
+        self._done.clear()
+        self._ends.clear()
+        self._seconds, self._tokens, self._samples = 0.0, 0, 0
 
     def add(self, plan: SwitchbackPlan, block: int, seconds: float, tokens: int) -> None:
         """One timed sample of ``block`` of ``plan``'s trial (a sample not finite or negative is dropped)."""
         if not (math.isfinite(seconds) and seconds >= 0.0) or tokens < 0:
             return
         if plan.trial_id != self._trial_id:
-            self._trial_id, self._through, self._block = plan.trial_id, -1, -1
-            self._done.clear()
-            self._seconds, self._tokens, self._samples = 0.0, 0, 0
+            self._begin(plan.trial_id)
         if block != self._block:
             self._close()
             self._block, self._arm = block, plan.arm_of_block(block)  # once per block, not per sample
@@ -102,10 +139,25 @@ class TrialBlockMeter:
         self._tokens += tokens
         self._samples += 1
 
+    def end_block(self, plan: SwitchbackPlan, block: int, end: BlockEnd) -> None:
+        """``block`` of ``plan``'s trial has closed with ``end``'s figures (once per block, at the
+        boundary). A block already reported as finished takes them in its next report; one with no
+        sample yet keeps them until its samples close it (a report carries sampled blocks only)."""
+        if plan.trial_id != self._trial_id:
+            self._begin(plan.trial_id)
+        for i, done in enumerate(self._done):
+            if done.block == block:
+                self._done[i] = done.with_end(end)
+                return
+        self._ends[block] = end
+        while len(self._ends) > ENDS_KEPT:
+            del self._ends[next(iter(self._ends))]
+
     def _close(self) -> None:
         if self._block >= 0 and self._samples > 0:
+            end = self._ends.pop(self._block, NO_END)
             self._done.append(
-                BlockFigures(self._block, self._arm, self._seconds, self._tokens, self._samples)
+                BlockFigures(self._block, self._arm, self._seconds, self._tokens, self._samples).with_end(end)
             )
         self._seconds, self._tokens, self._samples = 0.0, 0, 0
         self._block = -1
@@ -139,15 +191,19 @@ def _count(field: str, v: object, lo: int, hi: int) -> int:
     return v
 
 
-def _seconds(field: str, v: object) -> float:
+def _seconds(field: str, v: object, hi: float = MAX_BLOCK_KERNEL_S) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise TrialBlocksError(field, f"must be a number, got {type(v).__name__}")
     if isinstance(v, int) and v.bit_length() > 64:
-        raise TrialBlocksError(field, f"must be a finite number in [0, {MAX_BLOCK_KERNEL_S:g}]")
+        raise TrialBlocksError(field, f"must be a finite number in [0, {hi:g}]")
     x = float(v)
-    if not (math.isfinite(x) and 0.0 <= x <= MAX_BLOCK_KERNEL_S):
-        raise TrialBlocksError(field, f"must be a finite number in [0, {MAX_BLOCK_KERNEL_S:g}]")
+    if not (math.isfinite(x) and 0.0 <= x <= hi):
+        raise TrialBlocksError(field, f"must be a finite number in [0, {hi:g}]")
     return x
+
+
+def _step_seconds(field: str, v: object) -> float | None:
+    return None if v is None else _seconds(field, v, MAX_STEP_SECONDS)
 
 
 def _block(i: int, d: object) -> BlockFigures:
@@ -155,8 +211,8 @@ def _block(i: int, d: object) -> BlockFigures:
     if not isinstance(d, dict):
         raise TrialBlocksError(name, f"must be a mapping, got {type(d).__name__}")
     keys = set(d)
-    if keys != _BLOCK_KEYS:
-        odd = sorted(str(k)[:32] for k in keys ^ _BLOCK_KEYS)
+    if not _BLOCK_KEYS <= keys <= _BLOCK_KEYS | _GUARD_KEYS:
+        odd = sorted(str(k)[:32] for k in (keys - _BLOCK_KEYS - _GUARD_KEYS) | (_BLOCK_KEYS - keys))
         raise TrialBlocksError(f"{name}.{odd[0]}", "unknown key" if odd[0] in keys else "missing")
     return BlockFigures(
         block=_count(f"{name}.block", d["block"], 0, MAX_BLOCKS - 1),
@@ -164,6 +220,9 @@ def _block(i: int, d: object) -> BlockFigures:
         kernel_seconds=_seconds(f"{name}.kernel_seconds", d["kernel_seconds"]),
         tokens=_count(f"{name}.tokens", d["tokens"], 0, MAX_BLOCK_COUNT),
         samples=_count(f"{name}.samples", d["samples"], 0, MAX_BLOCK_COUNT),
+        step_seconds=_step_seconds(f"{name}.step_seconds", d.get("step_seconds")),
+        fallbacks=_count(f"{name}.fallbacks", d.get("fallbacks", 0), 0, MAX_BLOCK_COUNT),
+        errors=_count(f"{name}.errors", d.get("errors", 0), 0, MAX_BLOCK_COUNT),
     )
 
 

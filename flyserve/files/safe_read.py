@@ -44,7 +44,9 @@ MAX_INT_DIGITS = 30
 MAX_FLOAT_CHARS = 64
 """Float literals longer than this are refused (a double needs at most 25 characters)."""
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_LONG_DIGITS = re.compile(f"[0-9]{{{MAX_INT_DIGITS + 1}}}")
+_LONG_DIGITS = re.compile(f"(?:^|[\\s:,\\[-])[0-9]{{{MAX_INT_DIGITS + 1}}}")
+"""A JSON number starts the text or follows one of these: a run of digits after a quote or a
+letter is inside a string (an all-zero sha256 hex digest), which json.loads never makes an int."""
 
 
 class SafeReadError(ValueError):

@@ -358,26 +358,22 @@ class AutopilotRunner:
         circuit = any(d.get("circuit_open") is True for d, _ in reports)
         for b in range(t.next_block, last + 1):
             arm = plan.arm_of_block(b)
-            seconds, tokens, samples = 0.0, 0, 0
-            for tb in ranks:
-                for f in tb.blocks:
-                    if f.block == b and f.arm == arm:  # another arm for this block: not the plan's
-                        seconds, tokens, samples = (
-                            seconds + f.kernel_seconds,
-                            tokens + f.tokens,
-                            samples + f.samples,
-                        )
+            # another arm for this block: not the plan's
+            figures = [f for tb in ranks for f in tb.blocks if f.block == b and f.arm == arm]
+            step_times = [f.step_seconds for f in figures if f.step_seconds is not None]
             m = BlockMeasurement(
                 trial_id=spec.trial_id,
                 block=b,
                 arm=arm,
-                kernel_seconds=min(seconds, 1e9),
-                tokens=tokens,
-                corroborated_samples=samples,
+                kernel_seconds=min(math.fsum(f.kernel_seconds for f in figures), 1e9),
+                tokens=sum(f.tokens for f in figures),
+                corroborated_samples=sum(f.samples for f in figures),
                 steps=spec.block_steps,
-                step_p99_s=None,
-                fallbacks=0,
-                errors=0,
+                # per engine step, so the slowest rank's (the ranks of an engine step together) and
+                # the most any one rank counted (every rank of an engine routes the same batch)
+                step_s=max(step_times, default=None),
+                fallbacks=max((f.fallbacks for f in figures), default=0),
+                errors=max((f.errors for f in figures), default=0),
                 circuit_open=circuit,
                 now=now,
             )

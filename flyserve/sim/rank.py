@@ -48,6 +48,8 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float, *, join: bool = Fal
     trace = trace_from(args.workload)
     control = RankControl(state, rank, engine=args.engine, profile=args.profile).start()
     recorder = DispatchRecorder(rank)
+    # a trial block's fallbacks: the recorder's count at its two boundaries (a simulated kernel never raises)
+    control.count_blocks_with(lambda: (recorder.fallbacks(), 0))
     shapes = ShapeSampleWriter(state.path, rank=rank, engine=args.engine, capacity=SAMPLE_CAPACITY)
     kernel = rank_kernel_times(args, rank)
     if kernel is not None:

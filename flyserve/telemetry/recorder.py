@@ -24,10 +24,14 @@ from typing import Any
 
 from flyserve.policy.rules import Decision, decision_for
 from flyserve.policy.shape import BatchShape
-from flyserve.policy.vocabulary import PATHS, REASONS
+from flyserve.policy.vocabulary import CIRCUIT_OPEN, PATHS, REASONS, UNSUPPORTED
 from flyserve.telemetry import metrics
 from flyserve.telemetry.prom import histogram_cells, value_cell, value_of
 from flyserve.telemetry.tracing import DISPATCH_SPAN, ROOT_CONTEXT, Tracing
+
+FALLBACK_REASONS = (UNSUPPORTED, CIRCUIT_OPEN)
+"""The reasons the routing sets over decide()'s choice (the layer group rules the prefill kernel
+out, its breaker is open): a trial block's fallbacks (docs/autopilot.md, "Guardrails")."""
 
 
 def _all_decisions() -> list[Decision]:
@@ -321,6 +325,18 @@ class DispatchRecorder:
             attrs["flyserve.lpt"] = decision.lpt
         assert self._tracer is not None
         self._tracer.start_span(DISPATCH_SPAN, context=ROOT_CONTEXT, attributes=attrs).end()
+
+    def fallbacks(self) -> int:
+        """This rank's decisions so far with a FALLBACK_REASONS reason: read at a trial block's
+        boundaries (once per K steps), never per step, so it looks its series up by label."""
+        r = self._rank_label
+        return int(
+            sum(
+                value_of(metrics.DISPATCH_DECISIONS.labels(p, reason, r)).get()
+                for p in PATHS
+                for reason in FALLBACK_REASONS
+            )
+        )
 
     def set_circuit_open(self, is_open: bool) -> None:
         """flyserve_circuit_open{rank}: the routing calls this when its breaker opens or closes."""

@@ -282,6 +282,7 @@ class RankRuntime:
         self.local_circuit_open = False
         self.circuit_reported = False
         self.circuit_trip_version = -1  # the control version that carried (or preceded) our trip
+        self.control.count_blocks_with(self.block_counters)
         shape_log = os.environ.get(SHAPE_LOG_ENV)
         self.shape_log = (
             ShapeLog(shape_log, rank=rank, meta={"profile": self.profile, "pid": os.getpid()})
@@ -316,6 +317,12 @@ class RankRuntime:
             self.control.mode,
             f", FORCED path {self.forced}" if self.forced else "",
         )
+
+    def block_counters(self) -> tuple[int, int]:
+        """(fallbacks, kernel errors) so far, read by RankControl at a trial block's boundaries only:
+        the recorder's fallback decisions, and 1 while this process's breaker is open (the prefill
+        kernel raised), so the block in which it opened counts one error."""
+        return self.recorder.fallbacks(), int(self.local_circuit_open)
 
     def start_serving(self, why: str) -> None:
         """vLLM serves from now on: the routing's next batch counts in the serving counters. Logs what

@@ -58,7 +58,7 @@ def block(spec: TrialSpec, b: int, now: float, per_token: float, **kw: Any) -> B
         "tokens": 1000,
         "corroborated_samples": 20,
         "steps": spec.block_steps,
-        "step_p99_s": 0.030,
+        "step_s": 0.030,
         "fallbacks": 0,
         "errors": 0,
         "circuit_open": False,

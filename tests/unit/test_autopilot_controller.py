@@ -140,19 +140,19 @@ def test_the_budget_spent_is_inconclusive_and_rolls_back():
 # ---------------------------------------------------------------------- guardrails
 
 
-def test_a_candidate_block_with_a_p99_far_above_the_current_arms_rolls_back_at_that_block():
+def test_a_candidate_block_with_a_mean_step_time_far_above_the_current_arms_rolls_back_at_that_block():
     run, spec = started()
     run.run_blocks(spec, 0.0, random.Random(5), until=6)
 
-    def slow_p99(s, b, now, pt):  # type: ignore[no-untyped-def]
+    def slow_steps(s, b, now, pt):  # type: ignore[no-untyped-def]
         m = block(s, b, now, pt)
-        return replace(m, step_p99_s=0.030 * (2.0 if m.arm == 1 else 1.0))
+        return replace(m, step_s=0.030 * (2.0 if m.arm == 1 else 1.0))
 
-    action, b = run.run_blocks(spec, 0.0, random.Random(5), first=6, measure=slow_p99)
-    assert isinstance(action, Rollback) and action.reason == rec.P99
+    action, b = run.run_blocks(spec, 0.0, random.Random(5), first=6, measure=slow_steps)
+    assert isinstance(action, Rollback) and action.reason == rec.STEP_TIME
     assert b in (6, 7)  # the first candidate block after the breach began
     g = decisions(run)[-1]["guardrail"]
-    assert g == {"name": rec.P99, "value": pytest.approx(2.0), "limit": 1.5}
+    assert g == {"name": rec.STEP_TIME, "value": pytest.approx(2.0), "limit": 1.5}
 
 
 def test_a_block_with_the_circuit_open_rolls_back_at_that_block():

@@ -42,11 +42,11 @@ def a_run() -> Run:
     spec = run.start()
     run.run_blocks(spec, 0.0, random.Random(5), until=6)
 
-    def slow_p99(s, b, now, pt):  # type: ignore[no-untyped-def]
+    def slow_steps(s, b, now, pt):  # type: ignore[no-untyped-def]
         m = block(s, b, now, pt)
-        return replace(m, step_p99_s=0.030 * (2.0 if m.arm == 1 else 1.0))
+        return replace(m, step_s=0.030 * (2.0 if m.arm == 1 else 1.0))
 
-    assert isinstance(run.run_blocks(spec, 0.0, random.Random(5), first=6, measure=slow_p99)[0], Rollback)
+    assert isinstance(run.run_blocks(spec, 0.0, random.Random(5), first=6, measure=slow_steps)[0], Rollback)
     run.set_mode(Mode.TRIAL)
     run.now += run.cfg.cooldown_s
     spec = run.start()
@@ -123,7 +123,7 @@ def test_history_lists_every_trial_and_mode_change(records, state_dir):
     assert "mode (set): off -> auto" in out and "mode (kill): trial -> off" in out
     doc = json.loads(invoke("history", "--state-dir", str(state_dir), "--json").output)
     assert [t["trial"] for t in doc["trials"]] == [f"ap-3-{n}" for n in range(1, 6)]
-    assert doc["trials"][2]["decision"]["guardrail"]["name"] == rec.P99
+    assert doc["trials"][2]["decision"]["guardrail"]["name"] == rec.STEP_TIME
 
 
 def test_no_audit_log_is_no_record(state_dir):

@@ -80,11 +80,30 @@ def _runner(plane: ControlPlane, clock: Clock, *, mode: Mode = Mode.AUTO, **kw: 
 
 class Rank:
     """A rank in this process: steps, a timed sample every step (kernel seconds per token set by
-    the arm it runs: the candidate ``effect`` faster), a report after every ``report_every`` steps."""
+    the arm it runs: the candidate ``effect`` faster), a report before and after each run.
 
-    def __init__(self, plane: ControlPlane, effect: float, seed: int = 1) -> None:
-        self.rc = RankControl(plane.state_dir, 0, report=True)
+    Its steps take STEP_S on a clock of its own (``candidate_step_s`` on the candidate's blocks),
+    so a block's mean step time is what the test sets, not this VM's scheduling; the candidate's
+    steps each count ``candidate_fallbacks`` fallbacks and ``candidate_errors`` errors."""
+
+    STEP_S = 0.01
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        effect: float,
+        seed: int = 1,
+        *,
+        candidate_step_s: float = STEP_S,
+        candidate_fallbacks: int = 0,
+        candidate_errors: int = 0,
+    ) -> None:
+        self.elapsed = 0.0
+        self.rc = RankControl(plane.state_dir, 0, report=True, block_clock=lambda: self.elapsed)
+        self.counts = [0, 0]  # fallbacks, errors so far
+        self.rc.count_blocks_with(lambda: (self.counts[0], self.counts[1]))
         self.effect = effect
+        self.candidate = (candidate_step_s, candidate_fallbacks, candidate_errors)
         self.rng = random.Random(seed)
         self.step = 0
 
@@ -96,6 +115,13 @@ class Rank:
                 (math.log1p(-self.effect) if snap.arm == 1 else 0.0) + self.rng.gauss(0.0, 0.05)
             )
             self.rc.record_kernel_sample(self.step, per_token * 100, 100)
+            if snap.arm == 1:
+                step_s, fallbacks, errors = self.candidate
+                self.counts[0] += fallbacks
+                self.counts[1] += errors
+            else:
+                step_s = self.STEP_S
+            self.elapsed += step_s
             self.step += 1
         self.rc.poll()
 
@@ -149,6 +175,33 @@ def test_a_slower_candidate_is_rolled_back_to_the_operators_thresholds(plane: Co
     assert cur.version > trial_version and cur.trial is None
     assert cur.thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
     assert runner.status()["last_decisions"][0]["decision"] == "rollback"
+    _replayed_ok(plane)
+
+
+@pytest.mark.parametrize(
+    ("rank_kw", "guardrail"),
+    [
+        ({"candidate_step_s": 2.0 * Rank.STEP_S}, "step time"),
+        ({"candidate_fallbacks": 1}, "fallback rate"),
+        ({"candidate_errors": 1}, "error rate"),
+    ],
+)
+def test_a_candidate_whose_blocks_breach_a_guardrail_is_rolled_back_at_that_block(
+    plane: ControlPlane, rank_kw: dict[str, Any], guardrail: str
+) -> None:
+    clock = Clock()
+    runner = _runner(plane, clock)
+    before = tm.AUTOPILOT_TRIALS.labels("rolled_back")._value.get()
+    runner.tick()
+    trial = plane.snapshot().trial
+    assert trial is not None
+    _drive(runner, Rank(plane, effect=0.2, **rank_kw), clock)
+    cur = plane.snapshot()
+    assert cur.trial is None and cur.thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
+    last = runner.status()["last_decisions"][0]
+    assert last["decision"] == "rollback" and last["reason"] == guardrail
+    assert last["pairs"] <= 1  # at the first candidate block the rank finished, not after the test
+    assert tm.AUTOPILOT_TRIALS.labels("rolled_back")._value.get() == before + 1
     _replayed_ok(plane)
 
 
