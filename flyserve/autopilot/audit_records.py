@@ -58,7 +58,9 @@ ZERO_CHAIN = "0" * 64
 BY_TEST = "test"
 BY_GUARDRAIL = "guardrail"
 BY_OPERATOR = "operator"
-SOURCES = (BY_TEST, BY_GUARDRAIL, BY_OPERATOR)
+BY_PUBLISH = "publish"
+"""The trial's start was not published (refused or conflicting): it never ran."""
+SOURCES = (BY_TEST, BY_GUARDRAIL, BY_OPERATOR, BY_PUBLISH)
 
 ACTIONS = ("promote", "rollback", "await-approval")
 APPROVAL_ACTIONS = ("promote", "expired")

@@ -43,6 +43,8 @@ FROZEN = "control frozen"
 OPERATOR_CHANGE = "operator change"
 PLAN_ENDED = "plan ended"
 """The plan's last block passed with the test still running (some blocks did not count)."""
+START_NOT_PUBLISHED = "start not published"
+"""The version that carried the trial was refused (decision source "publish"; its reason adds why)."""
 
 # Reasons a block is not used (Nothing's reason).
 NOT_THIS_TRIAL = "block of no running trial"
@@ -192,6 +194,32 @@ def _current_arm(spec: TrialSpec) -> Thresholds:
 
 def _end_by_operator(config: AutopilotConfig, state: AutopilotState, now: float, reason: str) -> Outcome:
     return _end(config, state, now, verdict="rollback", reason=reason, source=rec.BY_OPERATOR)
+
+
+def start_not_published(
+    config: AutopilotConfig, state: AutopilotState, trial_id: str, why: str, now: float
+) -> Outcome:
+    """The caller could not publish the version that starts ``trial_id`` (``why``: a short
+    category, never the error's text): the trial never ran, so it ends now, with nothing to publish
+    back, audited and followed by the cool-down (a refused candidate is not retried at once)."""
+    t = state.trial
+    if t is None or t.spec.trial_id != trial_id:
+        return Outcome(state, Nothing(NOT_THIS_TRIAL))
+    record = rec.decision_record(
+        time=now,
+        trial=trial_id,
+        verdict="rollback",
+        reason=f"{START_NOT_PUBLISHED}: {why}",
+        source=rec.BY_PUBLISH,
+        statistic=_empty_decision(config, t.test),
+        guardrail=None,
+        blocks=0,
+        chain=t.chain,
+        action="rollback",
+        result_version=None,
+    )
+    cooled = replace(state, trial=None, cooldown_until=now + config.cooldown_s)
+    return Outcome(cooled, Nothing(f"trial {trial_id}: {START_NOT_PUBLISHED}: {why}"), (record,))
 
 
 # ---------------------------------------------------------------------------- observe

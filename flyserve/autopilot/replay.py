@@ -173,6 +173,11 @@ def _recheck(t: TrialReplay) -> None:
             t.problems.append(f"a {d.source} decision must roll back, recorded {d.verdict}")
         if d.source == rec.BY_GUARDRAIL:
             _recheck_guardrail(t, d, s)
+        elif d.source == rec.BY_PUBLISH:
+            if d.guardrail is not None or not d.reason.startswith(controller.START_NOT_PUBLISHED):
+                t.problems.append(f"publish decision with reason {d.reason!r}")
+            if d.blocks or t.pairs or d.result_version is not None:
+                t.problems.append("a trial whose start was not published has no block, pair or version")
         elif d.guardrail is not None or d.reason not in OPERATOR_REASONS:
             t.problems.append(f"operator decision with reason {d.reason!r}")
     promote = d.verdict == "promote"

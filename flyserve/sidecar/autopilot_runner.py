@@ -70,6 +70,12 @@ RESTART_ONLY = frozenset({"decode_path", "block_size"})
 MAX_DECISIONS_KEPT = 20
 RESTART_REASON = "sidecar restarted with a trial in force and no running trial in memory"
 NO_BOUNDS = "no --autopilot-bounds: the autopilot moves no knob"
+PUBLISH_REFUSALS: tuple[tuple[type[Exception], str], ...] = (
+    (VersionConflict, "version conflict"),
+    (ThresholdsError, "candidate refused"),
+    (ControlIOError, "state directory error"),
+)
+"""Why a publish failed, as the audit says it: a category, never the error's text (a path)."""
 
 
 class UnknownTrial(LookupError):
@@ -130,6 +136,8 @@ def outcome_of(record: Mapping[str, Any]) -> str | None:
         return "inconclusive"
     if source == rec.BY_OPERATOR:
         return "killed" if record.get("reason") == ap.KILLED else "aborted"
+    if source == rec.BY_PUBLISH:
+        return "refused"
     return "rolled_back"
 
 
@@ -172,6 +180,7 @@ class AutopilotRunner:
         self._published: dict[int, str] = {}  # versions this runner published -> what for
         self._proposal: TrialSpec | None = None
         self.last_refusal: str | None = None if self.bounds else NO_BOUNDS
+        self.publish_refusal = ""  # the category of the last failed publish (PUBLISH_REFUSALS)
         self._decisions: deque[DecisionView] = deque(maxlen=MAX_DECISIONS_KEPT)
         self._pair_first: tuple[int, float, int] | None = None  # (block, per token, tokens) of a pair's first
         self._arm_now = -1
@@ -425,11 +434,13 @@ class AutopilotRunner:
         *,
         if_match: int | None = None,
     ) -> int | None:
-        """Publish through the control plane; the new version, or None (logged, kept as last_refusal)."""
+        """Publish through the control plane; the new version, or None (logged, kept as last_refusal,
+        its category in ``publish_refusal``)."""
         try:
             res = self.control.publish_autopilot(thresholds, trial=trial, request=request, if_match=if_match)
         except (ThresholdsError, ControlIOError, VersionConflict) as exc:
             self.last_refusal = f"publish refused: {exc}"[:300]
+            self.publish_refusal = next(why for cls, why in PUBLISH_REFUSALS if isinstance(exc, cls))
             log.error("autopilot: %s publish refused: %s", kind, exc)
             return None
         version = res.snapshot.version
@@ -457,9 +468,15 @@ class AutopilotRunner:
                 "trial": spec.trial_id,
                 "changes": {k: list(v) for k, v in spec.changes.items()},
             }
-            self._publish(
+            started = self._publish(
                 self._current_arm(spec), spec.trial(), request, "trial", if_match=self._seen_version
             )
+            if started is None:  # the trial never ran: end it now, not at the samples-stopped timeout
+                ended = ap.start_not_published(
+                    self.config, self._state, spec.trial_id, self.publish_refusal, now
+                )
+                self._state = ended.state
+                out = ap.Outcome(ended.state, action, (*out.records, *ended.records))
         elif isinstance(action, Promote):
             request = {"autopilot": "promote", "trial": action.trial_id}
             result_version = self._publish(action.thresholds, None, request, "promote")

@@ -349,7 +349,15 @@ COST_DRIFT: Final = _gauge(
 )
 
 # the autopilot (the sidecar started with --autopilot; flyserve.sidecar.autopilot_runner) -----------
-AUTOPILOT_OUTCOMES: Final = ("promoted", "rolled_back", "aborted", "inconclusive", "killed", "expired")
+AUTOPILOT_OUTCOMES: Final = (
+    "promoted",
+    "rolled_back",
+    "aborted",
+    "inconclusive",
+    "killed",
+    "expired",
+    "refused",
+)
 """Label values of AUTOPILOT_TRIALS: how a trial ended (docs/autopilot.md, "Metrics")."""
 AUTOPILOT_MODES: Final = ("off", "advise", "trial", "auto")
 AUTOPILOT_TRIALS: Final = _counter(
@@ -357,7 +365,8 @@ AUTOPILOT_TRIALS: Final = _counter(
     "Autopilot trials ended, by outcome: promoted (the candidate published, or approved), "
     "rolled_back (measured worse or no better, or a guardrail), aborted (an operator-side ending: "
     "pause, a mode change, an operator change, control frozen), inconclusive (the budget or the plan "
-    "ran out), killed (the kill switch), expired (an awaited approval timed out).",
+    "ran out), killed (the kill switch), expired (an awaited approval timed out), refused (the version "
+    "that starts it was refused: it never ran).",
     ["outcome"],
     scope=SIDECAR,
 )

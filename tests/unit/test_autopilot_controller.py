@@ -155,6 +155,19 @@ def test_a_candidate_block_with_a_mean_step_time_far_above_the_current_arms_roll
     assert g == {"name": rec.STEP_TIME, "value": pytest.approx(2.0), "limit": 1.5}
 
 
+def test_a_start_that_was_not_published_ends_the_trial_now_with_a_publish_decision():
+    run, spec = started()
+    other = run.apply(ap.start_not_published(run.cfg, run.state, "ap-9-9", "version conflict", run.now))
+    assert isinstance(other, Nothing) and run.state.trial is not None  # another trial's: nothing
+    action = run.apply(ap.start_not_published(run.cfg, run.state, spec.trial_id, "version conflict", run.now))
+    assert isinstance(action, Nothing) and run.state.trial is None
+    assert run.state.cooldown_until == run.now + run.cfg.cooldown_s
+    d = decisions(run)[-1]
+    assert (d["source"], d["verdict"], d["blocks"], d["result_version"]) == ("publish", "rollback", 0, None)
+    assert d["reason"] == "start not published: version conflict"
+    assert rec.parse_record(json.loads(json.dumps(d))).source == rec.BY_PUBLISH
+
+
 def test_a_block_with_the_circuit_open_rolls_back_at_that_block():
     run, spec = started()
     run.run_blocks(spec, 0.0, random.Random(6), until=5)

@@ -25,6 +25,7 @@ from flyserve.autopilot.replay import replay
 from flyserve.autopilot.sequential import SequentialConfig
 from flyserve.control import ControlPlane, RankControl
 from flyserve.control.snapshot import Trial
+from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.autopilot_runner import NO_BOUNDS, AutopilotRunner, LiveInputs, UnknownTrial
 from flyserve.telemetry import metrics as tm
 
@@ -230,6 +231,41 @@ def test_the_kill_switch_returns_the_operators_version_after_a_promotion(plane: 
     assert plane.snapshot().thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
     assert runner.status()["mode"] == "off"
     assert tm.AUTOPILOT_MODE.labels("off")._value.get() == 1.0
+
+
+@pytest.mark.parametrize("failure", ["version conflict", "candidate refused"])
+def test_a_start_that_is_not_published_ends_the_trial_at_once_audited_and_counted(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    clock = Clock()
+    runner = _runner(plane, clock)
+    publish = plane.publish_autopilot
+    secret_path = "/very/secret/state/path"
+
+    def refused_start(thresholds: Any, *, trial: Any, request: Any, if_match: int | None = None) -> Any:
+        if trial is None:
+            return publish(thresholds, trial=trial, request=request, if_match=if_match)
+        if failure == "version conflict":  # an operator publishes between the tick's read and its publish
+            plane.apply_overrides({"block_m": 128}, actor="operator")
+            return publish(thresholds, trial=trial, request=request, if_match=if_match)
+        raise ThresholdsError([("trial.candidate.min_seq_len", f"refused, see {secret_path}")])
+
+    monkeypatch.setattr(plane, "publish_autopilot", refused_start)
+    before = tm.AUTOPILOT_TRIALS.labels("refused")._value.get()
+    version_before = plane.snapshot().version
+    runner.tick()
+    assert runner.state.trial is None and runner.status()["state"] == "cooldown"
+    assert plane.snapshot().trial is None
+    assert plane.snapshot().version == version_before + (1 if failure == "version conflict" else 0)
+    last = runner.status()["last_decisions"][0]
+    assert last["decision"] == "rollback" and last["reason"] == f"start not published: {failure}"
+    assert last["result_version"] is None
+    assert tm.AUTOPILOT_TRIALS.labels("refused")._value.get() == before + 1
+    lines = read_audit_lines(plane.state_dir.path)
+    decision = json.loads(lines[-1])
+    assert decision["kind"] == "autopilot.trial.decision" and decision["source"] == "publish"
+    assert secret_path not in "\n".join(lines)
+    _replayed_ok(plane)
 
 
 def test_a_sidecar_restarted_mid_trial_rolls_back_and_says_why(plane: ControlPlane) -> None:
