@@ -3,7 +3,8 @@ trials; the trials an audit log records, and their decisions recomputed from it.
 
 Registered from flyserve/cli.py's table of contents. The statistics are in flyserve.autopilot.sequential,
 the synthetic blocks in flyserve.autopilot.trials; docs/autopilot.md has the table this prints. The
-audit's records are flyserve.autopilot.audit_records, the recomputation flyserve.autopilot.replay.
+audit's records are built by flyserve.autopilot.audit_records and read back by audit_parse, the
+recomputation flyserve.autopilot.replay.
 """
 
 from __future__ import annotations

@@ -11,11 +11,12 @@ records alone ``flyserve autopilot replay`` recomputes every decision.
 Measured, never priced: a pair's figure is the two blocks' measured kernel seconds per token (from
 corroborated samples only); the cost table only proposes the candidate (the advice). Blocks are
 paired as the switchback plan pairs them, and the sequential test decides after every pair.
+The state it passes along is in state.py, the guardrails' tallies and limits in guardrails.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from flyserve.autopilot import audit_records as rec
@@ -30,8 +31,10 @@ from flyserve.autopilot.actions import (
     StartTrial,
     TrialSpec,
 )
+from flyserve.autopilot.guardrails import breached, tally
 from flyserve.autopilot.inputs import AutopilotConfig, BlockMeasurement, Mode, Observation
 from flyserve.autopilot.sequential import Decision, SequentialState, Verdict, decide
+from flyserve.autopilot.state import AutopilotState, Awaiting, Outcome, RunningTrial
 from flyserve.autopilot.switchback import SwitchbackPlan
 from flyserve.policy.thresholds import Thresholds
 
@@ -51,66 +54,6 @@ NOT_THIS_TRIAL = "block of no running trial"
 STALE_BLOCK = "stale or repeated block"
 WRONG_ARM = "arm does not match the plan"
 BEYOND_PLAN = "block beyond the plan"
-
-
-@dataclass(frozen=True)
-class RunningTrial:
-    """A trial in progress: its spec, the test's running state and the guardrails' tallies."""
-
-    spec: TrialSpec
-    started: float
-    next_block: int = 0
-    test: SequentialState = field(default_factory=SequentialState)
-    decision: Decision | None = None
-    pending: tuple[int, float | None] | None = None
-    """The pair's first block seen: (block, its kernel seconds per token or None when empty)."""
-    unwritten: tuple[tuple[float, float], ...] = ()
-    """Pairs not yet in a pair-summary record: (current, candidate) seconds per token."""
-    written: int = 0
-    chain: str = rec.ZERO_CHAIN
-    empty_in_row: int = 0
-    last_block_time: float = 0.0
-    current_step_s: float | None = None
-    waiting_step_s: float | None = None
-    """A candidate block's mean step time seen before any current block to compare it with."""
-    current_steps: int = 0
-    current_fallbacks: int = 0
-    current_errors: int = 0
-    candidate_steps: int = 0
-    candidate_fallbacks: int = 0
-    candidate_errors: int = 0
-
-    @property
-    def pairs(self) -> int:
-        return self.test.pairs
-
-
-@dataclass(frozen=True)
-class Awaiting:
-    """A promotion the test decided in trial mode, waiting for ``approve(trial_id)``."""
-
-    spec: TrialSpec
-    since: float
-
-
-@dataclass(frozen=True)
-class AutopilotState:
-    mode: Mode = Mode.OFF
-    paused: bool = False
-    trial: RunningTrial | None = None
-    awaiting: Awaiting | None = None
-    cooldown_until: float = 0.0
-    trials_started: int = 0
-    operator_version: int | None = None
-    operator_thresholds: Thresholds | None = None
-    """The last operator version observed: what a rollback and the kill switch return to."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    state: AutopilotState
-    action: Action
-    records: tuple[dict[str, Any], ...] = ()
 
 
 def _empty_decision(config: AutopilotConfig, test: SequentialState) -> Decision:
@@ -300,65 +243,6 @@ def observe(config: AutopilotConfig, state: AutopilotState, obs: Observation) ->
 # ---------------------------------------------------------------------------- blocks
 
 
-def _guardrail(
-    config: AutopilotConfig, before: RunningTrial, after: RunningTrial, m: BlockMeasurement
-) -> tuple[str, float, float] | None:
-    """The first guardrail this block breaches, as (name, figure, limit). ``before``/``after``: the
-    trial's tallies without and with this block."""
-    if m.circuit_open:
-        return (rec.CIRCUIT_OPENED, 1.0, 1.0)
-    if after.empty_in_row >= config.max_empty_blocks:
-        return (rec.SAMPLES_STOPPED, float(after.empty_in_row), float(config.max_empty_blocks))
-    # A candidate block against the current arm's latest; or a current block against the candidate
-    # block that came before any current block did.
-    # Mean step times, not p99s: the ranks time a block's two boundaries, never each step.
-    slow, ref = (m.step_s, before.current_step_s) if m.arm == 1 else (before.waiting_step_s, m.step_s)
-    if slow is not None and ref is not None and ref > 0.0 and slow / ref > config.p99_ratio_limit:
-        return (rec.STEP_TIME, slow / ref, config.p99_ratio_limit)
-    if after.candidate_steps > 0:
-        base = after.current_steps or 1
-        for name, cand, cur, excess in (
-            (rec.ERROR_RATE, after.candidate_errors, after.current_errors, config.error_rate_excess),
-            (
-                rec.FALLBACK_RATE,
-                after.candidate_fallbacks,
-                after.current_fallbacks,
-                config.fallback_rate_excess,
-            ),
-        ):
-            rate, limit = cand / after.candidate_steps, cur / base + excess
-            if rate > limit:
-                return (name, rate, limit)
-    return None
-
-
-def _tally(config: AutopilotConfig, t: RunningTrial, m: BlockMeasurement) -> RunningTrial:
-    """The trial's tallies with this block in (steps, fallbacks, errors, step times, empty blocks)."""
-    gap = m.block - t.next_block  # blocks never reported count as empty
-    empty = m.corroborated_samples < config.min_block_samples or m.per_token is None
-    empty_in_row = (t.empty_in_row + gap + 1) if empty else 0
-    if m.arm == 0:
-        return replace(
-            t,
-            empty_in_row=empty_in_row,
-            last_block_time=m.now,
-            current_step_s=m.step_s if m.step_s is not None else t.current_step_s,
-            waiting_step_s=None,
-            current_steps=t.current_steps + m.steps,
-            current_fallbacks=t.current_fallbacks + m.fallbacks,
-            current_errors=t.current_errors + m.errors,
-        )
-    return replace(
-        t,
-        empty_in_row=empty_in_row,
-        last_block_time=m.now,
-        waiting_step_s=m.step_s if t.current_step_s is None else None,
-        candidate_steps=t.candidate_steps + m.steps,
-        candidate_fallbacks=t.candidate_fallbacks + m.fallbacks,
-        candidate_errors=t.candidate_errors + m.errors,
-    )
-
-
 def on_block(config: AutopilotConfig, state: AutopilotState, m: BlockMeasurement) -> Outcome:
     """One block of the running trial: guardrails first (a breach rolls back now, so the rollback
     takes effect within a block of the breach), then, when the block completes a pair whose two
@@ -377,8 +261,8 @@ def on_block(config: AutopilotConfig, state: AutopilotState, m: BlockMeasurement
     if plan.arm_of_block(m.block) != m.arm:
         return Outcome(state, Nothing(WRONG_ARM))
 
-    before, t = t, _tally(config, t, m)
-    breach = _guardrail(config, before, t, m)
+    before, t = t, tally(config, t, m)
+    breach = breached(config, before, t, m)
     empty = m.corroborated_samples < config.min_block_samples or m.per_token is None
     per_token = None if empty else m.per_token
     pending = t.pending if t.pending is not None and t.pending[0] // 2 == m.block // 2 else None

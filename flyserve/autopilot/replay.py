@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from flyserve.autopilot import audit_parse as parsed
 from flyserve.autopilot import audit_records as rec
 from flyserve.autopilot import controller
 from flyserve.autopilot.sequential import Decision, SequentialState, decide
@@ -51,12 +52,12 @@ class TrialReplay:
     """One trial as the audit tells it, and whether its decision recomputes."""
 
     trial: str
-    start: rec.StartRecord | None = None
+    start: parsed.StartRecord | None = None
     start_line: int = 0
     pairs: list[tuple[float, float]] = field(default_factory=list)
     chain: str = rec.ZERO_CHAIN
-    decision: rec.DecisionRecord | None = None
-    approval: rec.ApprovalRecord | None = None
+    decision: parsed.DecisionRecord | None = None
+    approval: parsed.ApprovalRecord | None = None
     problems: list[str] = field(default_factory=list)
     recomputed: Decision | None = None
 
@@ -73,16 +74,16 @@ class TrialReplay:
 class ReplayReport:
     trials: list[TrialReplay]
     bad: list[BadRecord]
-    modes: list[tuple[int, rec.ModeRecord]]
+    modes: list[tuple[int, parsed.ModeRecord]]
 
     @property
     def ok(self) -> bool:
         return not self.bad and all(t.agrees is not False for t in self.trials)
 
 
-def read_records(lines: Iterable[str]) -> tuple[list[tuple[int, rec.AuditRecord]], list[BadRecord]]:
+def read_records(lines: Iterable[str]) -> tuple[list[tuple[int, parsed.AuditRecord]], list[BadRecord]]:
     """The autopilot's records among the log's lines (numbered from 1, oldest first), and the bad ones."""
-    good: list[tuple[int, rec.AuditRecord]] = []
+    good: list[tuple[int, parsed.AuditRecord]] = []
     bad: list[BadRecord] = []
     for n, line in enumerate(lines, 1):
         text = line.strip()
@@ -101,7 +102,7 @@ def read_records(lines: Iterable[str]) -> tuple[list[tuple[int, rec.AuditRecord]
         if not ours and not (kind is not None and rec.PREFIX in text):
             continue  # an operator's change or another writer's line
         try:
-            good.append((n, rec.parse_record(obj)))
+            good.append((n, parsed.parse_record(obj)))
         except rec.AuditRecordError as exc:
             bad.append(BadRecord(n, exc.field, exc.reason))
     return good, bad
@@ -113,7 +114,7 @@ def _same(recorded: float | None, computed: float) -> bool:
     return math.isfinite(computed) and math.isclose(recorded, computed, rel_tol=1e-12, abs_tol=1e-15)
 
 
-def _check_statistic(t: TrialReplay, d: rec.DecisionRecord, computed: Decision) -> None:
+def _check_statistic(t: TrialReplay, d: parsed.DecisionRecord, computed: Decision) -> None:
     s = d.statistic
     if s.pairs != computed.pairs:
         t.problems.append(f"statistic: {s.pairs} pairs recorded, {computed.pairs} in the pair-summaries")
@@ -185,7 +186,7 @@ def _recheck(t: TrialReplay) -> None:
         t.problems.append(f"action {d.action} does not follow verdict {d.verdict}")
 
 
-def _recheck_guardrail(t: TrialReplay, d: rec.DecisionRecord, s: rec.StartRecord) -> None:
+def _recheck_guardrail(t: TrialReplay, d: parsed.DecisionRecord, s: parsed.StartRecord) -> None:
     g = d.guardrail
     if g is None or g.name != d.reason:
         t.problems.append("guardrail decision without its guardrail's figure")
@@ -210,13 +211,13 @@ def replay(lines: Iterable[str]) -> ReplayReport:
     """Every trial of the log, its decision recomputed (see the module's docstring)."""
     records, bad = read_records(lines)
     trials: dict[str, TrialReplay] = {}
-    modes: list[tuple[int, rec.ModeRecord]] = []
+    modes: list[tuple[int, parsed.ModeRecord]] = []
     for n, r in records:
-        if isinstance(r, rec.ModeRecord):
+        if isinstance(r, parsed.ModeRecord):
             modes.append((n, r))
             continue
         t = trials.get(r.trial)
-        if isinstance(r, rec.StartRecord):
+        if isinstance(r, parsed.StartRecord):
             if t is not None:
                 t.problems.append(f"line {n}: a second start for this trial id")
                 continue
@@ -228,7 +229,7 @@ def replay(lines: Iterable[str]) -> ReplayReport:
             continue
         if t.start is None:
             continue
-        if isinstance(r, rec.PairsRecord):
+        if isinstance(r, parsed.PairsRecord):
             if t.decision is not None:
                 t.problems.append(f"line {n}: pairs after the decision")
             elif r.first != len(t.pairs):
@@ -242,13 +243,13 @@ def replay(lines: Iterable[str]) -> ReplayReport:
             else:
                 t.pairs.extend(r.pairs)
                 t.chain = r.chain
-        elif isinstance(r, rec.DecisionRecord):
+        elif isinstance(r, parsed.DecisionRecord):
             if t.decision is not None:
                 t.problems.append(f"line {n}: a second decision")
                 continue
             t.decision = r
             _recheck(t)
-        elif isinstance(r, rec.ApprovalRecord):
+        elif isinstance(r, parsed.ApprovalRecord):
             if t.decision is None or t.decision.action != "await-approval" or t.approval is not None:
                 t.problems.append(f"line {n}: an approval no decision awaited")
             else:
@@ -261,7 +262,7 @@ MODE_REASON_OF = {controller.PAUSED: "pause", controller.KILLED: "kill", control
 """The mode record an operator decision with this reason comes with (written at the same time)."""
 
 
-def _check_mode_records(trials: Iterable[TrialReplay], modes: list[tuple[int, rec.ModeRecord]]) -> None:
+def _check_mode_records(trials: Iterable[TrialReplay], modes: list[tuple[int, parsed.ModeRecord]]) -> None:
     seen = {(m.reason, m.time) for _, m in modes}
     for t in trials:
         d = t.decision

@@ -49,6 +49,7 @@ from flyserve.autopilot.actions import (
     TrialSpec,
 )
 from flyserve.autopilot.inputs import AutopilotConfig, BlockMeasurement, KnobBound, Mode, Observation
+from flyserve.autopilot.state import AutopilotState, Outcome
 from flyserve.autopilot.switchback import SwitchbackPlan
 from flyserve.autopilot.trigger import REFUSALS
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
@@ -172,7 +173,7 @@ class AutopilotRunner:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._state = ap.AutopilotState(mode=mode)
+        self._state = AutopilotState(mode=mode)
         self._started = False  # the first tick looks for a trial left in force
         self._seen_version = -1
         self._baseline: tuple[int, Thresholds] | None = None
@@ -216,7 +217,7 @@ class AutopilotRunner:
     # ------------------------------------------------------------------ one tick
 
     @property
-    def state(self) -> ap.AutopilotState:
+    def state(self) -> AutopilotState:
         return self._state
 
     def tick(self) -> None:
@@ -454,7 +455,7 @@ class AutopilotRunner:
             self._on_publish()
         return version
 
-    def _apply(self, out: ap.Outcome, now: float, *, kill: bool = False) -> Action:
+    def _apply(self, out: Outcome, now: float, *, kill: bool = False) -> Action:
         self._state = out.state
         action = out.action
         result_version: int | None = None
@@ -476,7 +477,7 @@ class AutopilotRunner:
                     self.config, self._state, spec.trial_id, self.publish_refusal, now
                 )
                 self._state = ended.state
-                out = ap.Outcome(ended.state, action, (*out.records, *ended.records))
+                out = Outcome(ended.state, action, (*out.records, *ended.records))
         elif isinstance(action, Promote):
             request = {"autopilot": "promote", "trial": action.trial_id}
             result_version = self._publish(action.thresholds, None, request, "promote")

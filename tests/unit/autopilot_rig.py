@@ -17,6 +17,7 @@ from flyserve.autopilot import controller as ap
 from flyserve.autopilot.actions import Action, Nothing, StartTrial, TrialSpec
 from flyserve.autopilot.inputs import AutopilotConfig, BlockMeasurement, KnobBound, Mode, Observation
 from flyserve.autopilot.sequential import SequentialConfig
+from flyserve.autopilot.state import AutopilotState, Outcome
 from flyserve.autopilot.switchback import SwitchbackPlan
 from flyserve.policy.thresholds import Thresholds
 
@@ -73,12 +74,12 @@ class Run:
     """A state machine driven like the sidecar drives it; every action and record kept."""
 
     cfg: AutopilotConfig
-    state: ap.AutopilotState = field(default_factory=ap.AutopilotState)
+    state: AutopilotState = field(default_factory=AutopilotState)
     now: float = 1000.0
     actions: list[Action] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
 
-    def apply(self, out: ap.Outcome) -> Action:
+    def apply(self, out: Outcome) -> Action:
         self.state = out.state
         self.actions.append(out.action)
         self.records.extend(out.records)

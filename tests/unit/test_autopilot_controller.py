@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 from autopilot_rig import ADVICE, OPERATOR, OPERATOR_VERSION, Run, block, config, observation
 
+from flyserve.autopilot import audit_parse as parsed
 from flyserve.autopilot import audit_records as rec
 from flyserve.autopilot import controller as ap
 from flyserve.autopilot import trigger
@@ -165,7 +166,7 @@ def test_a_start_that_was_not_published_ends_the_trial_now_with_a_publish_decisi
     d = decisions(run)[-1]
     assert (d["source"], d["verdict"], d["blocks"], d["result_version"]) == ("publish", "rollback", 0, None)
     assert d["reason"] == "start not published: version conflict"
-    assert rec.parse_record(json.loads(json.dumps(d))).source == rec.BY_PUBLISH
+    assert parsed.parse_record(json.loads(json.dumps(d))).source == rec.BY_PUBLISH
 
 
 def test_a_block_with_the_circuit_open_rolls_back_at_that_block():
@@ -426,5 +427,5 @@ def test_every_record_of_a_long_trial_is_bounded_and_plain_json():
     for r in run.records:
         text = json.dumps(r, sort_keys=True, allow_nan=False)
         assert len(text.encode()) <= rec.MAX_RECORD_BYTES
-        assert rec.parse_record(json.loads(text)) is not None
+        assert parsed.parse_record(json.loads(text)) is not None
     assert Thresholds.parse({**OPERATOR.model_dump(), **ADVICE}) == spec.candidate
