@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from flyserve.sidecar.advice_job import FittedAdvice
 from flyserve.sidecar.advice_worker import FitWorker
-from flyserve.sidecar.autopilot_runner import NO_INPUTS, LiveInputs
+from flyserve.sidecar.autopilot_views import NO_INPUTS, LiveInputs
 
 log = logging.getLogger("flyserve.sidecar")
 

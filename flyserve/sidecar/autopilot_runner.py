@@ -18,22 +18,22 @@ call set_mode, pause, resume, kill and approve, which take the same lock as a ti
 Blocks: a rank adds each timed kernel sample inside a trial's block to that block
 (control.trial_blocks) and reports its newest finished blocks. A block is handed on once every
 confirmed rank (control.reports.liveness: this host, pid namespace, process and owner checked; an
-unconfirmed or forged report never counts) has passed it; its figures are those ranks' sums.
+unconfirmed or forged report never counts) has passed it; its figures are those ranks' sums
+(autopilot_blocks.py).
 
 The baseline: the newest version published by an operator or by an autopilot promotion. A sidecar
 that starts and finds a version with a trial in force (a crash mid-trial: its plan would end by
-itself) publishes the operator's thresholds again at once and audits why.
+itself) publishes the operator's thresholds again at once and audits why (autopilot_baseline.py).
+What GET /autopilot shows and the trials metric counts: autopilot_views.py.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from flyserve.autopilot import audit_records as rec
@@ -48,28 +48,36 @@ from flyserve.autopilot.actions import (
     StartTrial,
     TrialSpec,
 )
-from flyserve.autopilot.inputs import AutopilotConfig, BlockMeasurement, KnobBound, Mode, Observation
+from flyserve.autopilot.inputs import AutopilotConfig, KnobBound, Mode, Observation
 from flyserve.autopilot.state import AutopilotState, Outcome
-from flyserve.autopilot.switchback import SwitchbackPlan
 from flyserve.autopilot.trigger import REFUSALS
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
-from flyserve.control.reports import Liveness, RankReport, liveness
+from flyserve.control.reports import Liveness, liveness
 from flyserve.control.snapshot import ConfigSnapshot
-from flyserve.control.trial_blocks import (
-    MAX_REPORTED_BLOCKS,
-    TrialBlocks,
-    TrialBlocksError,
-    parse_trial_blocks,
-)
 from flyserve.policy.thresholds import Thresholds, ThresholdsError
+from flyserve.sidecar.autopilot_baseline import ACTOR, RESTART_REASON, Baselines, recovery
+from flyserve.sidecar.autopilot_blocks import (
+    BlockReader,
+    ExplorationCost,
+    Reports,
+    arm_now,
+    block_measurements,
+)
+from flyserve.sidecar.autopilot_views import (
+    NO_INPUTS,
+    DecisionView,
+    LiveInputs,
+    finite_or_none,
+    outcome_of,
+    spec_view,
+    trial_view,
+)
 from flyserve.telemetry import metrics as tm
 
 log = logging.getLogger("flyserve.sidecar")
 
-ACTOR = "autopilot"
 RESTART_ONLY = frozenset({"decode_path", "block_size"})
 MAX_DECISIONS_KEPT = 20
-RESTART_REASON = "sidecar restarted with a trial in force and no running trial in memory"
 NO_BOUNDS = "no --autopilot-bounds: the autopilot moves no knob"
 PUBLISH_REFUSALS: tuple[tuple[type[Exception], str], ...] = (
     (VersionConflict, "version conflict"),
@@ -81,69 +89,6 @@ PUBLISH_REFUSALS: tuple[tuple[type[Exception], str], ...] = (
 
 class UnknownTrial(LookupError):
     """No promotion awaits approval under that trial id (the route's 404)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LiveInputs:
-    """What the sidecar's pricing and advice say now (the runner asks only when a trial could start).
-    ``advice_changes``: {knob: proposed value}; ``advice_saving``: its predicted share of the window's
-    routed attention time saved."""
-
-    regret: float | None
-    priced_samples: int
-    advice_changes: Mapping[str, Any]
-    advice_saving: float | None
-
-
-NO_INPUTS = LiveInputs(None, 0, {}, None)
-
-
-@dataclass(frozen=True, slots=True)
-class DecisionView:
-    """One ended trial, as GET /autopilot lists it."""
-
-    trial_id: str
-    decision: str
-    reason: str
-    pairs: int
-    effect: float | None
-    at: float
-    result_version: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "trial_id": self.trial_id,
-            "decision": self.decision,
-            "reason": self.reason,
-            "pairs": self.pairs,
-            "effect": self.effect,
-            "at": self.at,
-            "result_version": self.result_version,
-        }
-
-
-def outcome_of(record: Mapping[str, Any]) -> str | None:
-    """The flyserve_autopilot_trials_total outcome a decision or approval record stands for (None:
-    no trial ended yet, e.g. a promotion that now awaits approval)."""
-    kind = record.get("kind")
-    if kind == rec.APPROVAL:
-        return "promoted" if record.get("action") == "promote" else "expired"
-    if kind != rec.DECISION:
-        return None
-    verdict, source = record.get("verdict"), record.get("source")
-    if verdict == "promote":
-        return "promoted" if record.get("action") == "promote" else None
-    if verdict == "inconclusive":
-        return "inconclusive"
-    if source == rec.BY_OPERATOR:
-        return "killed" if record.get("reason") == ap.KILLED else "aborted"
-    if source == rec.BY_PUBLISH:
-        return "refused"
-    return "rolled_back"
-
-
-def _finite_or_none(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
 
 
 class AutopilotRunner:
@@ -175,17 +120,14 @@ class AutopilotRunner:
         self._thread: threading.Thread | None = None
         self._state = AutopilotState(mode=mode)
         self._started = False  # the first tick looks for a trial left in force
-        self._seen_version = -1
-        self._baseline: tuple[int, Thresholds] | None = None
-        self._operator: tuple[int, Thresholds] | None = None
-        self._published: dict[int, str] = {}  # versions this runner published -> what for
+        self._versions = Baselines()
         self._proposal: TrialSpec | None = None
         self.last_refusal: str | None = None if self.bounds else NO_BOUNDS
         self.publish_refusal = ""  # the category of the last failed publish (PUBLISH_REFUSALS)
         self._decisions: deque[DecisionView] = deque(maxlen=MAX_DECISIONS_KEPT)
-        self._pair_first: tuple[int, float, int] | None = None  # (block, per token, tokens) of a pair's first
+        self._exploration = ExplorationCost()
         self._arm_now = -1
-        self._refused_reports: dict[tuple[int, int], str] = {}
+        self._blocks = BlockReader()
         self._set_mode_gauge(mode)
         tm.AUTOPILOT_ARM.set(-1.0)
         for outcome in tm.AUTOPILOT_OUTCOMES:
@@ -229,7 +171,7 @@ class AutopilotRunner:
             now = self._clock()
             reports = self._confirmed_reports(now)
             cur = self.control.snapshot()
-            self._track(cur)
+            self._versions.track(cur, self.control.history)
             if not self._started:
                 self._started = True
                 self._recover(cur)
@@ -239,7 +181,7 @@ class AutopilotRunner:
                 self._apply(ap.observe(self.config, self._state, obs), now)
             self._update_arm(reports)
 
-    def _confirmed_reports(self, now: float) -> list[tuple[dict[str, Any], RankReport]]:
+    def _confirmed_reports(self, now: float) -> Reports:
         try:
             got = self.control.store.read_rank_reports(now=now)
         except (OSError, ControlIOError) as exc:
@@ -251,45 +193,18 @@ class AutopilotRunner:
             if liveness(r, now=now, stale_after_s=self.stale_after_s) is Liveness.CONFIRMED
         ]
 
-    def _track(self, cur: ConfigSnapshot) -> None:
-        """The baseline (an operator's or a promotion's version) and the operator's own version,
-        from each new current version (at start, from history)."""
-        if cur.version == self._seen_version:
-            return
-        first = self._seen_version < 0
-        self._seen_version = cur.version
-        if first:
-            newest = [cur, *reversed(self.control.history())]
-            self._operator = next(((s.version, s.thresholds) for s in newest if s.source != ACTOR), None)
-            self._baseline = next(((s.version, s.thresholds) for s in newest if s.trial is None), None)
-            if self._operator is None:
-                self._operator = (cur.version, cur.thresholds)
-            if self._baseline is None:
-                self._baseline = self._operator
-            return
-        kind = self._published.get(cur.version)
-        if kind == "promote":
-            self._baseline = (cur.version, cur.thresholds)
-        elif kind is None and cur.source != ACTOR:
-            self._operator = self._baseline = (cur.version, cur.thresholds)
-
     def _recover(self, cur: ConfigSnapshot) -> None:
         """A version with a trial in force and no trial in this runner's memory: the sidecar that
         ran it is gone; the operator's thresholds go back now, audited with the reason."""
-        if cur.trial is None or self._state.trial is not None or self._baseline is None:
+        undo = None if self._state.trial is not None else recovery(cur, self._versions.baseline)
+        if undo is None or cur.trial is None:
             return
-        version, thresholds = self._baseline
-        request = {
-            "autopilot": "rollback",
-            "trial": cur.trial.trial_id,
-            "reason": RESTART_REASON,
-            "to": version,
-        }
+        thresholds, request = undo
         log.warning(
             "autopilot: %s (%s): publishing version %d's thresholds",
             RESTART_REASON,
             cur.trial.trial_id,
-            version,
+            request["to"],
         )
         self._publish(thresholds, None, request, "rollback")
 
@@ -307,25 +222,25 @@ class AutopilotRunner:
     def _observation(
         self,
         cur: ConfigSnapshot,
-        reports: list[tuple[dict[str, Any], RankReport]],
+        reports: Reports,
         now: float,
         live: LiveInputs,
     ) -> Observation | None:
-        if self._baseline is None:
+        if self._versions.baseline is None:
             return None
-        version, thresholds = self._baseline
+        version, thresholds = self._versions.baseline
         pending = (
-            cur.version not in self._published
+            not self._versions.is_ours(cur.version)
             and cur.source != ACTOR
             and any(r.applied_version is not None and r.applied_version < cur.version for _, r in reports)
         )
         circuit = cur.circuit_open or any(d.get("circuit_open") is True for d, _ in reports)
         return Observation(
             now=now,
-            regret=_finite_or_none(live.regret),
+            regret=finite_or_none(live.regret),
             priced_samples=max(0, int(live.priced_samples)),
             advice_changes=dict(live.advice_changes),
-            advice_saving=_finite_or_none(live.advice_saving),
+            advice_saving=finite_or_none(live.advice_saving),
             operator_version=version,
             operator_thresholds=thresholds,
             knob_bounds=self.bounds,
@@ -336,93 +251,22 @@ class AutopilotRunner:
 
     # ------------------------------------------------------------------ blocks
 
-    def _trial_blocks(
-        self, reports: list[tuple[dict[str, Any], RankReport]], trial_id: str
-    ) -> list[TrialBlocks]:
-        out = []
-        for d, r in reports:
-            try:
-                got = parse_trial_blocks(d.get("trial_blocks"))
-            except TrialBlocksError as exc:
-                if self._refused_reports.get(r.key) != exc.field:
-                    log.warning("autopilot: rank %d-%d report refused: %s", r.engine, r.rank, exc)
-                self._refused_reports[r.key] = exc.field
-                continue
-            self._refused_reports.pop(r.key, None)
-            if got is not None and got.trial_id == trial_id:
-                out.append(got)
-        return out
-
-    def _feed_blocks(self, reports: list[tuple[dict[str, Any], RankReport]], now: float) -> None:
+    def _feed_blocks(self, reports: Reports, now: float) -> None:
         t = self._state.trial
         if t is None:
             return
-        spec = t.spec
-        ranks = self._trial_blocks(reports, spec.trial_id)
-        if not ranks:
-            return
-        last = min(
-            min(tb.through for tb in ranks), spec.blocks - 1, t.next_block + 2 * MAX_REPORTED_BLOCKS - 1
-        )
-        plan = SwitchbackPlan(spec.trial_id, spec.seed, 0, spec.block_steps, spec.blocks)
+        trial_id = t.spec.trial_id
+        ranks = self._blocks.trial_blocks(reports, trial_id)
         circuit = any(d.get("circuit_open") is True for d, _ in reports)
-        for b in range(t.next_block, last + 1):
-            arm = plan.arm_of_block(b)
-            # another arm for this block: not the plan's
-            figures = [f for tb in ranks for f in tb.blocks if f.block == b and f.arm == arm]
-            step_times = [f.step_seconds for f in figures if f.step_seconds is not None]
-            m = BlockMeasurement(
-                trial_id=spec.trial_id,
-                block=b,
-                arm=arm,
-                kernel_seconds=min(math.fsum(f.kernel_seconds for f in figures), 1e9),
-                tokens=sum(f.tokens for f in figures),
-                corroborated_samples=sum(f.samples for f in figures),
-                steps=spec.block_steps,
-                # per engine step, so the slowest rank's (the ranks of an engine step together) and
-                # the most any one rank counted (every rank of an engine routes the same batch)
-                step_s=max(step_times, default=None),
-                fallbacks=max((f.fallbacks for f in figures), default=0),
-                errors=max((f.errors for f in figures), default=0),
-                circuit_open=circuit,
-                now=now,
-            )
-            self._exploration(m)
+        for m in block_measurements(t, ranks, circuit_open=circuit, now=now):
+            self._exploration.add(m, self.config.min_block_samples)
             self._apply(ap.on_block(self.config, self._state, m), now)
-            if self._state.trial is None or self._state.trial.spec.trial_id != spec.trial_id:
+            if self._state.trial is None or self._state.trial.spec.trial_id != trial_id:
                 break
 
-    def _exploration(self, m: BlockMeasurement) -> None:
-        """flyserve_autopilot_exploration_cost_seconds_total: per pair, the slower block's tokens
-        times its excess seconds per token over the faster block's."""
-        usable = m.corroborated_samples >= self.config.min_block_samples and m.per_token is not None
-        if m.block % 2 == 0:
-            self._pair_first = (
-                (m.block, m.per_token, m.tokens) if usable and m.per_token is not None else None
-            )
-            return
-        first, self._pair_first = self._pair_first, None
-        if first is None or first[0] != m.block - 1 or not usable or m.per_token is None:
-            return
-        (_, pt_a, tok_a), pt_b, tok_b = first, m.per_token, m.tokens
-        slow_pt, fast_pt, slow_tokens = (pt_a, pt_b, tok_a) if pt_a > pt_b else (pt_b, pt_a, tok_b)
-        tm.AUTOPILOT_EXPLORATION_COST.inc((slow_pt - fast_pt) * slow_tokens)
-
-    def _update_arm(self, reports: list[tuple[dict[str, Any], RankReport]]) -> None:
-        t = self._state.trial
-        arm = -1
-        if t is not None:
-            for d, _ in reports:
-                now_in = d.get("trial")
-                if (
-                    isinstance(now_in, dict)
-                    and now_in.get("id") == t.spec.trial_id
-                    and now_in.get("arm") in (0, 1)
-                ):
-                    arm = int(now_in["arm"])
-                    break
-        self._arm_now = arm
-        tm.AUTOPILOT_ARM.set(float(arm))
+    def _update_arm(self, reports: Reports) -> None:
+        self._arm_now = arm_now(reports, self._state.trial)
+        tm.AUTOPILOT_ARM.set(float(self._arm_now))
 
     # ------------------------------------------------------------------ actions
 
@@ -445,12 +289,7 @@ class AutopilotRunner:
             log.error("autopilot: %s publish refused: %s", kind, exc)
             return None
         version = res.snapshot.version
-        self._published[version] = kind
-        if len(self._published) > 256:
-            self._published.pop(next(iter(self._published)))
-        self._seen_version = max(self._seen_version, version) if res.changed else self._seen_version
-        if kind == "promote":
-            self._baseline = (version, res.snapshot.thresholds)
+        self._versions.published(res.snapshot, kind, changed=res.changed)
         if self._on_publish is not None:
             self._on_publish()
         return version
@@ -463,14 +302,14 @@ class AutopilotRunner:
         if isinstance(action, StartTrial):
             spec = action.spec
             self._proposal = None
-            self._pair_first = None
+            self._exploration.reset()
             request = {
                 "autopilot": "start",
                 "trial": spec.trial_id,
                 "changes": {k: list(v) for k, v in spec.changes.items()},
             }
             started = self._publish(
-                self._current_arm(spec), spec.trial(), request, "trial", if_match=self._seen_version
+                self._current_arm(spec), spec.trial(), request, "trial", if_match=self._versions.seen_version
             )
             if started is None:  # the trial never ran: end it now, not at the samples-stopped timeout
                 ended = ap.start_not_published(
@@ -483,9 +322,9 @@ class AutopilotRunner:
             result_version = self._publish(action.thresholds, None, request, "promote")
         elif isinstance(action, Rollback):
             thresholds, to = action.thresholds, action.to_version
-            if kill and self._operator is not None:  # the kill switch: the last operator version
-                to, thresholds = self._operator
-                self._baseline = self._operator  # whatever the autopilot promoted since is gone
+            operator = self._versions.back_to_operator() if kill else None
+            if operator is not None:  # the kill switch: the last operator version
+                to, thresholds = operator
             request = {
                 "autopilot": "rollback",
                 "trial": action.trial_id,
@@ -596,46 +435,8 @@ class AutopilotRunner:
                 "mode": st.mode.value,
                 "paused": st.paused,
                 "state": state,
-                "trial": self._trial_view(),
-                "proposal": None if self._proposal is None else _spec_view(self._proposal),
+                "trial": trial_view(st, self._arm_now),
+                "proposal": None if self._proposal is None else spec_view(self._proposal),
                 "last_refusal": self.last_refusal,
                 "last_decisions": [d.to_dict() for d in reversed(self._decisions)],
             }
-
-    def _trial_view(self) -> dict[str, Any] | None:
-        st = self._state
-        t = st.trial
-        if t is not None:
-            d = t.decision
-            return {
-                **_spec_view(t.spec),
-                "blocks_seen": t.next_block,
-                "pairs": t.pairs,
-                "arm_now": self._arm_now,
-                "estimate": None if d is None else _finite_or_none(d.estimate),
-                "interval": None if d is None else [_finite_or_none(d.lower), _finite_or_none(d.upper)],
-                "verdict": "continue" if d is None else d.verdict.value,
-                "reason": "" if d is None else d.reason,
-            }
-        if st.awaiting is not None:
-            return {
-                **_spec_view(st.awaiting.spec),
-                "blocks_seen": None,
-                "pairs": None,
-                "arm_now": -1,
-                "estimate": None,
-                "interval": None,
-                "verdict": "promote",
-                "reason": "awaiting approval",
-            }
-        return None
-
-
-def _spec_view(spec: TrialSpec) -> dict[str, Any]:
-    return {
-        "id": spec.trial_id,
-        "changed": {k: [a, b] for k, (a, b) in spec.changes.items()},
-        "block_steps": spec.block_steps,
-        "blocks": spec.blocks,
-        "operator_version": spec.operator_version,
-    }

@@ -26,7 +26,8 @@ from flyserve.autopilot.sequential import SequentialConfig
 from flyserve.control import ControlPlane, RankControl
 from flyserve.control.snapshot import Trial
 from flyserve.policy.thresholds import ThresholdsError
-from flyserve.sidecar.autopilot_runner import NO_BOUNDS, AutopilotRunner, LiveInputs, UnknownTrial
+from flyserve.sidecar.autopilot_runner import NO_BOUNDS, AutopilotRunner, UnknownTrial
+from flyserve.sidecar.autopilot_views import LiveInputs
 from flyserve.telemetry import metrics as tm
 
 pytestmark = pytest.mark.slow

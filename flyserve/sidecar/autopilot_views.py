@@ -1,0 +1,118 @@
+"""What the sidecar's autopilot shows and counts: the live inputs it is handed, GET /autopilot's
+views of a trial, a proposal and an ended trial, and the flyserve_autopilot_trials_total outcome
+a decision record stands for. Plain functions of frozen values: the runner (autopilot_runner.py)
+calls them under its lock."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flyserve.autopilot import audit_records as rec
+from flyserve.autopilot import controller as ap
+from flyserve.autopilot.actions import TrialSpec
+from flyserve.autopilot.state import AutopilotState
+
+
+@dataclass(frozen=True, slots=True)
+class LiveInputs:
+    """What the sidecar's pricing and advice say now (the runner asks only when a trial could start).
+    ``advice_changes``: {knob: proposed value}; ``advice_saving``: its predicted share of the window's
+    routed attention time saved."""
+
+    regret: float | None
+    priced_samples: int
+    advice_changes: Mapping[str, Any]
+    advice_saving: float | None
+
+
+NO_INPUTS = LiveInputs(None, 0, {}, None)
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionView:
+    """One ended trial, as GET /autopilot lists it."""
+
+    trial_id: str
+    decision: str
+    reason: str
+    pairs: int
+    effect: float | None
+    at: float
+    result_version: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trial_id": self.trial_id,
+            "decision": self.decision,
+            "reason": self.reason,
+            "pairs": self.pairs,
+            "effect": self.effect,
+            "at": self.at,
+            "result_version": self.result_version,
+        }
+
+
+def outcome_of(record: Mapping[str, Any]) -> str | None:
+    """The flyserve_autopilot_trials_total outcome a decision or approval record stands for (None:
+    no trial ended yet, e.g. a promotion that now awaits approval)."""
+    kind = record.get("kind")
+    if kind == rec.APPROVAL:
+        return "promoted" if record.get("action") == "promote" else "expired"
+    if kind != rec.DECISION:
+        return None
+    verdict, source = record.get("verdict"), record.get("source")
+    if verdict == "promote":
+        return "promoted" if record.get("action") == "promote" else None
+    if verdict == "inconclusive":
+        return "inconclusive"
+    if source == rec.BY_OPERATOR:
+        return "killed" if record.get("reason") == ap.KILLED else "aborted"
+    if source == rec.BY_PUBLISH:
+        return "refused"
+    return "rolled_back"
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def trial_view(st: AutopilotState, arm_now: int) -> dict[str, Any] | None:
+    """GET /autopilot's ``trial``: the running trial, or the promotion awaiting approval, or None."""
+    t = st.trial
+    if t is not None:
+        d = t.decision
+        return {
+            **spec_view(t.spec),
+            "blocks_seen": t.next_block,
+            "pairs": t.pairs,
+            "arm_now": arm_now,
+            "estimate": None if d is None else finite_or_none(d.estimate),
+            "interval": None if d is None else [finite_or_none(d.lower), finite_or_none(d.upper)],
+            "verdict": "continue" if d is None else d.verdict.value,
+            "reason": "" if d is None else d.reason,
+        }
+    if st.awaiting is not None:
+        return {
+            **spec_view(st.awaiting.spec),
+            "blocks_seen": None,
+            "pairs": None,
+            "arm_now": -1,
+            "estimate": None,
+            "interval": None,
+            "verdict": "promote",
+            "reason": "awaiting approval",
+        }
+    return None
+
+
+def spec_view(spec: TrialSpec) -> dict[str, Any]:
+    return {
+        "id": spec.trial_id,
+        "changed": {k: [a, b] for k, (a, b) in spec.changes.items()},
+        "block_steps": spec.block_steps,
+        "blocks": spec.blocks,
+        "operator_version": spec.operator_version,
+    }
