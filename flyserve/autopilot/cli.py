@@ -264,12 +264,14 @@ def _print_table(
 
 
 def _report(state_dir: Path | None) -> ReplayReport:
-    """The audit log of ``state_dir`` (default: the default state directory), replayed."""
+    """The audit log of ``state_dir`` (default: the default state directory, named on stderr),
+    replayed. A directory that is missing or not a state directory is refused (exit 2, as
+    `flyserve thresholds history` does): read as empty, a typo'd path said "all agree"."""
     from flyserve.autopilot.audit_log import audit_log_path, read_audit_lines
     from flyserve.autopilot.replay import replay
-    from flyserve.control.paths import default_state_dir
+    from flyserve.control.options import checked_state_dir
 
-    where = state_dir if state_dir is not None else default_state_dir()
+    where = checked_state_dir(state_dir, write=False)
     try:
         lines = read_audit_lines(where)
     except (OSError, ValueError) as exc:

@@ -20,7 +20,6 @@ from flyserve.control.cli_common import (
     IfMatchOpt,
     JsonOpt,
     KeysArg,
-    checked_state_dir,
     default_actor,
     echo,
     fail,
@@ -29,7 +28,7 @@ from flyserve.control.cli_common import (
     run_change,
     writer_for,
 )
-from flyserve.control.options import StateDirArg
+from flyserve.control.options import StateDirArg, checked_state_dir
 from flyserve.terminal.printable import install_log_filter
 
 

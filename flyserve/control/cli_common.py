@@ -1,6 +1,6 @@
-"""What every `flyserve thresholds` command shares: its options, the state directory it works on
-(checked), the plane it works through, how it prints (every value escaped) and how a change's
-result or error becomes lines and an exit code.
+"""What every `flyserve thresholds` command shares: its options, the plane it works through, how it
+prints (every value escaped) and how a change's result or error becomes lines and an exit code. The
+state directory's check is flyserve.control.options.checked_state_dir (`flyserve autopilot` uses it too).
 """
 
 from __future__ import annotations
@@ -91,26 +91,6 @@ def echo(message: str, *, err: bool = False) -> None:
 def fail(message: str, code: int) -> typer.Exit:
     echo(message, err=True)
     return typer.Exit(code)
-
-
-def checked_state_dir(state_dir: Path | None, *, write: bool, create: bool = False) -> Path:
-    """The state directory to use, checked (exit 2 naming it when it is missing or not initialised);
-    the default is printed when it is used implicitly."""
-    from flyserve.control.initialise import (
-        StateDirError,
-        implicit_note,
-        require_for_read,
-        require_for_write,
-        resolve,
-    )
-
-    path, implicit = resolve(state_dir)
-    if implicit:
-        echo(implicit_note(path), err=True)
-    try:
-        return require_for_write(path, create=create) if write else require_for_read(path)
-    except StateDirError as exc:
-        raise fail(f"error: {exc}", 2) from None
 
 
 def run_change(fn: Any, as_json: bool) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import typer
 
-from flyserve.control.cli_common import JsonOpt, checked_state_dir, fail, plane_for
-from flyserve.control.options import StateDirArg
+from flyserve.control.cli_common import JsonOpt, fail, plane_for
+from flyserve.control.options import StateDirArg, checked_state_dir
 from flyserve.terminal.printable import printable, printable_text
 
 _RANK_FIELDS = ("rank", "engine", "pid", "step", "applied_version", "applied_step")

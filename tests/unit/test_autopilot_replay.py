@@ -66,7 +66,9 @@ def records() -> list[dict[str, Any]]:
 
 @pytest.fixture
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An initialised state directory (as a sidecar leaves it): the commands refuse any other."""
     monkeypatch.delenv("FLYSERVE_AUDIT_DIR", raising=False)
+    (tmp_path / "control").mkdir()
     return tmp_path
 
 
@@ -130,6 +132,30 @@ def test_no_audit_log_is_no_record(state_dir):
     result = invoke("history", "--state-dir", str(state_dir))
     assert result.exit_code == 0 and "no autopilot records" in result.output
     assert invoke("replay", "--state-dir", str(state_dir)).exit_code == 0
+
+
+@pytest.mark.parametrize("command", ["history", "replay"])
+def test_a_missing_or_uninitialised_state_dir_is_refused_by_name(command, tmp_path):
+    """A typo'd path used to read as an empty log: "0 decisions replayed ... all agree", exit 0."""
+    missing = tmp_path / "typo"
+    result = invoke(command, "--state-dir", str(missing))
+    assert result.exit_code == 2 and str(missing) in result.output and "does not exist" in result.output
+    assert not missing.exists()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    result = invoke(command, "--state-dir", str(bare))
+    assert result.exit_code == 2 and "is not a flyserve state directory" in result.output
+
+
+@pytest.mark.parametrize("command", ["history", "replay"])
+def test_the_default_state_dir_is_named_when_used_implicitly(command, state_dir, monkeypatch):
+    import flyserve.control.initialise as init_mod
+
+    monkeypatch.delenv("FLYSERVE_STATE_DIR", raising=False)
+    monkeypatch.setattr(init_mod, "default_state_dir", lambda: state_dir)
+    result = invoke(command)
+    assert result.exit_code == 0, result.output
+    assert f"state directory: {state_dir} (the default" in result.output
 
 
 def test_a_running_trial_is_neither_agreeing_nor_disagreeing(records):
