@@ -82,6 +82,8 @@ def advice_phase(
             json=p["body"],
             headers={**p["headers"], "Authorization": f"Bearer {token}"},
             timeout=10,
+            trust_env=False,  # the token goes to the sidecar, never to $HTTP(S)_PROXY
+            follow_redirects=False,
         )
         if r.status_code != 200:
             raise RuntimeError(f"PATCH /thresholds (advice) answered {r.status_code}: {r.text[:300]}")

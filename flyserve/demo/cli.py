@@ -127,6 +127,8 @@ def _change_thresholds(sidecar: Sidecar, change: dict[str, Any], echo: Any) -> N
         json=change,
         headers={"Authorization": f"Bearer {sidecar.token}"},
         timeout=10,
+        trust_env=False,  # the token goes to the sidecar, never to $HTTP(S)_PROXY
+        follow_redirects=False,
     )
     if r.status_code != 200:
         raise RuntimeError(f"PATCH /thresholds answered {r.status_code}: {r.text[:300]}")

@@ -1,8 +1,11 @@
 """`flyserve autopilot status|mode|pause|resume|kill|approve`: a client of a running sidecar's
 /autopilot routes (the commands `trials`, `history` and `replay` read files: flyserve/autopilot/cli.py).
 
-The changes carry the bearer token (--token-file, else $FLYSERVE_SIDECAR_TOKEN), sent to --url only.
-Whatever answers at --url wrote what is printed: every line goes through flyserve.terminal.printable.
+The changes carry the bearer token (--token-file, else $FLYSERVE_SIDECAR_TOKEN), sent to --url only:
+no proxy is taken from the environment ($HTTP(S)_PROXY would receive the token) and no redirect is
+followed (as flyserve top does). Whatever answers at --url wrote what is printed: every line goes
+through flyserve.terminal.printable, every field read by type (a list where an object belongs, a
+number too large for a float) shows "?" or "-", never a traceback.
 Exit codes: 0 done; 1 the sidecar refused (its status and detail printed); 2 usage, no token, or the
 sidecar cannot be reached.
 """
@@ -10,6 +13,7 @@ sidecar cannot be reached.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,7 +25,12 @@ from flyserve.terminal.printable import printable, printable_block
 DEFAULT_URL = "http://127.0.0.1:9400"
 TIMEOUT_S = 30.0
 
-Url = Annotated[str, typer.Option("--url", help="The sidecar's base URL.")]
+Url = Annotated[
+    str,
+    typer.Option(
+        "--url", envvar="FLYSERVE_SIDECAR_URL", help="The sidecar's base URL ($FLYSERVE_SIDECAR_URL)."
+    ),
+]
 TokenFile = Annotated[
     Path | None,
     typer.Option(
@@ -32,8 +41,9 @@ Json = Annotated[bool, typer.Option("--json", help="Print the status as JSON.")]
 
 
 def make_client(url: str) -> httpx.Client:
-    """The HTTP client the commands use (tests put a TestClient here)."""
-    return httpx.Client(base_url=url, timeout=TIMEOUT_S)
+    """The HTTP client the commands use (tests put a TestClient here): the token goes to ``url``
+    itself, never to a proxy named by the environment nor to where a redirect points."""
+    return httpx.Client(base_url=url, timeout=TIMEOUT_S, trust_env=False, follow_redirects=False)
 
 
 def _token(token_file: Path | None) -> str:
@@ -72,36 +82,67 @@ def _call(url: str, method: str, path: str, *, token: str | None = None, body: A
     return got
 
 
+def _as_dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _as_list(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else []
+
+
+def _relative(x: Any) -> str:
+    """A relative change (-0.02: 2% faster) as a signed percentage; "-" when absent, "?" when not a
+    number a float holds (a string, 10**400)."""
+    if x is None:
+        return "-"
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return "?"
+    try:
+        v = float(x)
+    except OverflowError:
+        return "?"
+    if math.isnan(v):
+        return "?"
+    if math.isinf(v):
+        return "+inf" if v > 0 else "-inf"
+    return f"{v:+.2%}"
+
+
+def _changes(changed: Any) -> str:
+    """``{knob: [current, candidate]}`` as ``knob current -> candidate, ...``."""
+    parts = []
+    for k, v in _as_dict(changed).items():
+        pair = _as_list(v)
+        if len(pair) == 2:
+            parts.append(f"{printable(k, 64)} {printable(pair[0])} -> {printable(pair[1])}")
+        else:
+            parts.append(f"{printable(k, 64)} ?")
+    return ", ".join(parts)
+
+
 def render(st: dict[str, Any]) -> str:
-    """The status as lines for a person."""
-    paused = ", paused" if st.get("paused") else ""
+    """The status as lines for a person; each field read by type, so an odd answer prints, never crashes."""
+    paused = ", paused" if st.get("paused") is True else ""
     lines = [f"autopilot: mode {printable(st.get('mode'))}{paused}, {printable(st.get('state'))}"]
     for key in ("trial", "proposal"):
         t = st.get(key)
         if isinstance(t, dict):
-            changed = ", ".join(
-                f"{printable(k, 64)} {printable(v[0] if isinstance(v, list) and v else v)} -> "
-                f"{printable(v[1] if isinstance(v, list) and len(v) > 1 else '?')}"
-                for k, v in (t.get("changed") or {}).items()
-            )
-            lines.append(f"{key}: {printable(t.get('id'), 64)} ({changed})")
+            lines.append(f"{key}: {printable(t.get('id'), 64)} ({_changes(t.get('changed'))})")
             if key == "trial":
-                est = t.get("estimate")
-                shown = "-" if not isinstance(est, int | float) else f"{est:+.2%}"
                 lines.append(
                     f"  pairs {printable(t.get('pairs'))}, arm now {printable(t.get('arm_now'))}, "
-                    f"estimate {shown} (negative: candidate faster), verdict {printable(t.get('verdict'))}"
+                    f"estimate {_relative(t.get('estimate'))} (negative: candidate faster), "
+                    f"verdict {printable(t.get('verdict'))}"
                 )
     if st.get("last_refusal"):
         lines.append(f"no trial: {printable(st['last_refusal'], 300)}")
-    for d in st.get("last_decisions") or []:
+    for d in _as_list(st.get("last_decisions")):
         if isinstance(d, dict):
-            eff = d.get("effect")
-            shown = "-" if not isinstance(eff, int | float) else f"{eff:+.2%}"
             version = d.get("result_version")
             lines.append(
                 f"  {printable(d.get('trial_id'), 64)}: {printable(d.get('decision'))} "
-                f"({printable(d.get('reason'), 120)}) after {printable(d.get('pairs'))} pairs, effect {shown}"
+                f"({printable(d.get('reason'), 120)}) after {printable(d.get('pairs'))} pairs, "
+                f"effect {_relative(d.get('effect'))}"
                 + ("" if version is None else f" -> v{printable(version)}")
             )
     return "\n".join(lines)
@@ -151,6 +192,13 @@ def approve_cmd(
     as_json: Json = False,
 ) -> None:
     """Trial mode: publish the candidate of the promotion awaiting under TRIAL_ID."""
+    from flyserve.autopilot.switchback import SwitchbackPlanError, check_trial_id
+
+    try:  # it becomes part of the URL: "../thresholds" or "x?y" would reach another route
+        check_trial_id(trial_id)
+    except SwitchbackPlanError as exc:
+        typer.echo(printable_block(f"error: TRIAL_ID {printable(trial_id, 80)}: {exc.reason}"), err=True)
+        raise typer.Exit(2) from None
     _show(_call(url, "POST", f"/autopilot/approve/{trial_id}", token=_token(token_file)), as_json)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import typer
 from fastapi.testclient import TestClient
@@ -153,3 +154,72 @@ def test_the_sidecar_defaults_are_the_state_machines() -> None:
         "min_priced_samples",
     ):
         assert getattr(AUTOPILOT_DEFAULTS, name) == getattr(cfg, name), name
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"mode": "trial", "trial": {"id": "ap-1", "changed": ["min_seq_len", 1, 2]}},
+        {"mode": "trial", "trial": {"id": "ap-1", "changed": {"min_seq_len": 5}}},
+        {"mode": "trial", "proposal": {"id": "ap-1", "changed": "x"}},
+        {"mode": "auto", "last_decisions": 7},
+        {"mode": "auto", "last_decisions": [{"effect": 10**400}, {"effect": "fast"}, 3]},
+        {"mode": "trial", "trial": {"id": "ap-1", "estimate": 10**400, "changed": None}},
+        {"mode": "trial", "trial": {"id": "ap-1", "estimate": float("nan")}},
+        {"mode": "trial", "trial": {"id": "ap-1", "estimate": float("-inf")}},
+        {"mode": ["a"], "paused": "yes", "trial": [], "proposal": 3, "last_refusal": {"a": 1}},
+    ],
+)
+def test_the_status_of_an_odd_answer_prints_and_never_crashes(answer: dict) -> None:
+    """Whatever answers at --url wrote the status: a list where an object belongs, an int where a
+    list belongs, 10**400 (too large for a float) each print as "?" or "-"."""
+    text = autopilot_cli.render(answer)
+    assert text.startswith("autopilot: mode ")
+
+
+def test_the_status_reads_a_huge_estimate_as_unknown() -> None:
+    text = autopilot_cli.render({"mode": "trial", "trial": {"id": "ap-1", "estimate": 10**400}})
+    assert "estimate ? (negative" in text
+    text = autopilot_cli.render({"mode": "trial", "trial": {"id": "ap-1", "estimate": -0.0123}})
+    assert "estimate -1.23% (negative" in text
+
+
+def test_the_client_takes_no_proxy_from_the_environment_and_follows_no_redirect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The token would go to $HTTPS_PROXY, or to wherever a redirect points."""
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    with autopilot_cli.make_client("http://sidecar.example:9400") as c:
+        assert c.trust_env is False and c.follow_redirects is False
+        assert c._transport_for_url(c.base_url) is c._transport  # no proxy mounted for it
+
+
+@pytest.mark.parametrize("trial_id", ["../thresholds", "a?b=1", "a/b", "", "-x", "a" * 65, "é"])
+def test_approve_refuses_a_trial_id_that_is_not_one_before_any_request(
+    trial_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_client(url: str) -> None:
+        raise AssertionError("no request may be made")
+
+    monkeypatch.setattr(autopilot_cli, "make_client", no_client)
+    monkeypatch.setenv("FLYSERVE_SIDECAR_TOKEN", TOKEN)
+    app = typer.Typer()
+    autopilot_cli.register(app)
+    got = CliRunner().invoke(app, ["approve", "--", trial_id])
+    assert got.exit_code == 2 and "TRIAL_ID" in got.output, got.output
+
+
+def test_the_url_comes_from_the_environment_as_for_top(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+
+    def record(url: str) -> httpx.Client:
+        seen.append(url)
+        raise httpx.ConnectError("refused")
+
+    monkeypatch.setattr(autopilot_cli, "make_client", record)
+    monkeypatch.setenv("FLYSERVE_SIDECAR_URL", "http://sidecar.example:9401")
+    app = typer.Typer()
+    autopilot_cli.register(app)
+    got = CliRunner().invoke(app, ["status"])
+    assert got.exit_code == 2 and seen == ["http://sidecar.example:9401"]
