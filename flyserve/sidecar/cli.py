@@ -10,6 +10,10 @@ import typer
 from flyserve.control.options import StateDirArg
 from flyserve.terminal.printable import install_log_filter, printable_block
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+"""--log-level's values: uvicorn.config.LOG_LEVELS' names (trace is uvicorn's own level, below
+debug), restated so that every `flyserve` command does not import uvicorn (a test checks they agree)."""
+
 
 class AUTOPILOT_DEFAULTS:
     """AutopilotConfig's defaults, restated: importing it here would load the autopilot (and numpy)
@@ -254,7 +258,9 @@ def sidecar(
         float,
         typer.Option("--autopilot-interval", min=0.05, max=60.0, help="Seconds between autopilot ticks."),
     ] = 1.0,
-    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn/flyserve log level.")] = "info",
+    log_level: Annotated[
+        str, typer.Option("--log-level", help=f"uvicorn/flyserve log level: {', '.join(LOG_LEVELS)}.")
+    ] = "info",
 ) -> None:
     """Serve /dispatch-stats, /thresholds and /metrics next to vLLM (uvicorn, one worker)."""
     import logging
@@ -268,6 +274,13 @@ def sidecar(
     from flyserve.sidecar.settings import SidecarSettings, TokenError, read_token
     from flyserve.startup.checks import StartupError, check_profile
 
+    if log_level.lower() not in LOG_LEVELS:  # else logging's "Unknown level" traceback
+        typer.echo(
+            printable_block(f"error: --log-level: must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}"),
+            err=True,
+        )
+        raise typer.Exit(2)
+    log_level = log_level.lower()  # uvicorn's table is lower case only
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # flyserve's records name config keys, state files and rank reports' words: escaped (uvicorn's not)
     install_log_filter(*logging.getLogger().handlers)

@@ -215,3 +215,24 @@ def test_cli_imports_with_a_typer_that_has_no_rich_type_display(monkeypatch):
             monkeypatch.delattr(cls, "display_type_rich")
     cli._flags_take_no_value()  # no AttributeError
     assert not hasattr(TyperOption, "display_type_rich")
+
+
+# ----------------------------------------------------------------------------- --log-level
+
+
+def test_the_log_levels_are_uvicorns() -> None:
+    from uvicorn.config import LOG_LEVELS as UVICORN_LEVELS
+
+    from flyserve.sidecar.cli import LOG_LEVELS
+
+    assert set(LOG_LEVELS) == set(UVICORN_LEVELS)
+
+
+@pytest.mark.slow  # 1 s on the 2-core VM: the sidecar command's imports (fast-tier tests take under 0.3 s)
+def test_sidecar_refuses_an_unknown_log_level_naming_the_flag(tmp_path: Path):
+    """logging.basicConfig raised "ValueError: Unknown level: 'LOUD'" as a traceback."""
+    r = runner.invoke(app, ["sidecar", "--state-dir", str(tmp_path / "s"), "--log-level", "loud"])
+    assert r.exit_code == 2, r.output  # a traceback is exit code 1
+    assert "--log-level" in r.output and "'loud'" in r.output
+    assert "critical, error, warning, info, debug, trace" in r.output
+    assert list(tmp_path.iterdir()) == []  # refused before anything was created
