@@ -39,21 +39,24 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-# Order is the order of `flyserve --help`.
+# The order commands register in. `flyserve --help` lists the plain commands in this order first,
+# then the groups (thresholds, fleet, dashboards, arms, autopilot, flydsl) in this order.
 _COMMAND_MODULES = (
     "flyserve.thresholds_files.cli",  # check-config, profiles
-    "flyserve.control.cli",  # thresholds show|set|unset|rollback|history
-    "flyserve.sidecar.cli",  # sidecar
+    # init; thresholds show|set|unset|rollback|reload|history|repair|audit|watch|circuit open|close
+    "flyserve.control.cli",
+    # sidecar; thresholds advise; autopilot status|mode|pause|resume|kill|approve (the sidecar's routes)
+    "flyserve.sidecar.cli",
     "flyserve.sim.cli",  # simulate
     "flyserve.explain.cli",  # explain
     "flyserve.top.cli",  # top
     "flyserve.fleet.cli",  # fleet status|rules|queries
     "flyserve.dashboards.cli",  # dashboards build
-    "flyserve.lab.cli",  # calibrate, replay
+    "flyserve.lab.cli",  # replay, calibrate
     "flyserve.arms.cli",  # arms compare
-    "flyserve.autopilot.cli",  # autopilot trials
+    "flyserve.autopilot.cli",  # autopilot trials|history|replay (the group; the sidecar adds its clients)
     "flyserve.demo.cli",  # demo
-    "flyserve.doctor.cli",  # doctor
+    "flyserve.doctor.cli",  # doctor, flydsl compile
 )
 
 for _name in _COMMAND_MODULES:
