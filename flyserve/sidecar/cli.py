@@ -335,6 +335,8 @@ def sidecar(
             err=True,
         )
         raise typer.Exit(2)
+    if autopilot != "off" and costs is None:  # the trigger prices its samples by the cost table
+        err("warning: no --costs: the autopilot starts no trial (too few priced samples)", err=True)
     bounds: dict[str, Any] = {}
     if autopilot_bounds is not None:
         from flyserve.sidecar.autopilot_bounds import BoundsError, read_bounds

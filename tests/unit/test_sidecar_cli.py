@@ -236,3 +236,22 @@ def test_sidecar_refuses_an_unknown_log_level_naming_the_flag(tmp_path: Path):
     assert "--log-level" in r.output and "'loud'" in r.output
     assert "critical, error, warning, info, debug, trace" in r.output
     assert list(tmp_path.iterdir()) == []  # refused before anything was created
+
+
+@pytest.mark.slow  # 1 s on the 2-core VM: the sidecar command's imports (fast-tier tests take under 0.3 s)
+def test_sidecar_warns_when_the_autopilot_runs_without_costs(tmp_path: Path):
+    """Without a cost table the trigger refuses every trial with "too few priced samples", forever.
+    A bad --autopilot-bounds file stops the command right after the warnings, before it listens."""
+    bad = tmp_path / "bounds.yaml"
+    bad.write_text("nope: {min: 1, max: 2}\n")
+
+    def out(*flags: str) -> str:
+        r = runner.invoke(
+            app, ["sidecar", "--state-dir", str(tmp_path / "s"), "--autopilot-bounds", str(bad), *flags]
+        )
+        assert r.exit_code == 2 and "--autopilot-bounds" in r.output, r.output
+        return r.output
+
+    assert "warning: no --costs" in out("--autopilot", "advise")
+    assert "no --costs" not in out("--autopilot", "advise", "--costs", "h200")
+    assert "no --costs" not in out("--autopilot", "off")
