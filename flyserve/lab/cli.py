@@ -56,7 +56,8 @@ def replay_cmd(
         int, typer.Option("--max-num-batched-tokens", help="Scheduler token budget for named workloads.")
     ] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     num_heads: Annotated[
-        int | None, typer.Option("--num-heads", help="Query heads per rank (default: the cost table's).")
+        int | None,
+        typer.Option("--num-heads", min=1, help="Query heads per rank (default: the cost table's)."),
     ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of the table.")
@@ -196,13 +197,13 @@ def calibrate_cmd(
     num_heads: Annotated[
         int | None,
         typer.Option(
-            "--num-heads", help="Query heads (default: Llama-3.1-8B's 32; cpu: the tiny model's 4)."
+            "--num-heads", min=1, help="Query heads (default: Llama-3.1-8B's 32; cpu: the tiny model's 4)."
         ),
     ] = None,
     num_kv_heads: Annotated[
-        int | None, typer.Option("--num-kv-heads", help="KV heads (default 8; cpu: 2).")
+        int | None, typer.Option("--num-kv-heads", min=1, help="KV heads (default 8; cpu: 2).")
     ] = None,
-    head_size: Annotated[int | None, typer.Option("--head-size", help="Default 128; cpu: 32.")] = None,
+    head_size: Annotated[int | None, typer.Option("--head-size", min=1, help="Default 128; cpu: 32.")] = None,
     platform: Annotated[
         str,
         typer.Option(
@@ -215,7 +216,7 @@ def calibrate_cmd(
         str, typer.Option("--base-profile", help="Profile whose unfitted knobs (block_m, lpt) are kept.")
     ] = "gfx950",
     block_m: Annotated[
-        int | None, typer.Option("--block-m", help="Prefill kernel q-block rows (FA3 on Hopper: 128).")
+        int | None, typer.Option("--block-m", min=1, help="Prefill kernel q-block rows (FA3 on Hopper: 128).")
     ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Skip shapes already in the partial results file.")

@@ -96,6 +96,21 @@ def test_grids_and_bad_grid():
     assert res.exit_code == 2 and "not a known grid" in res.output
 
 
+@pytest.mark.parametrize("flag", ["--num-heads", "--num-kv-heads", "--head-size", "--block-m"])
+@pytest.mark.parametrize("value", ["0", "-4"])
+def test_calibrate_refuses_a_size_below_1_naming_the_flag(tmp_path, flag, value):
+    """0 silently meant the default (``num_heads or 32``) and -4 ran."""
+    res = _lab([*_calibrate_args(tmp_path), flag, value])
+    assert res.exit_code == 2 and flag in res.output, res.output
+    assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-4"])
+def test_replay_refuses_a_head_count_below_1(value):
+    res = _lab(["replay", "seed-8k-c8", "--costs", "h200", "--num-heads", value])
+    assert res.exit_code == 2 and "--num-heads" in res.output, res.output
+
+
 @pytest.mark.parametrize("command", ["calibrate", "replay --live"])
 def test_a_gpu_command_without_gpu_exits_3(tmp_path, command):
     torch = require_module("torch")
