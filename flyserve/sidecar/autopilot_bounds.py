@@ -62,11 +62,13 @@ def parse_bounds(data: object, *, source: str = "") -> Mapping[str, KnobBound]:
             raise BoundsError(name, "not a run-time integer threshold the autopilot may move", source=source)
         if not isinstance(spec, Mapping):
             raise BoundsError(name, "must be a mapping {min, max}", source=source)
-        odd = sorted(str(k)[:32] for k in set(spec) ^ _ENDS)
+        # each odd key classed by the key itself: its name alone (3 -> "3") would read as missing
+        odd = sorted(
+            [(str(k)[:32], "unknown key") for k in spec if k not in _ENDS]
+            + [(k, "missing") for k in _ENDS if k not in spec]
+        )
         if odd:
-            raise BoundsError(
-                f"{name}.{odd[0]}", "unknown key" if odd[0] in spec else "missing", source=source
-            )
+            raise BoundsError(f"{name}.{odd[0][0]}", odd[0][1], source=source)
         low, high = _end(name, "min", spec["min"], source), _end(name, "max", spec["max"], source)
         if high < low:
             raise BoundsError(f"{name}.max", f"must be at least min ({low})", source=source)

@@ -140,6 +140,19 @@ def test_the_bounds_file_is_read_and_bad_entries_are_refused_by_name(tmp_path: P
         assert got.value.field == field, text
 
 
+def test_a_non_string_key_in_a_bound_is_unknown_not_missing(tmp_path: Path) -> None:
+    """``3: 4`` beside min and max was reported as "field 'min_seq_len.3': missing"."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("min_seq_len: {min: 1, max: 2, 3: 4}\n")
+    with pytest.raises(BoundsError) as got:
+        read_bounds(bad)
+    assert (got.value.field, got.value.reason) == ("min_seq_len.3", "unknown key")
+    bad.write_text("min_seq_len: {max: 2}\n")
+    with pytest.raises(BoundsError) as got:
+        read_bounds(bad)
+    assert (got.value.field, got.value.reason) == ("min_seq_len.min", "missing")
+
+
 def test_the_sidecar_defaults_are_the_state_machines() -> None:
     cfg = AutopilotConfig()
     settings = SidecarSettings(state_dir=Path("state"))
