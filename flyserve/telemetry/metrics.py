@@ -358,7 +358,7 @@ AUTOPILOT_OUTCOMES: Final = (
     "expired",
     "refused",
 )
-"""Label values of AUTOPILOT_TRIALS: how a trial ended (docs/autopilot.md, "Metrics")."""
+"""Label values of AUTOPILOT_TRIALS: how a trial ended (docs/metrics.md, "Sidecar side")."""
 AUTOPILOT_MODES: Final = ("off", "advise", "trial", "auto")
 AUTOPILOT_TRIALS: Final = _counter(
     "flyserve_autopilot_trials",

@@ -31,6 +31,17 @@ def test_every_metric_is_documented_with_its_labels() -> None:
             assert label in row, (name, label)
 
 
+def test_every_section_the_metrics_module_cites_exists() -> None:
+    """A citation ``docs/<file>.md, "<section>"`` names a heading of that file (AUTOPILOT_OUTCOMES
+    cited docs/autopilot.md, "Metrics", a section it never had)."""
+    docs = DOC.parent
+    cited = re.findall(r'docs/([\w-]+\.md), "([^"]+)"', Path(metrics.__file__).read_text())
+    assert cited
+    for name, section in cited:
+        headings = re.findall(r"^#+ (.+?)\s*$", (docs / name).read_text(), re.MULTILINE)
+        assert section in headings, f"docs/{name} has no section {section!r}"
+
+
 def test_promql_examples_use_known_metrics() -> None:
     queries = _queries()
     assert len(queries) >= 10
