@@ -72,7 +72,7 @@ class _BlockStart(NamedTuple):
 
     plan: SwitchbackPlan
     block: int
-    time: float
+    time: float | None
     step: int
     fallbacks: int
     errors: int
@@ -90,7 +90,7 @@ class RankControl:
         profile: str = "gfx950",
         interval_s: float = 1.0,
         report: bool = True,
-        block_clock: Callable[[], float] = time.monotonic,
+        block_clock: Callable[[], float] | None = time.monotonic,
     ) -> None:
         self.state_dir = StateDir(state_dir if state_dir is not None else default_state_dir())
         self.store = Store(self.state_dir, check_profile=False)
@@ -155,7 +155,9 @@ class RankControl:
         self._boundary = _NEVER  # the next step at which the trial's arm may change
         self._meter = TrialBlockMeter()  # the running trial's blocks as this rank's timed samples saw them
         self._counters: BlockCounters = _no_counters
-        self._block_clock = block_clock  # read at trial block boundaries: a block's mean step time
+        # Read at trial block boundaries: a block's mean step time. None: the steps' wall time says
+        # nothing of the arm (a simulator paced by a schedule), so blocks report no step time.
+        self._block_clock = block_clock
         self._block_start: _BlockStart | None = None
         self._start_trial(snap, snap.step_for(self.engine))
         self._enter_block(0)
@@ -232,7 +234,7 @@ class RankControl:
         run = self._block_start
         if run is not None and run.plan is plan and run.block == block:
             return
-        now = self._block_clock()
+        now = None if self._block_clock is None else self._block_clock()
         fallbacks, errors = self._counters() if plan is not None or run is not None else (0, 0)
         if run is not None:
             steps = step - run.step
@@ -240,7 +242,9 @@ class RankControl:
                 run.plan,
                 run.block,
                 BlockEnd(
-                    (now - run.time) / steps if steps > 0 else None,
+                    (now - run.time) / steps
+                    if steps > 0 and now is not None and run.time is not None
+                    else None,
                     max(0, fallbacks - run.fallbacks),
                     max(0, errors - run.errors),
                 ),

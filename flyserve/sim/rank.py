@@ -46,7 +46,9 @@ def run_rank(args: SimulateArgs, rank: int, start_at: float, *, join: bool = Fal
     state = StateDir(args.state_dir)
     metrics.setup_multiprocess(state.metrics_dir)  # the parent wiped dead files before starting us
     trace = trace_from(args.workload)
-    control = RankControl(state, rank, engine=args.engine, profile=args.profile).start()
+    # No block step time: a simulated step's wall time is its schedule's interval (and the host's
+    # scheduling when behind), never the arm's work, so the step-time guardrail would judge the host.
+    control = RankControl(state, rank, engine=args.engine, profile=args.profile, block_clock=None).start()
     recorder = DispatchRecorder(rank)
     # a trial block's fallbacks: the recorder's count at its two boundaries (a simulated kernel never raises)
     control.count_blocks_with(lambda: (recorder.fallbacks(), 0))
