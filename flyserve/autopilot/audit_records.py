@@ -61,7 +61,7 @@ BY_PUBLISH = "publish"
 SOURCES = (BY_TEST, BY_GUARDRAIL, BY_OPERATOR, BY_PUBLISH)
 
 ACTIONS = ("promote", "rollback", "await-approval")
-APPROVAL_ACTIONS = ("promote", "expired")
+APPROVAL_ACTIONS = ("promote", "expired", "operator change")
 VERDICTS = ("promote", "rollback", "inconclusive")
 MODES = ("off", "advise", "trial", "auto")
 MODE_REASONS = ("set", "pause", "resume", "kill")

@@ -179,6 +179,8 @@ def observe(config: AutopilotConfig, state: AutopilotState, obs: Observation) ->
         record = rec.approval_record(time=now, trial=spec.trial_id, actor="", action="expired")
         state = replace(state, awaiting=None)
         return Outcome(state, Nothing(f"approval of {spec.trial_id} expired"), (record,))
+    if state.awaiting is not None and obs.operator_version != state.awaiting.spec.operator_version:
+        return drop_stale_approval(state, now)
     t = state.trial
     if t is not None:
         if obs.frozen:
@@ -330,6 +332,24 @@ def approve(config: AutopilotConfig, state: AutopilotState, trial_id: str, now: 
         return Outcome(replace(state, awaiting=None), Nothing(f"approval of {trial_id} expired"), (record,))
     record = rec.approval_record(time=now, trial=trial_id, actor=actor, action="promote")
     return Outcome(replace(state, awaiting=None), Promote(trial_id, a.spec.candidate), (record,))
+
+
+def drop_stale_approval(state: AutopilotState, now: float) -> Outcome:
+    """The operator's version moved while a promotion awaited approval: the candidate was built
+    on the old version, so approving it would publish over the operator's change; it is dropped."""
+    a = state.awaiting
+    if a is None:
+        return Outcome(state, Nothing("no promotion awaits approval"))
+    record = rec.approval_record(time=now, trial=a.spec.trial_id, actor="", action=OPERATOR_CHANGE)
+    return Outcome(
+        replace(state, awaiting=None), Nothing(f"approval of {a.spec.trial_id}: {OPERATOR_CHANGE}"), (record,)
+    )
+
+
+def end_by_operator_change(config: AutopilotConfig, state: AutopilotState, now: float) -> Outcome:
+    """The running trial ends because an operator's version superseded the one carrying it (the
+    caller's publish met that version): a rollback by the operator, with nothing left to publish."""
+    return _end_by_operator(config, state, now, OPERATOR_CHANGE)
 
 
 def _mode_change(

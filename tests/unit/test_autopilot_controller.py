@@ -105,6 +105,16 @@ def test_in_trial_mode_a_promotion_awaits_approval_then_promotes_on_approve():
     assert isinstance(again, Nothing)
 
 
+def test_an_awaited_approval_is_dropped_when_the_operators_version_moves():
+    run, spec = started(Mode.TRIAL)
+    run.run_blocks(spec, 0.20, random.Random(2))
+    assert run.state.awaiting is not None
+    action = run.observe(operator_version=OPERATOR_VERSION + 1)
+    assert isinstance(action, Nothing) and ap.OPERATOR_CHANGE in action.reason
+    assert run.records[-1]["action"] == ap.OPERATOR_CHANGE and run.state.awaiting is None
+    assert isinstance(run.apply(ap.approve(run.cfg, run.state, spec.trial_id, run.now, "bob")), Nothing)
+
+
 def test_an_approval_that_waits_too_long_expires():
     run, spec = started(Mode.TRIAL)
     run.run_blocks(spec, 0.20, random.Random(2))
