@@ -34,6 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flyserve.autopilot import audit_records as rec
@@ -91,6 +92,19 @@ class UnknownTrial(LookupError):
     """No promotion awaits approval under that trial id (the route's 404)."""
 
 
+@dataclass(frozen=True)
+class OwedPublish:
+    """A publish that ends a trial and failed (not a version conflict: an operator's version would
+    have dropped the trial): retried every tick while the current version still carries the trial,
+    so a rejected candidate never stays in force for the rest of its plan."""
+
+    trial_id: str
+    thresholds: Thresholds
+    request: Mapping[str, Any]
+    kind: str
+    why: str
+
+
 class AutopilotRunner:
     """The state machine, its thread and what it publishes (module docstring)."""
 
@@ -116,6 +130,7 @@ class AutopilotRunner:
         self.stale_after_s = float(stale_after_s)
         self._on_publish = on_publish
         self._lock = threading.RLock()
+        self._thread_lock = threading.Lock()  # start/stop only: a tick holds _lock, stop joins it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._state = AutopilotState(mode=mode)
@@ -128,6 +143,8 @@ class AutopilotRunner:
         self._exploration = ExplorationCost()
         self._arm_now = -1
         self._blocks = BlockReader()
+        self._trial_version: int | None = None  # the version that carries the running trial
+        self._owed: OwedPublish | None = None
         self._set_mode_gauge(mode)
         tm.AUTOPILOT_ARM.set(-1.0)
         for outcome in tm.AUTOPILOT_OUTCOMES:
@@ -137,16 +154,19 @@ class AutopilotRunner:
     # ------------------------------------------------------------------ thread
 
     def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="flyserve-autopilot", daemon=True)
-            self._thread.start()
+        """Start the thread (once: two concurrent mode changes start one; the lock orders them)."""
+        with self._thread_lock:
+            if self._thread is None:
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._run, name="flyserve-autopilot", daemon=True)
+                self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        with self._thread_lock:
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join(timeout=10)
+                self._thread = None
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -175,11 +195,59 @@ class AutopilotRunner:
             if not self._started:
                 self._started = True
                 self._recover(cur)
-            self._feed_blocks(reports, now)
+            self._settle_owed(cur)
             obs = self._observation(cur, reports, now, live)
+            if obs is None or not self._operator_moved(obs):
+                # an operator's version that landed since the last tick ends the trial first: no
+                # block may end it by publishing over that version
+                self._feed_blocks(reports, now)
             if obs is not None:
                 self._apply(ap.observe(self.config, self._state, obs), now)
             self._update_arm(reports)
+
+    def _operator_moved(self, obs: Observation) -> bool:
+        t = self._state.trial
+        return t is not None and (
+            obs.frozen or obs.change_pending or obs.operator_version != t.spec.operator_version
+        )
+
+    def _settle_owed(self, cur: ConfigSnapshot) -> None:
+        """Retry an owed publish while the current version still carries its trial."""
+        owed = self._owed
+        if owed is None:
+            return
+        if cur.trial is None or cur.trial.trial_id != owed.trial_id:
+            log.warning(
+                "autopilot: owed %s of trial %s dropped: version %d no longer carries it",
+                owed.kind,
+                owed.trial_id,
+                cur.version,
+            )
+            self._owed = None
+            return
+        version = self._publish(owed.thresholds, None, owed.request, owed.kind, if_match=cur.version)
+        if version is not None:
+            log.warning(
+                "autopilot: owed %s of trial %s published as version %d", owed.kind, owed.trial_id, version
+            )
+            self._owed = None
+        else:
+            log.error(
+                "autopilot: owed %s of trial %s still not published (%s): retried next tick",
+                owed.kind,
+                owed.trial_id,
+                self.publish_refusal,
+            )
+
+    def _refresh(self) -> ConfigSnapshot:
+        """The operator surfaces: follow the current version (a PATCH since the last tick) and hand
+        its baseline to the state machine, so a rollback never returns to older thresholds."""
+        cur = self.control.snapshot()
+        self._versions.track(cur, self.control.history)
+        if self._versions.baseline is not None:
+            version, thresholds = self._versions.baseline
+            self._state = replace(self._state, operator_version=version, operator_thresholds=thresholds)
+        return cur
 
     def _confirmed_reports(self, now: float) -> Reports:
         try:
@@ -281,6 +349,7 @@ class AutopilotRunner:
     ) -> int | None:
         """Publish through the control plane; the new version, or None (logged, kept as last_refusal,
         its category in ``publish_refusal``)."""
+        self.publish_refusal = ""
         try:
             res = self.control.publish_autopilot(thresholds, trial=trial, request=request, if_match=if_match)
         except (ThresholdsError, ControlIOError, VersionConflict) as exc:
@@ -295,9 +364,12 @@ class AutopilotRunner:
         return version
 
     def _apply(self, out: Outcome, now: float, *, kill: bool = False) -> Action:
+        before = self._state
+        running = before.trial.spec.trial_id if before.trial is not None else None
         self._state = out.state
         action = out.action
         result_version: int | None = None
+        published = True  # False: a publish this action owed was not made
         request: dict[str, Any]
         if isinstance(action, StartTrial):
             spec = action.spec
@@ -311,47 +383,86 @@ class AutopilotRunner:
             started = self._publish(
                 self._current_arm(spec), spec.trial(), request, "trial", if_match=self._versions.seen_version
             )
+            self._trial_version = started
             if started is None:  # the trial never ran: end it now, not at the samples-stopped timeout
                 ended = ap.start_not_published(
                     self.config, self._state, spec.trial_id, self.publish_refusal, now
                 )
                 self._state = ended.state
                 out = Outcome(ended.state, action, (*out.records, *ended.records))
-        elif isinstance(action, Promote):
-            request = {"autopilot": "promote", "trial": action.trial_id}
-            result_version = self._publish(action.thresholds, None, request, "promote")
-        elif isinstance(action, Rollback):
-            thresholds, to = action.thresholds, action.to_version
-            operator = self._versions.back_to_operator() if kill else None
-            if operator is not None:  # the kill switch: the last operator version
-                to, thresholds = operator
-            request = {
-                "autopilot": "rollback",
-                "trial": action.trial_id,
-                "reason": action.reason[:200],
-                "to": to,
-            }
-            self._publish(thresholds, None, request, "rollback")
-        elif isinstance(action, AwaitApproval):
-            request = {"autopilot": "await-approval", "trial": action.trial_id, "to": action.to_version}
-            self._publish(action.thresholds, None, request, "rollback")
+        elif isinstance(action, Promote | Rollback | AwaitApproval):
+            thresholds = action.thresholds
+            if isinstance(action, Promote):
+                request = {"autopilot": "promote", "trial": action.trial_id}
+                kind = "promote"
+            elif isinstance(action, Rollback):
+                to = action.to_version
+                operator = self._versions.back_to_operator() if kill else None
+                if operator is not None:  # the kill switch: the last operator version
+                    to, thresholds = operator
+                request = {
+                    "autopilot": "rollback",
+                    "trial": action.trial_id,
+                    "reason": action.reason[:200],
+                    "to": to,
+                }
+                kind = "rollback"
+            else:
+                request = {"autopilot": "await-approval", "trial": action.trial_id, "to": action.to_version}
+                kind = "rollback"
+            ends_trial = running is not None and action.trial_id == running
+            cur = self.control.snapshot() if not ends_trial else None
+            if cur is not None and kill and cur.trial is None and cur.source != ACTOR:
+                # the kill switch leaves an operator's own version (no trial) alone
+                published = False
+            else:
+                if_match = self._trial_version if ends_trial else self._versions.seen_version
+                result_version = self._publish(thresholds, None, request, kind, if_match=if_match)
+                published = result_version is not None
+            conflict = self.publish_refusal == "version conflict"
+            if ends_trial and not published and running is not None:
+                self._trial_version = None
+                if conflict and self._ended_by(out) != rec.BY_OPERATOR:
+                    # an operator's version superseded the trial's: it already dropped the trial
+                    ended = ap.end_by_operator_change(self.config, before, now)
+                    self._state = ended.state
+                    out = Outcome(ended.state, action, ended.records)
+                elif not conflict:
+                    self._owed = OwedPublish(running, thresholds, request, kind, self.publish_refusal)
+                    log.error(
+                        "autopilot: %s of trial %s owed (%s): retried every tick",
+                        kind,
+                        running,
+                        self.publish_refusal,
+                    )
+            elif ends_trial:
+                self._trial_version = None
         elif isinstance(action, ProposeTrial):
             self._proposal = action.spec
         elif isinstance(action, Nothing):
             code = action.reason.split(":", 1)[0]
             if code in REFUSALS:
                 self.last_refusal = action.reason if self.bounds or code != "out of bounds" else NO_BOUNDS
+        if self._state.trial is None and running is not None and not isinstance(action, StartTrial):
+            self._trial_version = None
         for record in out.records:
-            if (
-                record.get("kind") == rec.DECISION
-                and record.get("action") == "promote"
-                and result_version is not None
+            if record.get("kind") == rec.DECISION and record.get("action") in (
+                "promote",
+                "rollback",
+                "await-approval",
             ):
-                record = {**record, "result_version": result_version}
+                if record.get("action") == "promote":
+                    record = {**record, "result_version": result_version}
+                elif not published:  # no version published: the record names none
+                    record = {**record, "result_version": None}
             if not self.control.store.audit(record):
                 log.error("autopilot: audit record not written: %s", record.get("kind"))
             self._count(record)
         return action
+
+    @staticmethod
+    def _ended_by(out: Outcome) -> str | None:
+        return next((str(r.get("source")) for r in out.records if r.get("kind") == rec.DECISION), None)
 
     def _count(self, record: Mapping[str, Any]) -> None:
         outcome = outcome_of(record)
@@ -385,6 +496,7 @@ class AutopilotRunner:
     def set_mode(self, mode: Mode) -> None:
         with self._lock:
             now = self._clock()
+            self._refresh()
             self._apply(ap.set_mode(self.config, self._state, mode, now), now)
             if mode in (Mode.OFF, Mode.ADVISE):
                 self._proposal = None if mode is Mode.OFF else self._proposal
@@ -393,16 +505,19 @@ class AutopilotRunner:
     def pause(self) -> None:
         with self._lock:
             now = self._clock()
+            self._refresh()
             self._apply(ap.pause(self.config, self._state, now), now)
 
     def resume(self) -> None:
         with self._lock:
             now = self._clock()
+            self._refresh()
             self._apply(ap.resume(self.config, self._state, now), now)
 
     def kill(self) -> None:
         with self._lock:
             now = self._clock()
+            self._refresh()
             self._apply(ap.kill(self.config, self._state, now), now, kill=True)
             self._proposal = None
             self._set_mode_gauge(Mode.OFF)
@@ -414,6 +529,11 @@ class AutopilotRunner:
             if a is None or a.spec.trial_id != trial_id:
                 raise UnknownTrial(trial_id)
             now = self._clock()
+            self._refresh()
+            if self._state.operator_version != a.spec.operator_version:
+                # the operator's version moved: the candidate was built on the old one
+                self._apply(ap.drop_stale_approval(self._state, now), now)
+                raise UnknownTrial(trial_id)
             self._apply(ap.approve(self.config, self._state, trial_id, now, actor), now)
 
     # ------------------------------------------------------------------ GET /autopilot
@@ -423,6 +543,8 @@ class AutopilotRunner:
             st = self._state
             if st.mode is Mode.OFF:
                 state = "off"
+            elif self._owed is not None:
+                state = "rolling_back"
             elif st.trial is not None:
                 state = "running"
             elif st.awaiting is not None:
@@ -438,5 +560,8 @@ class AutopilotRunner:
                 "trial": trial_view(st, self._arm_now),
                 "proposal": None if self._proposal is None else spec_view(self._proposal),
                 "last_refusal": self.last_refusal,
+                "owed_publish": None
+                if self._owed is None
+                else {"trial": self._owed.trial_id, "kind": self._owed.kind, "reason": self._owed.why},
                 "last_decisions": [d.to_dict() for d in reversed(self._decisions)],
             }

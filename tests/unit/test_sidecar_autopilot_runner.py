@@ -362,3 +362,136 @@ def test_operator_surfaces_pause_resume_and_mode(plane: ControlPlane) -> None:
     }
     assert plane.snapshot().trial is None
     assert tm.AUTOPILOT_MODE.labels("advise")._value.get() == 1.0
+
+
+def _started(plane: ControlPlane, **kw: Any) -> tuple[AutopilotRunner, Rank, Clock]:
+    clock = Clock()
+    runner = _runner(plane, clock, **kw)
+    rank = Rank(plane, effect=0.5)
+    rank.run(4)
+    runner.tick()
+    assert runner.status()["state"] == "running"
+    return runner, rank, clock
+
+
+@pytest.mark.parametrize("surface", ["pause", "kill", "mode-off"])
+def test_an_operator_surface_never_reverts_an_operator_patch_made_since_the_last_tick(
+    plane: ControlPlane, surface: str
+) -> None:
+    runner, _, _ = _started(plane)
+    patched = plane.apply_overrides({"min_qblock_rows": 64}, actor="operator").snapshot
+    {"pause": runner.pause, "kill": runner.kill, "mode-off": lambda: runner.set_mode(Mode.OFF)}[surface]()
+    cur = plane.snapshot()
+    assert cur.version == patched.version and cur.thresholds.min_qblock_rows == 64 and cur.trial is None
+    _replayed_ok(plane)
+
+
+def test_the_kill_switch_leaves_an_operators_own_version_alone(plane: ControlPlane) -> None:
+    clock = Clock()
+    runner = _runner(plane, clock)
+    runner.tick()
+    patched = plane.apply_overrides({"min_qblock_rows": 64}, actor="operator").snapshot
+    runner.kill()
+    assert plane.snapshot().version == patched.version
+
+
+def test_an_operator_patch_since_the_last_tick_ends_the_trial_before_any_block(plane: ControlPlane) -> None:
+    runner, rank, clock = _started(plane)
+    rank.run(200)
+    clock.now += 0.5
+    patched = plane.apply_overrides({"min_qblock_rows": 64}, actor="operator").snapshot
+    runner.tick()
+    cur = plane.snapshot()
+    assert cur.version == patched.version and cur.thresholds.min_qblock_rows == 64
+    last = runner.status()["last_decisions"][0]
+    assert (last["decision"], last["reason"]) == ("rollback", "operator change")
+    _replayed_ok(plane)
+
+
+def test_a_patch_landing_while_a_block_decides_wins_over_the_promotion(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import flyserve.sidecar.autopilot_runner as runner_module
+    from flyserve.autopilot.actions import Promote
+
+    on_block = runner_module.ap.on_block
+
+    def patched_while_deciding(*a: Any, **k: Any) -> Any:
+        out = on_block(*a, **k)
+        if isinstance(out.action, Promote):
+            plane.apply_overrides({"min_qblock_rows": 64}, actor="operator")
+        return out
+
+    monkeypatch.setattr(runner_module.ap, "on_block", patched_while_deciding)
+    runner, rank, clock = _started(plane)
+    _drive(runner, rank, clock)
+    cur = plane.snapshot()
+    assert cur.source != "autopilot" and cur.thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
+    assert cur.thresholds.min_qblock_rows == 64
+    last = runner.status()["last_decisions"][0]
+    assert (last["decision"], last["reason"], last["result_version"]) == ("rollback", "operator change", None)
+    _replayed_ok(plane)
+
+
+def test_an_awaited_approval_is_dropped_when_the_operators_version_moves(plane: ControlPlane) -> None:
+    runner, rank, clock = _started(plane, mode=Mode.TRIAL)
+    _drive(runner, rank, clock)
+    st = runner.status()
+    assert st["state"] == "awaiting_approval"
+    patched = plane.apply_overrides({"min_qblock_rows": 64}, actor="operator").snapshot
+    with pytest.raises(UnknownTrial):
+        runner.approve(st["trial"]["id"], "someone")
+    assert plane.snapshot().version == patched.version
+    assert runner.status()["state"] != "awaiting_approval"
+    _replayed_ok(plane)
+
+
+def test_a_failed_rollback_is_owed_and_retried_until_the_trial_is_gone(plane: ControlPlane) -> None:
+    from flyserve.control import ControlIOError
+
+    clock = Clock()
+    runner = _runner(plane, clock)
+    rank = Rank(plane, effect=-0.5)  # the candidate is slower: the test rolls it back
+    publish = plane.publish_autopilot
+    failures = [1]
+
+    def flaky(*a: Any, **k: Any) -> Any:
+        if k.get("trial") is None and failures[0]:
+            failures[0] -= 1
+            raise ControlIOError("writers' lock not acquired")
+        return publish(*a, **k)
+
+    plane.publish_autopilot = flaky  # type: ignore[method-assign]
+    rank.run(4)
+    runner.tick()
+    _drive(runner, rank, clock)
+    st = runner.status()
+    assert st["state"] == "rolling_back" and st["owed_publish"]["kind"] == "rollback"
+    assert st["last_decisions"][0]["result_version"] is None
+    assert plane.snapshot().trial is not None
+    clock.now += 1
+    runner.tick()
+    assert plane.snapshot().trial is None and plane.snapshot().thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
+    assert runner.status()["owed_publish"] is None
+    _replayed_ok(plane)
+
+
+def test_two_concurrent_starts_run_one_thread(plane: ControlPlane) -> None:
+    import threading
+
+    runner = _runner(plane, Clock(), interval_s=60.0)
+    barrier = threading.Barrier(8)
+
+    def go() -> None:
+        barrier.wait()
+        runner.start()
+
+    threads = [threading.Thread(target=go) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert sum(1 for t in threading.enumerate() if t.name == "flyserve-autopilot") == 1
+    finally:
+        runner.stop()
