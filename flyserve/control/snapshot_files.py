@@ -59,6 +59,21 @@ class SnapshotFiles:
         """A snapshot from history, or None if it was never published or has been pruned."""
         return self._read_snapshot(self.dir.history_file(version), "history", "history entry rejected")
 
+    def versions_up_to(self, newest: ConfigSnapshot, *, after: int) -> list[ConfigSnapshot]:
+        """``newest`` and the versions between ``after`` and it from history, oldest first: the
+        versions published between two reads of current.json, so no reader skips one. Stops at the
+        first one history lacks or refuses going down (the versions above it still come)."""
+        out = [newest]
+        for v in range(newest.version - 1, after, -1):
+            try:
+                old = self.read_version(v)
+            except ControlIOError:
+                old = None
+            if old is None:
+                break
+            out.insert(0, old)
+        return out
+
     def _read_snapshot(self, path: Path, what: str, rejected: str) -> ConfigSnapshot | None:
         """The snapshot stored at ``path``, or None if there is no file. A file that cannot be read
         raises ControlIOError "cannot read ``what``"; one whose profile, sha or layers fail their

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flyserve.control.rank import CONTROL_MODES
+from flyserve.control.rank_modes import CONTROL_MODES
 from flyserve.sidecar.models import PrefillKernelView, RankView
 from flyserve.sidecar.stats import RankCounters, totals_of
 

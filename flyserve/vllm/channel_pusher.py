@@ -41,7 +41,7 @@ from typing import Any
 
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import StateDir
-from flyserve.control.rank import ENGINE_CHANNEL
+from flyserve.control.rank_modes import ENGINE_CHANNEL
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
 from flyserve.control.version_trust import live_anchor
@@ -168,17 +168,10 @@ class ChannelPusher:
             return None
         if cur is None or cur.version <= self.pushed_version:
             return []
-        out = [cur]
-        if self.pushed_version >= 0:  # attached: fill the gap from history so no worker skips a version
-            for v in range(cur.version - 1, self.pushed_version, -1):
-                try:
-                    old = self.store.read_version(v)
-                except ControlIOError:
-                    old = None
-                if old is None:
-                    break
-                out.insert(0, old)
-        return out
+        if self.pushed_version < 0:
+            return [cur]
+        # attached: fill the gap from history so no worker skips a version
+        return self.store.versions_up_to(cur, after=self.pushed_version)
 
     async def sync_once(self) -> int:
         """Push what is new (the first call attaches every worker); the number of versions pushed.

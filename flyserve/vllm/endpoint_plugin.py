@@ -24,7 +24,7 @@ import os
 from typing import Any
 
 from flyserve.control.paths import StateDir, default_state_dir
-from flyserve.control.rank import FILE_POLLING_UNORDERED
+from flyserve.control.rank_modes import FILE_POLLING_UNORDERED
 from flyserve.vllm.channel_pusher import DEFAULT_POLL_S, ChannelPusher
 from flyserve.vllm.engine_channel import REPORT_METHOD
 from flyserve.vllm.env_numbers import env_number

@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flyserve.control.rank import ENGINE_CHANNEL
+from flyserve.control.rank_modes import ENGINE_CHANNEL
 from flyserve.control.reports import HOST
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.policy.thresholds import ThresholdsError

@@ -116,7 +116,7 @@ def keep_file_polling_if_unordered(rc: Any) -> None:
     """Under an executor that does not order RPCs with steps (vLLM 0.32's legacy Ray DAG path), the
     rank refuses the engine channel and keeps file polling with the publisher's margin; its mode
     says so in its report, /dispatch-stats and the log."""
-    from flyserve.control.rank import FILE_POLLING_UNORDERED
+    from flyserve.control.rank_modes import FILE_POLLING_UNORDERED
     from flyserve.vllm.topology import channel_ordering
 
     pc = _vllm_parallel_config()

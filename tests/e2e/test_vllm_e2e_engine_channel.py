@@ -26,7 +26,7 @@ import pytest
 from pydantic import SecretStr
 
 from flyserve.control import ControlPlane
-from flyserve.control.rank import MIN_RATE_STEPS
+from flyserve.control.rank_daemon import MIN_RATE_STEPS
 from flyserve.policy import BatchShape, Thresholds, decide
 from flyserve.vllm.launch import TINY_SERVE_ARGS, VllmServer, flyserve_env
 

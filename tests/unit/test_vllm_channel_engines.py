@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from flyserve.control import ControlPlane, RankControl
-from flyserve.control.rank import ENGINE_CHANNEL
+from flyserve.control.rank_modes import ENGINE_CHANNEL
 from flyserve.vllm import endpoint_plugin
 from flyserve.vllm.channel_answers import by_engine
 from flyserve.vllm.channel_pusher import ChannelPusher, pushes_path, status_path

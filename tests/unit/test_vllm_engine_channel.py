@@ -14,7 +14,7 @@ import pytest
 from _support import require_module
 
 from flyserve.control import ControlPlane, RankControl
-from flyserve.control.rank import ENGINE_CHANNEL, FILE_POLLING
+from flyserve.control.rank_modes import ENGINE_CHANNEL, FILE_POLLING
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.vllm import channel_pusher, endpoint_plugin
 from flyserve.vllm.channel_pusher import ChannelPusher, pushes_path, status_path

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from flyserve.control import ControlPlane, RankControl
-from flyserve.control.rank import CONTROL_MODES, FILE_POLLING_UNORDERED
+from flyserve.control.rank_modes import CONTROL_MODES, FILE_POLLING_UNORDERED
 from flyserve.vllm.topology import (
     channel_configured,
     channel_ordering,
