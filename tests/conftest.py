@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if in_slow_tier(Path(str(item.path))):
             item.add_marker(pytest.mark.slow)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(config, "workerinput"):  # an xdist worker (not its env var: subprocesses inherit it)
         items.sort(key=lambda item: xdist_order(Path(str(item.path))))
     else:
         items.sort(key=lambda item: tier_of(Path(str(item.path))))

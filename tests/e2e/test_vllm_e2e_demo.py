@@ -100,9 +100,16 @@ def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_mode
     for x in under_flip:
         assert (x["path"], x["reason"]) == _decided(x, flip), x
         assert x["path"] != "prefill" or x["max_seq_len"] >= flip.min_seq_len, x
-    moved = [x for x in with_prefill_row if _decided(x, v1) != (x["path"], x["reason"])]
+    # Moved: a path other than version 1's. A batch version 1 sent to unified for another reason (too
+    # few q-blocks) and the flip sends there for short context changed its reason only: the context
+    # rule is checked first (seen in CI: query 121, context 249).
+    moved = [x for x in with_prefill_row if _decided(x, v1)[0] != x["path"]]
     assert all(_decided(x, v1)[0] == "prefill" and x["path"] == "unified" for x in moved), moved
     assert all(x["reason"] == "short_context" and x["max_seq_len"] < flip.min_seq_len for x in moved)
+    reason_only = [
+        x for x in with_prefill_row if _decided(x, v1) != (x["path"], x["reason"]) and x not in moved
+    ]
+    assert all(x["path"] == "unified" and x["reason"] == "short_context" for x in reason_only), reason_only
     print(
         f"\nunder version {FLIP_VERSION}: {len(under_flip)} batches, {len(with_prefill_row)} with a prefill "
         f"row, {len(moved)} of them routed otherwise than version 1 would have"

@@ -49,9 +49,11 @@ def test_restarting_ranks_keep_the_metrics_dir_bounded_and_totals_monotone(tmp_p
     env = {
         k: v for k, v in os.environ.items() if k not in ("FLYSERVE_SIDECAR_TOKEN", "PROMETHEUS_MULTIPROC_DIR")
     }
+    # 4000 steps (400 s, past the loop's deadline; stopped in `finally`): with 400, a loaded machine
+    # ended the run after 11 of the 12 restarts (each restart starts an interpreter).
     sim = subprocess.Popen(
         [sys.executable, "-m", "flyserve.cli", "simulate", "--state-dir", str(state), "--engines", "2",
-         "--ranks", "2", "--workload", "seed-8k-c8", "--steps", "400", "--step-interval", "0.1",
+         "--ranks", "2", "--workload", "seed-8k-c8", "--steps", "4000", "--step-interval", "0.1",
          "--restart-every", "0.7", "--max-restarts", str(RESTARTS)],
         env=env, stdout=sim_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
