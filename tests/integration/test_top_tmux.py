@@ -179,16 +179,19 @@ def test_top_in_a_terminal_against_a_live_simulator_and_sidecar(tmp_path: Path, 
             check=False, capture_output=True, text=True, timeout=60, cwd=REPO,
         )  # fmt: skip
         assert r.returncode == 0, r.stdout + r.stderr
+
         def rank_rows(screen: str) -> list[str]:  # the rank rows that show applied version 1
             return [ln for ln in screen.splitlines() if re.match(r"^\s*0\s+[01]\s+\d+\s+\d+\s+1\s", ln)]
 
         # Both ranks apply at the effective step; a rank whose last report (once a second) came before
         # it still shows version 0: wait for both rows, not for the first frame with the new version.
         shown = pane.wait_for(
-            lambda s: "thresholds version 1 " in s
-            and "min_seq_len=100000" in s
-            and "short_context" in s
-            and len(rank_rows(s)) == 2,
+            lambda s: (
+                "thresholds version 1 " in s
+                and "min_seq_len=100000" in s
+                and "short_context" in s
+                and len(rank_rows(s)) == 2
+            ),
             "version 1 applied by both ranks and its fallbacks",
             timeout=60,
         )

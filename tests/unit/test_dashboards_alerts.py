@@ -134,8 +134,16 @@ MUTANTS = [
     ("FlyserveAutopilotRepeatedRollbacks", "[1h])) >= 3", "[1h])) >= 2"),
     ("FlyserveAutopilotRepeatedRollbacks", '|inconclusive"}[1h]', '|inconclusive"}[15m]'),
     ("FlyserveAutopilotRepeatedRollbacks", '"rolled_back|inconclusive"', '"rolled_back"'),
-    ("FlyserveAutopilotRepeatedRollbacks", '"rolled_back|inconclusive"', '"rolled_back|inconclusive|aborted"'),
-    ("FlyserveAutopilotRepeatedRollbacks", '"rolled_back|inconclusive"', '"rolled_back|inconclusive|promoted"'),
+    (
+        "FlyserveAutopilotRepeatedRollbacks",
+        '"rolled_back|inconclusive"',
+        '"rolled_back|inconclusive|aborted"',
+    ),
+    (
+        "FlyserveAutopilotRepeatedRollbacks",
+        '"rolled_back|inconclusive"',
+        '"rolled_back|inconclusive|promoted"',
+    ),
     ("FlyserveAutopilotRepeatedRollbacks", "for: 3m", "for: 0m"),
 ]
 

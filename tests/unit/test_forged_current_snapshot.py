@@ -17,13 +17,13 @@ from flyserve.control.errors import ControlIOError
 from flyserve.control.rank import RankControl
 from flyserve.control.repair import repair
 from flyserve.control.snapshot import ConfigSnapshot
-from flyserve.files.atomic import atomic_write
 from flyserve.control.version_trust import (
     FIRST_VERSION_CEILING,
     MAX_VERSION_STEP,
     believed,
     credible_max,
 )
+from flyserve.files.atomic import atomic_write
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.thresholds_files import load_profile
 

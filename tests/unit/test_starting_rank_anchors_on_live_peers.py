@@ -24,8 +24,8 @@ from flyserve.control import ControlPlane
 from flyserve.control.rank import RankControl
 from flyserve.control.reports import HOST, PIDNS, own_proc_start
 from flyserve.control.snapshot import ConfigSnapshot
-from flyserve.files.atomic import atomic_write
 from flyserve.control.version_trust import MAX_VERSION_STEP
+from flyserve.files.atomic import atomic_write
 from flyserve.thresholds_files import load_profile
 from flyserve.vllm.channel_pusher import ChannelPusher
 from flyserve.vllm.engine_channel import METHOD, _from_step, parse_docs
