@@ -46,6 +46,9 @@ FROZEN = "control frozen"
 OPERATOR_CHANGE = "operator change"
 PLAN_ENDED = "plan ended"
 """The plan's last block passed with the test still running (some blocks did not count)."""
+RUNNER_LAGGED = "runner lagged"
+"""The caller fell behind the ranks' reports: blocks it never read are gone (decision source "test",
+verdict inconclusive: nothing was measured against the candidate)."""
 START_NOT_PUBLISHED = "start not published"
 """The version that carried the trial was refused (decision source "publish"; its reason adds why)."""
 
@@ -163,6 +166,15 @@ def start_not_published(
     )
     cooled = replace(state, trial=None, cooldown_until=now + config.cooldown_s)
     return Outcome(cooled, Nothing(f"trial {trial_id}: {START_NOT_PUBLISHED}: {why}"), (record,))
+
+
+def end_runner_lagged(config: AutopilotConfig, state: AutopilotState, now: float) -> Outcome:
+    """The caller's next block is older than the oldest block a rank still reports: the blocks in
+    between are lost, and feeding them as empty would trip the samples-stopped guardrail and blame
+    the candidate. The trial ends inconclusive instead, its operator's thresholds published back."""
+    if state.trial is None:
+        return Outcome(state, Nothing(NOT_THIS_TRIAL))
+    return _end(config, state, now, verdict="inconclusive", reason=RUNNER_LAGGED, source=rec.BY_TEST)
 
 
 # ---------------------------------------------------------------------------- observe

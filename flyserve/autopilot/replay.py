@@ -6,7 +6,8 @@ them (a dropped, reordered or edited chunk breaks the chain). The decision is th
 
 * decided by the test: feeding the pairs to ``sequential.decide`` one by one must give its first
   final decision at the last pair, with the recorded verdict, reason and statistic (or, "plan
-  ended", no final decision and the whole plan's blocks seen);
+  ended", no final decision and the whole plan's blocks seen; "runner lagged", no final decision
+  and fewer blocks seen than the plan has);
 * decided by a guardrail: the test must not have decided before the last pair, and the recorded
   figure must breach the recorded limit (p99 and samples-stopped limits: the start's settings);
 * ended by the operator (pause, kill switch, mode, freeze, an operator change): the test must not
@@ -156,6 +157,13 @@ def _recheck(t: TrialReplay) -> None:
             t.problems.append(f"plan ended: {d.blocks} blocks seen of {s.blocks}")
         if d.verdict != "inconclusive":
             t.problems.append(f"plan ended: verdict {d.verdict}, not inconclusive")
+    elif d.source == rec.BY_TEST and d.reason == controller.RUNNER_LAGGED:
+        if first_final is not None:
+            t.problems.append(f"runner lagged: the test had decided at pair {first_final}")
+        if d.blocks >= s.blocks:
+            t.problems.append(f"runner lagged: all {s.blocks} blocks seen")
+        if d.verdict != "inconclusive":
+            t.problems.append(f"runner lagged: verdict {d.verdict}, not inconclusive")
     elif d.source == rec.BY_TEST:
         if first_final != n or n == 0:
             where = "never" if first_final is None else f"at pair {first_final}"

@@ -1,7 +1,8 @@
 """A running trial's blocks as the sidecar's autopilot reads them from the confirmed ranks'
 reports: each rank's ``trial_blocks`` parsed as hostile input (a refused report named once in the
 log, its blocks dropped), every block all ranks have passed summed into one BlockMeasurement, the
-arm the ranks run now, and the exploration cost of each counted pair.
+arm the ranks run now, whether the runner fell behind what the ranks still report, and the
+exploration cost of each counted pair.
 
 The arm of a block is the plan's, never a report's: a block a rank reports under the other arm is
 not added. The block's kernel seconds, tokens and samples are the ranks' sums; its step time is the
@@ -55,6 +56,16 @@ class BlockReader:
             if got is not None and got.trial_id == trial_id:
                 out.append(got)
         return out
+
+
+def lagged_behind(t: RunningTrial, ranks: list[TrialBlocks]) -> bool:
+    """Whether the trial's next block is older than the oldest block some rank still reports, with
+    that rank's report full (MAX_REPORTED_BLOCKS blocks): the blocks in between may have left its
+    report unread, so they can no longer be told from blocks that held no sample."""
+    return any(
+        len(tb.blocks) >= MAX_REPORTED_BLOCKS and min(f.block for f in tb.blocks) > t.next_block
+        for tb in ranks
+    )
 
 
 def block_measurements(

@@ -63,6 +63,7 @@ from flyserve.sidecar.autopilot_blocks import (
     Reports,
     arm_now,
     block_measurements,
+    lagged_behind,
 )
 from flyserve.sidecar.autopilot_views import (
     NO_INPUTS,
@@ -325,6 +326,10 @@ class AutopilotRunner:
             return
         trial_id = t.spec.trial_id
         ranks = self._blocks.trial_blocks(reports, trial_id)
+        if lagged_behind(t, ranks):
+            log.warning("autopilot: trial %s: %s at block %d", trial_id, ap.RUNNER_LAGGED, t.next_block)
+            self._apply(ap.end_runner_lagged(self.config, self._state, now), now)
+            return
         circuit = any(d.get("circuit_open") is True for d, _ in reports)
         for m in block_measurements(t, ranks, circuit_open=circuit, now=now):
             self._exploration.add(m, self.config.min_block_samples)

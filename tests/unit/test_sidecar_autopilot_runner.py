@@ -207,6 +207,30 @@ def test_a_candidate_whose_blocks_breach_a_guardrail_is_rolled_back_at_that_bloc
     _replayed_ok(plane)
 
 
+def test_a_runner_that_falls_behind_the_ranks_reports_ends_the_trial_inconclusive(
+    plane: ControlPlane,
+) -> None:
+    """44 blocks pass between two ticks: the rank reports only its newest 32, so the first blocks
+    are gone; the trial ends inconclusive, not rolled back by the samples-stopped guardrail."""
+    clock = Clock()
+    runner = _runner(plane, clock)
+    before = tm.AUTOPILOT_TRIALS.labels("inconclusive")._value.get()
+    runner.tick()
+    assert plane.snapshot().trial is not None
+    Rank(plane, effect=0.0).run(44 * 4)
+    clock.now += 0.5
+    runner.tick()
+    assert runner.state.trial is None
+    cur = plane.snapshot()
+    assert cur.trial is None and cur.thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
+    last = runner.status()["last_decisions"][0]
+    assert (last["decision"], last["reason"]) == ("inconclusive", "runner lagged")
+    assert tm.AUTOPILOT_TRIALS.labels("inconclusive")._value.get() == before + 1
+    decision = json.loads(read_audit_lines(plane.state_dir.path)[-1])
+    assert decision["kind"] == "autopilot.trial.decision" and decision["guardrail"] is None
+    _replayed_ok(plane)
+
+
 def test_trial_mode_waits_for_the_approval_and_an_unknown_id_is_refused(plane: ControlPlane) -> None:
     clock = Clock()
     runner = _runner(plane, clock, mode=Mode.TRIAL)
