@@ -1,7 +1,7 @@
 """The sidecar's autopilot: the pure state machine (flyserve.autopilot.controller) fed and obeyed.
 
-A background thread of its own (never a thread that answers probes or PATCH: a tick reads the
-ranks' reports and may publish a version, under the writers' lock) calls ``tick`` every
+A background thread of its own (periodic.py; never a thread that answers probes or PATCH: a tick
+reads the ranks' reports and may publish a version, under the writers' lock) calls ``tick`` every
 ``interval_s``: it feeds each block the ranks finished to ``controller.on_block``, then hands
 ``controller.observe`` what the sidecar sees (live regret and priced samples, the advice and its
 predicted saving, the flags, the operator's version), and carries out the action each returns
@@ -11,6 +11,8 @@ through the ControlPlane, with actor "autopilot":
 * Promote: the candidate, no trial; Rollback, AwaitApproval: the operator's thresholds, no trial;
 * the kill switch: the last version an operator (not the autopilot) published.
 
+How each is published (If-Match, a failed rollback owed and retried): autopilot_publish.py.
+
 Every audit record the state machine returns is appended through Store.audit after the publish
 (a promotion's record then names the version it published). The HTTP routes (routes/autopilot.py)
 call set_mode, pause, resume, kill and approve, which take the same lock as a tick.
@@ -19,12 +21,12 @@ Blocks: a rank adds each timed kernel sample inside a trial's block to that bloc
 (control.trial_blocks) and reports its newest finished blocks. A block is handed on once every
 confirmed rank (control.reports.liveness: this host, pid namespace, process and owner checked; an
 unconfirmed or forged report never counts) has passed it; its figures are those ranks' sums
-(autopilot_blocks.py).
+(autopilot_blocks.py). A runner whose next block is older than the oldest a full report still
+holds has lost blocks: the trial ends inconclusive ("runner lagged"), not by a guardrail.
 
-The baseline: the newest version published by an operator or by an autopilot promotion. A sidecar
-that starts and finds a version with a trial in force (a crash mid-trial: its plan would end by
-itself) publishes the operator's thresholds again at once and audits why (autopilot_baseline.py).
-What GET /autopilot shows and the trials metric counts: autopilot_views.py.
+The baseline: the newest version published by an operator or by an autopilot promotion; a trial
+found in force at start is rolled back, audited (autopilot_baseline.py). What GET /autopilot shows
+and the trials metric counts: autopilot_views.py.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from flyserve.autopilot import audit_records as rec
@@ -52,11 +54,11 @@ from flyserve.autopilot.actions import (
 from flyserve.autopilot.inputs import AutopilotConfig, KnobBound, Mode, Observation
 from flyserve.autopilot.state import AutopilotState, Outcome
 from flyserve.autopilot.trigger import REFUSALS
-from flyserve.control import ControlIOError, ControlPlane, VersionConflict
+from flyserve.control import ControlIOError, ControlPlane
 from flyserve.control.reports import Liveness, liveness
 from flyserve.control.snapshot import ConfigSnapshot
-from flyserve.policy.thresholds import Thresholds, ThresholdsError
-from flyserve.sidecar.autopilot_baseline import ACTOR, RESTART_REASON, Baselines, recovery
+from flyserve.policy.thresholds import Thresholds
+from flyserve.sidecar.autopilot_baseline import ACTOR
 from flyserve.sidecar.autopilot_blocks import (
     BlockReader,
     ExplorationCost,
@@ -65,15 +67,17 @@ from flyserve.sidecar.autopilot_blocks import (
     block_measurements,
     lagged_behind,
 )
+from flyserve.sidecar.autopilot_publish import CONFLICT, Publisher
 from flyserve.sidecar.autopilot_views import (
     NO_INPUTS,
     DecisionView,
     LiveInputs,
+    decision_view,
     finite_or_none,
     outcome_of,
-    spec_view,
-    trial_view,
+    status_view,
 )
+from flyserve.sidecar.periodic import PeriodicThread
 from flyserve.telemetry import metrics as tm
 
 log = logging.getLogger("flyserve.sidecar")
@@ -81,29 +85,10 @@ log = logging.getLogger("flyserve.sidecar")
 RESTART_ONLY = frozenset({"decode_path", "block_size"})
 MAX_DECISIONS_KEPT = 20
 NO_BOUNDS = "no --autopilot-bounds: the autopilot moves no knob"
-PUBLISH_REFUSALS: tuple[tuple[type[Exception], str], ...] = (
-    (VersionConflict, "version conflict"),
-    (ThresholdsError, "candidate refused"),
-    (ControlIOError, "state directory error"),
-)
-"""Why a publish failed, as the audit says it: a category, never the error's text (a path)."""
 
 
 class UnknownTrial(LookupError):
     """No promotion awaits approval under that trial id (the route's 404)."""
-
-
-@dataclass(frozen=True)
-class OwedPublish:
-    """A publish that ends a trial and failed (not a version conflict: an operator's version would
-    have dropped the trial): retried every tick while the current version still carries the trial,
-    so a rejected candidate never stays in force for the rest of its plan."""
-
-    trial_id: str
-    thresholds: Thresholds
-    request: Mapping[str, Any]
-    kind: str
-    why: str
 
 
 class AutopilotRunner:
@@ -129,23 +114,24 @@ class AutopilotRunner:
         self._clock = clock
         self.interval_s = float(interval_s)
         self.stale_after_s = float(stale_after_s)
-        self._on_publish = on_publish
         self._lock = threading.RLock()
-        self._thread_lock = threading.Lock()  # start/stop only: a tick holds _lock, stop joins it
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = PeriodicThread(
+            self.tick,
+            interval_s=interval_s,
+            name="flyserve-autopilot",
+            log=log,
+            failed="autopilot tick failed",
+        )
         self._state = AutopilotState(mode=mode)
         self._started = False  # the first tick looks for a trial left in force
-        self._versions = Baselines()
         self._proposal: TrialSpec | None = None
         self.last_refusal: str | None = None if self.bounds else NO_BOUNDS
-        self.publish_refusal = ""  # the category of the last failed publish (PUBLISH_REFUSALS)
+        self._pub = Publisher(control, on_publish=on_publish, on_refused=self._refused)
+        self._versions = self._pub.versions
         self._decisions: deque[DecisionView] = deque(maxlen=MAX_DECISIONS_KEPT)
         self._exploration = ExplorationCost()
         self._arm_now = -1
         self._blocks = BlockReader()
-        self._trial_version: int | None = None  # the version that carries the running trial
-        self._owed: OwedPublish | None = None
         self._set_mode_gauge(mode)
         tm.AUTOPILOT_ARM.set(-1.0)
         for outcome in tm.AUTOPILOT_OUTCOMES:
@@ -155,27 +141,20 @@ class AutopilotRunner:
     # ------------------------------------------------------------------ thread
 
     def start(self) -> None:
-        """Start the thread (once: two concurrent mode changes start one; the lock orders them)."""
-        with self._thread_lock:
-            if self._thread is None:
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._run, name="flyserve-autopilot", daemon=True)
-                self._thread.start()
+        """Start the thread (once: two concurrent mode changes start one; periodic.py)."""
+        self._periodic.interval_s = self.interval_s
+        self._periodic.start()
 
     def stop(self) -> None:
-        with self._thread_lock:
-            self._stop.set()
-            if self._thread is not None:
-                self._thread.join(timeout=10)
-                self._thread = None
+        self._periodic.stop()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception:
-                log.exception("autopilot tick failed")
-            self._stop.wait(self.interval_s)
+    def _refused(self, text: str) -> None:
+        self.last_refusal = text
+
+    @property
+    def publish_refusal(self) -> str:
+        """The category of the last failed publish (autopilot_publish.PUBLISH_REFUSALS)."""
+        return self._pub.refusal
 
     # ------------------------------------------------------------------ one tick
 
@@ -195,8 +174,9 @@ class AutopilotRunner:
             self._versions.track(cur, self.control.history)
             if not self._started:
                 self._started = True
-                self._recover(cur)
-            self._settle_owed(cur)
+                if self._state.trial is None:
+                    self._pub.recover(cur)
+            self._pub.settle_owed(cur)
             obs = self._observation(cur, reports, now, live)
             if obs is None or not self._operator_moved(obs):
                 # an operator's version that landed since the last tick ends the trial first: no
@@ -211,34 +191,6 @@ class AutopilotRunner:
         return t is not None and (
             obs.frozen or obs.change_pending or obs.operator_version != t.spec.operator_version
         )
-
-    def _settle_owed(self, cur: ConfigSnapshot) -> None:
-        """Retry an owed publish while the current version still carries its trial."""
-        owed = self._owed
-        if owed is None:
-            return
-        if cur.trial is None or cur.trial.trial_id != owed.trial_id:
-            log.warning(
-                "autopilot: owed %s of trial %s dropped: version %d no longer carries it",
-                owed.kind,
-                owed.trial_id,
-                cur.version,
-            )
-            self._owed = None
-            return
-        version = self._publish(owed.thresholds, None, owed.request, owed.kind, if_match=cur.version)
-        if version is not None:
-            log.warning(
-                "autopilot: owed %s of trial %s published as version %d", owed.kind, owed.trial_id, version
-            )
-            self._owed = None
-        else:
-            log.error(
-                "autopilot: owed %s of trial %s still not published (%s): retried next tick",
-                owed.kind,
-                owed.trial_id,
-                self.publish_refusal,
-            )
 
     def _refresh(self) -> ConfigSnapshot:
         """The operator surfaces: follow the current version (a PATCH since the last tick) and hand
@@ -261,21 +213,6 @@ class AutopilotRunner:
             for d, r in got
             if liveness(r, now=now, stale_after_s=self.stale_after_s) is Liveness.CONFIRMED
         ]
-
-    def _recover(self, cur: ConfigSnapshot) -> None:
-        """A version with a trial in force and no trial in this runner's memory: the sidecar that
-        ran it is gone; the operator's thresholds go back now, audited with the reason."""
-        undo = None if self._state.trial is not None else recovery(cur, self._versions.baseline)
-        if undo is None or cur.trial is None:
-            return
-        thresholds, request = undo
-        log.warning(
-            "autopilot: %s (%s): publishing version %d's thresholds",
-            RESTART_REASON,
-            cur.trial.trial_id,
-            request["to"],
-        )
-        self._publish(thresholds, None, request, "rollback")
 
     def _could_start(self, now: float) -> bool:
         """Whether observe could start (or propose) a trial now: only then is the advice asked for."""
@@ -343,31 +280,6 @@ class AutopilotRunner:
 
     # ------------------------------------------------------------------ actions
 
-    def _publish(
-        self,
-        thresholds: Thresholds,
-        trial: Any,
-        request: Mapping[str, Any],
-        kind: str,
-        *,
-        if_match: int | None = None,
-    ) -> int | None:
-        """Publish through the control plane; the new version, or None (logged, kept as last_refusal,
-        its category in ``publish_refusal``)."""
-        self.publish_refusal = ""
-        try:
-            res = self.control.publish_autopilot(thresholds, trial=trial, request=request, if_match=if_match)
-        except (ThresholdsError, ControlIOError, VersionConflict) as exc:
-            self.last_refusal = f"publish refused: {exc}"[:300]
-            self.publish_refusal = next(why for cls, why in PUBLISH_REFUSALS if isinstance(exc, cls))
-            log.error("autopilot: %s publish refused: %s", kind, exc)
-            return None
-        version = res.snapshot.version
-        self._versions.published(res.snapshot, kind, changed=res.changed)
-        if self._on_publish is not None:
-            self._on_publish()
-        return version
-
     def _apply(self, out: Outcome, now: float, *, kill: bool = False) -> Action:
         before = self._state
         running = before.trial.spec.trial_id if before.trial is not None else None
@@ -385,10 +297,10 @@ class AutopilotRunner:
                 "trial": spec.trial_id,
                 "changes": {k: list(v) for k, v in spec.changes.items()},
             }
-            started = self._publish(
+            started = self._pub.publish(
                 self._current_arm(spec), spec.trial(), request, "trial", if_match=self._versions.seen_version
             )
-            self._trial_version = started
+            self._pub.trial_version = started
             if started is None:  # the trial never ran: end it now, not at the samples-stopped timeout
                 ended = ap.start_not_published(
                     self.config, self._state, spec.trial_id, self.publish_refusal, now
@@ -416,32 +328,21 @@ class AutopilotRunner:
                 request = {"autopilot": "await-approval", "trial": action.trial_id, "to": action.to_version}
                 kind = "rollback"
             ends_trial = running is not None and action.trial_id == running
-            cur = self.control.snapshot() if not ends_trial else None
-            if cur is not None and kill and cur.trial is None and cur.source != ACTOR:
-                # the kill switch leaves an operator's own version (no trial) alone
-                published = False
-            else:
-                if_match = self._trial_version if ends_trial else self._versions.seen_version
-                result_version = self._publish(thresholds, None, request, kind, if_match=if_match)
-                published = result_version is not None
-            conflict = self.publish_refusal == "version conflict"
+            result_version, published = self._pub.end_trial(
+                thresholds, request, kind, ends_trial=ends_trial, kill=kill
+            )
+            conflict = self.publish_refusal == CONFLICT
             if ends_trial and not published and running is not None:
-                self._trial_version = None
+                self._pub.trial_version = None
                 if conflict and self._ended_by(out) != rec.BY_OPERATOR:
                     # an operator's version superseded the trial's: it already dropped the trial
                     ended = ap.end_by_operator_change(self.config, before, now)
                     self._state = ended.state
                     out = Outcome(ended.state, action, ended.records)
                 elif not conflict:
-                    self._owed = OwedPublish(running, thresholds, request, kind, self.publish_refusal)
-                    log.error(
-                        "autopilot: %s of trial %s owed (%s): retried every tick",
-                        kind,
-                        running,
-                        self.publish_refusal,
-                    )
+                    self._pub.owe(running, thresholds, request, kind)
             elif ends_trial:
-                self._trial_version = None
+                self._pub.trial_version = None
         elif isinstance(action, ProposeTrial):
             self._proposal = action.spec
         elif isinstance(action, Nothing):
@@ -449,7 +350,7 @@ class AutopilotRunner:
             if code in REFUSALS:
                 self.last_refusal = action.reason if self.bounds or code != "out of bounds" else NO_BOUNDS
         if self._state.trial is None and running is not None and not isinstance(action, StartTrial):
-            self._trial_version = None
+            self._pub.trial_version = None
         for record in out.records:
             if record.get("kind") == rec.DECISION and record.get("action") in (
                 "promote",
@@ -474,18 +375,7 @@ class AutopilotRunner:
         if outcome is not None:
             tm.AUTOPILOT_TRIALS.labels(outcome).inc()
         if record.get("kind") == rec.DECISION:
-            stat = record.get("statistic") or {}
-            self._decisions.append(
-                DecisionView(
-                    trial_id=str(record.get("trial")),
-                    decision=str(record.get("verdict")),
-                    reason=str(record.get("reason")),
-                    pairs=int(stat.get("pairs") or 0),
-                    effect=stat.get("estimate"),
-                    at=float(record.get("time") or 0.0),
-                    result_version=record.get("result_version"),
-                )
-            )
+            self._decisions.append(decision_view(record))
 
     @staticmethod
     def _current_arm(spec: TrialSpec) -> Thresholds:
@@ -545,28 +435,15 @@ class AutopilotRunner:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            st = self._state
-            if st.mode is Mode.OFF:
-                state = "off"
-            elif self._owed is not None:
-                state = "rolling_back"
-            elif st.trial is not None:
-                state = "running"
-            elif st.awaiting is not None:
-                state = "awaiting_approval"
-            elif self._clock() < st.cooldown_until:
-                state = "cooldown"
-            else:
-                state = "idle"
-            return {
-                "mode": st.mode.value,
-                "paused": st.paused,
-                "state": state,
-                "trial": trial_view(st, self._arm_now),
-                "proposal": None if self._proposal is None else spec_view(self._proposal),
-                "last_refusal": self.last_refusal,
-                "owed_publish": None
-                if self._owed is None
-                else {"trial": self._owed.trial_id, "kind": self._owed.kind, "reason": self._owed.why},
-                "last_decisions": [d.to_dict() for d in reversed(self._decisions)],
-            }
+            owed = self._pub.owed
+            return status_view(
+                self._state,
+                clock=self._clock,
+                arm_now=self._arm_now,
+                proposal=self._proposal,
+                last_refusal=self.last_refusal,
+                owed=None
+                if owed is None
+                else {"trial": owed.trial_id, "kind": owed.kind, "reason": owed.why},
+                decisions=self._decisions,
+            )

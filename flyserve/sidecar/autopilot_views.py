@@ -1,18 +1,19 @@
 """What the sidecar's autopilot shows and counts: the live inputs it is handed, GET /autopilot's
-views of a trial, a proposal and an ended trial, and the flyserve_autopilot_trials_total outcome
+body (its state, views of a trial, a proposal and an ended trial), and the flyserve_autopilot_trials_total outcome
 a decision record stands for. Plain functions of frozen values: the runner (autopilot_runner.py)
 calls them under its lock."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from flyserve.autopilot import audit_records as rec
 from flyserve.autopilot import controller as ap
 from flyserve.autopilot.actions import TrialSpec
+from flyserve.autopilot.inputs import Mode
 from flyserve.autopilot.state import AutopilotState
 
 
@@ -116,3 +117,54 @@ def spec_view(spec: TrialSpec) -> dict[str, Any]:
         "blocks": spec.blocks,
         "operator_version": spec.operator_version,
     }
+
+
+def status_view(
+    st: AutopilotState,
+    *,
+    clock: Callable[[], float],
+    arm_now: int,
+    proposal: TrialSpec | None,
+    last_refusal: str | None,
+    owed: dict[str, str] | None,
+    decisions: Iterable[DecisionView],
+) -> dict[str, Any]:
+    """GET /autopilot's body: the mode, the state (off, rolling_back while a publish is owed,
+    running, awaiting_approval, cooldown, idle), the trial, the proposal, the last refusal, the
+    owed publish and the decisions kept, newest first."""
+    if st.mode is Mode.OFF:
+        state = "off"
+    elif owed is not None:
+        state = "rolling_back"
+    elif st.trial is not None:
+        state = "running"
+    elif st.awaiting is not None:
+        state = "awaiting_approval"
+    elif clock() < st.cooldown_until:
+        state = "cooldown"
+    else:
+        state = "idle"
+    return {
+        "mode": st.mode.value,
+        "paused": st.paused,
+        "state": state,
+        "trial": trial_view(st, arm_now),
+        "proposal": None if proposal is None else spec_view(proposal),
+        "last_refusal": last_refusal,
+        "owed_publish": owed,
+        "last_decisions": [d.to_dict() for d in reversed(list(decisions))],
+    }
+
+
+def decision_view(record: Mapping[str, Any]) -> DecisionView:
+    """A decision record as GET /autopilot's last_decisions shows it."""
+    stat = record.get("statistic") or {}
+    return DecisionView(
+        trial_id=str(record.get("trial")),
+        decision=str(record.get("verdict")),
+        reason=str(record.get("reason")),
+        pairs=int(stat.get("pairs") or 0),
+        effect=stat.get("estimate"),
+        at=float(record.get("time") or 0.0),
+        result_version=record.get("result_version"),
+    )

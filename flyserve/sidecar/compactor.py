@@ -1,6 +1,6 @@
 """The sidecar's periodic compaction of dead processes' metric files (flyserve.telemetry.compaction).
 
-A daemon thread of its own, never a request thread: a compaction reads and writes whole files
+A daemon thread of its own (periodic.py), never a request thread: a compaction reads and writes whole files
 (tens of ms with hundreds of dead files). It runs once at start and then every
 ``compact_interval_s``. It refuses to run while any fresh rank report comes from another host or pid
 namespace: there ``kill(pid, 0)`` cannot tell a live rank from a dead one, and merging a live
@@ -11,13 +11,13 @@ by fresh reports also count as alive whatever the process table says.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from flyserve.control import ControlPlane
 from flyserve.files.processes import pid_alive
+from flyserve.sidecar.periodic import PeriodicThread
 from flyserve.telemetry import metrics as tm
 from flyserve.telemetry.compaction import CompactionReport, compact
 
@@ -40,30 +40,22 @@ class MetricsCompactor:
         self.interval_s = interval_s
         self.stale_after_s = stale_after_s
         self._wall = wall
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._refused_logged = False
         self.last: CompactionReport | None = None
+        self._periodic = PeriodicThread(
+            self.run_once,
+            interval_s=interval_s,
+            name="flyserve-metrics-compactor",
+            log=log,
+            failed="metrics compaction failed (the files are left as they were)",
+        )
 
     def start(self) -> None:
-        if self.interval_s > 0 and self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="flyserve-metrics-compactor", daemon=True)
-            self._thread.start()
+        if self.interval_s > 0:
+            self._periodic.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception:
-                log.exception("metrics compaction failed (the files are left as they were)")
-            self._stop.wait(self.interval_s)
+        self._periodic.stop()
 
     def run_once(self) -> CompactionReport | None:
         """One compaction, or None when refused (reports from another pid namespace) or no directory."""
