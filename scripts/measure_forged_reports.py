@@ -202,7 +202,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--step-interval", type=float, default=0.02)
-    ap.add_argument("--forged", type=int, nargs="+", default=[3], help="item 3's forgery count(s)")
+    ap.add_argument(
+        "--forged",
+        type=int,
+        nargs="+",
+        default=[3],
+        help="how many reports to forge from another host, one case per count",
+    )
     ap.add_argument("--only", default="", help="run only the cases whose name contains this")
     args = ap.parse_args()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
@@ -211,7 +217,7 @@ def main() -> None:
             ("no attack", None, False, False),
             *[
                 (
-                    f"item 3: {n} forged, another host, refreshed 0.5 s",
+                    f"{n} forged, another host, refreshed 0.5 s",
                     lambda s, n=n: forge_elsewhere(s, n),
                     True,
                     False,
@@ -219,7 +225,7 @@ def main() -> None:
                 for n in args.forged
             ],
             (
-                "item 3's forgery renamed over both ranks' files every 0.5 s",
+                "another host's forgery renamed over both ranks' files every 0.5 s",
                 forge_over_the_ranks,
                 True,
                 False,
@@ -238,10 +244,12 @@ def main() -> None:
             ).returncode
             == 0
         ):
-            cases.append(("sidecar in its own pid namespace + item 3", forge_elsewhere, True, True))
+            cases.append(
+                ("sidecar in its own pid namespace + 3 forged, another host", forge_elsewhere, True, True)
+            )
         else:
             print("(no unshare permission: the own-pid-namespace case is not measured)")
-        cases.append(("item 4: 300 garbage files dated +1 h", garbage_ahead, False, False))
+        cases.append(("300 garbage files dated +1 h", garbage_ahead, False, False))
         cases = [c for c in cases if args.only in c[0]]
         results = []
         for n, a, rf, ns in cases:

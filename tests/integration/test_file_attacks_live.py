@@ -200,7 +200,7 @@ def test_a_fifo_and_a_dev_zero_link_in_shapes_cost_nothing(rig: Rig) -> None:
         assert max(rig.healthz_s) < 1.0, max(rig.healthz_s)
         assert rss < MEMORY_LIMIT_BYTES, rss
         print(
-            f"\nmeasured (item 1): {m}; /healthz max {max(rig.healthz_s) * 1000:.0f} ms over "
+            f"\nmeasured (a FIFO and a /dev/zero link in shapes/): {m}; /healthz max {max(rig.healthz_s) * 1000:.0f} ms over "
             f"{len(rig.healthz_s)} probes; sidecar RSS {rss / 2**20:.0f} MiB"
         )
     finally:
@@ -264,7 +264,7 @@ def test_forged_samples_make_advice_refuse_with_409_naming_samples(rig: Rig) -> 
         assert m["apply_s"] <= m["bound_s"] + REPORT_LAG_S, m
         assert rig.healthz_s and not rig.healthz_failures, rig.healthz_failures[:5]
         assert max(rig.healthz_s) < 1.0, max(rig.healthz_s)
-        print(f"\nmeasured (item 5): {m}; /healthz max {max(rig.healthz_s) * 1000:.0f} ms")
+        print(f"\nmeasured (forged shape samples): {m}; /healthz max {max(rig.healthz_s) * 1000:.0f} ms")
     finally:
         with contextlib.suppress(OSError):
             forged.unlink()
