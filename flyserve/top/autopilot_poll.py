@@ -5,16 +5,17 @@ drawing loop only reads ``latest()``.
 Nothing the port answers is trusted, as with the stream (flyserve.top.stream): the body is read up to
 ``MAX_BODY_BYTES`` within ``READ_DEADLINE_S`` and parsed with the state files' caps, and only a JSON
 object is kept. A 404 is an older sidecar without the autopilot: said once, as a state, never as a
-stream of errors. The token follows the stream's rule: sent only when --url itself answers 401,
-no redirect followed, no proxy taken from the environment.
+stream of errors. The thread, the token rule (sent only when --url itself answers 401, no redirect
+followed, no proxy taken from the environment) and the parse are the stream's (flyserve.top.reader).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from flyserve.top.reader import BackgroundReader, direct_client, parse_object
 
 POLL_S = 5.0
 """Seconds between two asks: a trial's block is tens of seconds, a decision rarer still."""
@@ -43,13 +44,7 @@ WAITING = AutopilotSeen("waiting")
 def parse_body(data: bytes) -> dict[str, Any] | None:
     """The answer as a JSON object within the state files' caps, or None (not UTF-8, not JSON, not
     an object, nesting past the caps, NaN, a number of thousands of digits)."""
-    from flyserve.files import safe_read
-
-    try:
-        doc = safe_read.parse_json(data, source="GET /autopilot")
-    except safe_read.SafeReadError:
-        return None
-    return doc if isinstance(doc, dict) else None
+    return parse_object(data, source="GET /autopilot")
 
 
 def seen_from(status: int, body: bytes | None, why_not: str | None = None) -> AutopilotSeen:
@@ -71,24 +66,13 @@ def seen_from(status: int, body: bytes | None, why_not: str | None = None) -> Au
     return AutopilotSeen("answer", body=doc)
 
 
-class AutopilotPoll:
+class AutopilotPoll(BackgroundReader):
     """Asks GET /autopilot every ``every`` seconds in a daemon thread; ``latest()`` from any thread."""
 
     def __init__(self, url: str, *, every: float = POLL_S, token: str | None = None) -> None:
-        self.url = url.rstrip("/")
+        super().__init__(url, token=token, thread_name="flyserve-top-autopilot")
         self.every = every
-        self._token = token or None
-        self._lock = threading.Lock()
         self._latest = WAITING
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flyserve-top-autopilot", daemon=True)
-
-    def start(self) -> AutopilotPoll:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
 
     def latest(self) -> AutopilotSeen:
         with self._lock:
@@ -105,10 +89,7 @@ class AutopilotPoll:
         timeout = httpx.Timeout(connect=2.0, read=READ_DEADLINE_S, write=2.0, pool=2.0)
         while not self._stop.is_set():
             try:
-                # An explicit transport: httpx then takes no proxy from the environment.
-                with httpx.Client(
-                    timeout=timeout, transport=httpx.HTTPTransport(), follow_redirects=False
-                ) as c:
+                with direct_client(timeout) as c:
                     seen = self._ask(c, endpoint, with_token=False)
                     if seen is None:  # --url answered 401 and a token is given: once more with it
                         seen = self._ask(c, endpoint, with_token=True)
@@ -125,13 +106,9 @@ class AutopilotPoll:
     def _ask(self, client: Any, endpoint: Any, *, with_token: bool) -> AutopilotSeen | None:
         """One request; None when it went without the token, one is given, and --url itself (no
         redirect is followed) answered 401: then the caller asks once more with it."""
-        headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
-        if with_token and self._token is not None:
-            headers["Authorization"] = f"Bearer {self._token}"
+        headers = self._headers("application/json", with_token=with_token)
         with client.stream("GET", endpoint, headers=headers) as r:
-            origin = (endpoint.scheme, endpoint.host, endpoint.port)
-            same_origin = (r.url.scheme, r.url.host, r.url.port) == origin
-            if r.status_code == 401 and not with_token and self._token is not None and same_origin:
+            if self._token_wanted(endpoint, r, with_token=with_token):
                 return None
             if r.status_code == 401 and with_token:
                 return AutopilotSeen("failed", detail="GET /autopilot refused the token (HTTP 401)")

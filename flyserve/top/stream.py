@@ -10,17 +10,17 @@ keeps the last good one.
 The bearer token: the sidecar's stream is open (only its mutations want a token), so each connection
 first asks without one, and sends it only when that same request to --url is answered 401 (a proxy
 in front that guards reads). Redirects are never followed and no proxy from the environment is
-used, so the token never goes to another host or port than the one asked.
+used, so the token never goes to another host or port than the one asked (flyserve.top.reader).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from flyserve.top.reader import BackgroundReader, direct_client, parse_object
 from flyserve.top.sse import Dropped, iter_lines, iter_sse_data
 
 __all__ = ["Latest", "StatsStream", "iter_sse_data"]
@@ -41,34 +41,17 @@ class Latest:
 def parse_payload(data: str) -> dict[str, Any] | None:
     """The payload of one event, or None when it is not a JSON object within the state files' caps
     (a JSON array, a string, a number, nesting past 64 levels, NaN, a 5000-digit number)."""
-    from flyserve.files import safe_read
-
-    try:
-        doc = safe_read.parse_json(data, source="the stream")
-    except safe_read.SafeReadError:
-        return None
-    return doc if isinstance(doc, dict) else None
+    return parse_object(data, source="the stream")
 
 
-class StatsStream:
+class StatsStream(BackgroundReader):
     """Reads the stream in a daemon thread; ``latest()`` is safe from any thread."""
 
     def __init__(self, url: str, *, interval: float, token: str | None = None) -> None:
-        self.url = url.rstrip("/")
+        super().__init__(url, token=token, thread_name="flyserve-top-stream")
         self.interval = interval
-        self._token = token or None
-        self._lock = threading.Lock()
         self._latest = Latest(None, None, None, 0)
         self._dropped = Dropped()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flyserve-top-stream", daemon=True)
-
-    def start(self) -> StatsStream:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
 
     def latest(self) -> Latest:
         """The newest state; its ``oversize`` is counted up to now (a line still being skipped
@@ -97,9 +80,7 @@ class StatsStream:
         timeout = httpx.Timeout(connect=2.0, read=max(10.0, self.interval * 5), write=2.0, pool=2.0)
         while not self._stop.is_set():
             try:
-                # An explicit transport: httpx then takes no proxy from the environment.
-                transport = httpx.HTTPTransport()
-                with httpx.Client(timeout=timeout, transport=transport, follow_redirects=False) as c:
+                with direct_client(timeout) as c:
                     if self._connect(c, endpoint, with_token=False) == "token wanted":
                         self._connect(c, endpoint, with_token=True)
                     if self._stop.is_set():
@@ -117,13 +98,9 @@ class StatsStream:
     def _connect(self, client: Any, endpoint: Any, *, with_token: bool) -> str:
         """One request; "token wanted" when it went without the token, one is given, and the
         endpoint itself (not a redirect: none is followed) answered 401."""
-        headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
-        if with_token and self._token is not None:
-            headers["Authorization"] = f"Bearer {self._token}"
+        headers = self._headers("text/event-stream", with_token=with_token)
         with client.stream("GET", endpoint, headers=headers) as r:
-            origin = (endpoint.scheme, endpoint.host, endpoint.port)
-            same_origin = (r.url.scheme, r.url.host, r.url.port) == origin
-            if r.status_code == 401 and not with_token and self._token is not None and same_origin:
+            if self._token_wanted(endpoint, r, with_token=with_token):
                 return "token wanted"
             if r.status_code == 401:
                 self._set(
