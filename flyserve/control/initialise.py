@@ -66,12 +66,7 @@ def require_for_write(state_dir: Path, *, create: bool = False) -> Path:
         raise StateDirError(f"state directory {p} exists and is not a directory")
     if not p.exists():
         raise StateDirError(f"state directory {p} does not exist; {INIT_HINT.format(path=p)}")
-    if not is_initialised(p):
-        raise StateDirError(
-            f"{p} is not a flyserve state directory (no control/ or ranks/ in it); "
-            + INIT_HINT.format(path=p)
-        )
-    return p
+    return _initialised(p)
 
 
 def require_for_read(state_dir: Path) -> Path:
@@ -84,6 +79,12 @@ def require_for_read(state_dir: Path) -> Path:
         )
     if not p.is_dir():
         raise StateDirError(f"state directory {p} exists and is not a directory")
+    return _initialised(p)
+
+
+def _initialised(p: Path) -> Path:
+    """``p``, a directory that exists, if it is a flyserve state directory; else the error that says
+    how to make one."""
     if not is_initialised(p):
         raise StateDirError(
             f"{p} is not a flyserve state directory (no control/ or ranks/ in it); "
