@@ -64,17 +64,23 @@ MAX_COUNT = 1 << 53
 
 @dataclass(frozen=True, slots=True)
 class KnobBound:
-    """The range an operator lets the autopilot move one integer threshold in (both ends included).
-    A knob with no bound is never changed by the autopilot."""
+    """The range an operator lets the autopilot move one threshold in (both ends included). A knob
+    with no bound is never changed by the autopilot. A switch (``boolean``: prefill_enabled) is a
+    range of 0 (false) and 1 (true): {0, 1} lets the autopilot turn it either way, {0, 0} only off."""
 
     low: int
     high: int
+    boolean: bool = False
 
     def __post_init__(self) -> None:
-        _count("low", self.low, 0, MAX_COUNT)
-        _count("high", self.high, self.low, MAX_COUNT)
+        _count("low", self.low, 0, 1 if self.boolean is True else MAX_COUNT)
+        _count("high", self.high, self.low, 1 if self.boolean is True else MAX_COUNT)
+        if not isinstance(self.boolean, bool):
+            raise InputError("boolean", f"must be true or false, got {type(self.boolean).__name__}")
 
     def holds(self, value: object) -> bool:
+        if self.boolean:  # a switch holds only true or false, never 0 or 1
+            return isinstance(value, bool) and self.low <= int(value) <= self.high
         return not isinstance(value, bool) and isinstance(value, int) and self.low <= value <= self.high
 
 

@@ -7,6 +7,7 @@ refuses "out of bounds"); without a file the autopilot moves nothing and says so
 
     min_seq_len: {min: 256, max: 8192}
     block_m: {min: 64, max: 512}
+    prefill_enabled: {min: false, max: true}    # a switch: false..true lets it go either way
 """
 
 from __future__ import annotations
@@ -35,9 +36,24 @@ class BoundsError(ValueError):
 
 def integer_knobs() -> frozenset[str]:
     """The run-time integer thresholds a bound may open (start-only fields never)."""
+    return _knobs_of(int)
+
+
+def switch_knobs() -> frozenset[str]:
+    """The run-time true/false thresholds a bound may open (prefill_enabled)."""
+    return _knobs_of(bool)
+
+
+def _knobs_of(kind: type) -> frozenset[str]:
     return frozenset(
-        k for k, f in Thresholds.model_fields.items() if f.annotation is int and k not in START_ONLY_FIELDS
+        k for k, f in Thresholds.model_fields.items() if f.annotation is kind and k not in START_ONLY_FIELDS
     )
+
+
+def _switch_end(knob: str, end: str, v: object, source: str) -> int:
+    if not isinstance(v, bool):
+        raise BoundsError(f"{knob}.{end}", f"must be true or false, got {type(v).__name__}", source=source)
+    return int(v)
 
 
 def _end(knob: str, end: str, v: object, source: str) -> int:
@@ -54,12 +70,12 @@ def parse_bounds(data: object, *, source: str = "") -> Mapping[str, KnobBound]:
         raise BoundsError("<file>", f"must be a mapping of knob -> {{min, max}}, got {type(data).__name__}")
     if len(data) > MAX_BOUNDS:
         raise BoundsError("<file>", f"at most {MAX_BOUNDS} knobs, got {len(data)}", source=source)
-    knobs = integer_knobs()
+    knobs, switches = integer_knobs(), switch_knobs()
     out: dict[str, KnobBound] = {}
     for knob, spec in data.items():
         name = str(knob)[:64]
-        if knob not in knobs:
-            raise BoundsError(name, "not a run-time integer threshold the autopilot may move", source=source)
+        if knob not in knobs and knob not in switches:
+            raise BoundsError(name, "not a run-time threshold the autopilot may move", source=source)
         if not isinstance(spec, Mapping):
             raise BoundsError(name, "must be a mapping {min, max}", source=source)
         # each odd key classed by the key itself: its name alone (3 -> "3") would read as missing
@@ -69,10 +85,11 @@ def parse_bounds(data: object, *, source: str = "") -> Mapping[str, KnobBound]:
         )
         if odd:
             raise BoundsError(f"{name}.{odd[0][0]}", odd[0][1], source=source)
-        low, high = _end(name, "min", spec["min"], source), _end(name, "max", spec["max"], source)
+        end = _switch_end if knob in switches else _end
+        low, high = end(name, "min", spec["min"], source), end(name, "max", spec["max"], source)
         if high < low:
-            raise BoundsError(f"{name}.max", f"must be at least min ({low})", source=source)
-        out[name] = KnobBound(low, high)
+            raise BoundsError(f"{name}.max", f"must be at least min ({spec['min']})", source=source)
+        out[name] = KnobBound(low, high, boolean=knob in switches)
     return MappingProxyType(out)
 
 
