@@ -36,6 +36,13 @@ def _decided(row: dict[str, Any], t: Thresholds) -> tuple[str, str]:
     return d.path, d.reason
 
 
+def _in_moved_band(row: dict[str, Any], v1: Thresholds, flip: Thresholds) -> bool:
+    """A batch with a prefill row whose context lies in [v1's floor, the flip's floor): the batches
+    the change is about (version 1 lets them take prefill, the flip sends them to unified)."""
+    has_prefill_row = max(row["query_lens"]) >= flip.min_query_len
+    return has_prefill_row and v1.min_seq_len <= row["max_seq_len"] < flip.min_seq_len
+
+
 def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_model, tmp_path):
     summary_path = tmp_path / "summary.json"
     shape_log = tmp_path / "shapes-{rank}.jsonl"  # every step: shape, path, reason, thresholds version
@@ -100,6 +107,15 @@ def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_mode
     for x in under_flip:
         assert (x["path"], x["reason"]) == _decided(x, flip), x
         assert x["path"] != "prefill" or x["max_seq_len"] >= flip.min_seq_len, x
+    # Not vacuous: the new floor had batches to bind on. Version 2 applies at a step planned a few
+    # seconds of steps ahead and the idle engine does not step between the halves, so its batches are
+    # the second half's later ones and the advice round's first (measured: the second half's first 13,
+    # in another run 15, of its 24 prompts ran under version 1). The bench's prompts are seeded
+    # (--seed 1, --seed 2): 17 and 16 of their 24 are 96-255 tokens, and the advice round's first
+    # batch is its ready check alone, 249 tokens, under version 2 whenever version 2 applied before
+    # that round (version 3 is planned steps ahead of it).
+    short = [x for x in with_prefill_row if _in_moved_band(x, v1, flip)]
+    assert short, f"no batch with a prefill row and context in [96, 256) under version {FLIP_VERSION}"
     # Moved: a path other than version 1's. A batch version 1 sent to unified for another reason (too
     # few q-blocks) and the flip sends there for short context changed its reason only: the context
     # rule is checked first (seen in CI: query 121, context 249).
@@ -114,7 +130,16 @@ def test_demo_runs_both_paths_and_the_threshold_change_moves_the_ratio(tiny_mode
         f"\nunder version {FLIP_VERSION}: {len(under_flip)} batches, {len(with_prefill_row)} with a prefill "
         f"row, {len(moved)} of them routed otherwise than version 1 would have"
     )
-    # Version 1's batches (the first phase) followed version 1 the same way.
+    # Version 1's batches (the first half and the start of the second) followed version 1 the same way.
     for x in rows:
         if x["version"] == 1:
             assert (x["path"], x["reason"]) == _decided(x, v1), x
+    # What the change moves happened under version 1: a batch with a prefill row and context in
+    # [96, 256) took prefill. Not left to chance: the first half's prompts are seeded (--seed 0) and
+    # the first of them, 250 tokens, is vllm bench serve's ready check, sent alone to the idle engine
+    # before the timed requests (one row, context 250, 4 heads x 250 tokens >= 16 q-block rows x 16:
+    # admitted); 15 more of the half's 24 prompts are 96-255 tokens.
+    took_prefill = [
+        x for x in rows if x["version"] == 1 and _in_moved_band(x, v1, flip) and x["path"] == "prefill"
+    ]
+    assert took_prefill, "no batch with a prefill row and context in [96, 256) took prefill under version 1"
