@@ -60,6 +60,9 @@ class StartRecord:
     saving: float | None
     test: SequentialConfig
     guard: Mapping[str, float]
+    expected_exploration_share: float | None = None
+    """The trial's expected extra cost over its plan's attention time (None: not measured, or a log
+    written before the record carried it)."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,8 @@ _KEYS: dict[str, frozenset[str]] = {
     MODE: frozenset(("mode_before", "mode", "paused", "reason")),
 }
 _COMMON = frozenset(("schema", "kind", "time"))
+_OPTIONAL: dict[str, frozenset[str]] = {START: frozenset(("expected_exploration_share",))}
+"""Keys a record may lack: added after logs were written without them."""
 
 
 def _int(name: str, v: object, lo: int = 0, hi: int = MAX_INT) -> int:
@@ -214,8 +219,10 @@ def _mapping(name: str, v: object, max_len: int) -> Mapping[str, Any]:
     return v
 
 
-def _keys(name: str, d: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    unknown = sorted(str(k)[:40] for k in d if k not in allowed)
+def _keys(
+    name: str, d: Mapping[str, Any], allowed: frozenset[str], optional: frozenset[str] = frozenset()
+) -> None:
+    unknown = sorted(str(k)[:40] for k in d if k not in allowed and k not in optional)
     if unknown:
         raise AuditRecordError(f"{name}{unknown[0]}", "unknown key")
     missing = sorted(k for k in allowed if k not in d)
@@ -270,6 +277,9 @@ def _parse_start(d: Mapping[str, Any], time: float, trial: str) -> StartRecord:
         saving=_opt_float("saving", d["saving"]),
         test=test,
         guard=guard,
+        expected_exploration_share=_opt_float(
+            "expected_exploration_share", d.get("expected_exploration_share"), 0.0, 1.0
+        ),
     )
 
 
@@ -339,7 +349,7 @@ def parse_record(obj: object) -> AuditRecord:
     if isinstance(schema, bool) or schema != SCHEMA:
         raise AuditRecordError("schema", f"must be {SCHEMA}")
     trial_keys = frozenset() if kind == MODE else frozenset(("trial",))
-    _keys("", obj, _COMMON | trial_keys | _KEYS[kind])
+    _keys("", obj, _COMMON | trial_keys | _KEYS[kind], _OPTIONAL.get(kind, frozenset()))
     time = _float("time", obj["time"], 0.0, MAX_TIME)
     if kind == MODE:
         return ModeRecord(

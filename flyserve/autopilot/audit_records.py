@@ -6,7 +6,9 @@ operators' changes), versioned (``"schema": 1``) and at most MAX_RECORD_BYTES, w
 store's line bound, so the store never truncates one. Kinds:
 
 * ``autopilot.trial.start``: the trial's id, the operator version it runs over, the fields the
-  candidate moves, the trigger's figures, the blocks, the test's settings and the guardrails' limits;
+  candidate moves, the trigger's figures, the blocks, the test's settings, the guardrails' limits and
+  the trial's expected extra cost as a share of its plan (``expected_exploration_share``: null when
+  the bound was off; absent in logs written before it);
 * ``autopilot.trial.pair-summary``: up to PAIRS_PER_RECORD consecutive pairs (current, candidate:
   each block's measured kernel seconds per token), the sha256 of those pairs and a chain digest over
   every pair of the trial so far;
@@ -136,6 +138,7 @@ def start_record(
     saving: float | None,
     test: SequentialConfig,
     guard: Mapping[str, float],
+    expected_exploration_share: float | None = None,
 ) -> dict[str, Any]:
     return _bounded(
         {
@@ -154,6 +157,7 @@ def start_record(
             "saving": saving,
             "test": {f.name: getattr(test, f.name) for f in fields(test)},
             "guard": dict(guard),
+            "expected_exploration_share": expected_exploration_share,
         }
     )
 

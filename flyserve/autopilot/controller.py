@@ -63,6 +63,12 @@ def _empty_decision(config: AutopilotConfig, test: SequentialState) -> Decision:
     return decide(config.test, test)
 
 
+def _exploration_share(config: AutopilotConfig) -> float | None:
+    """The share the trigger held the plan to (None: the bound is off: the limit is one no plan exceeds)."""
+    est = trigger.exploration_estimate(config)
+    return None if est is None else est.share
+
+
 def _guard_settings(config: AutopilotConfig) -> dict[str, float]:
     return {k: float(getattr(config, k)) for k in rec.GUARD_KEYS}
 
@@ -248,6 +254,7 @@ def observe(config: AutopilotConfig, state: AutopilotState, obs: Observation) ->
         saving=obs.advice_saving,
         test=config.test,
         guard=_guard_settings(config),
+        expected_exploration_share=_exploration_share(config),
     )
     running = RunningTrial(spec=got, started=now, last_block_time=now)
     state = replace(state, trial=running, trials_started=state.trials_started + 1)

@@ -114,6 +114,11 @@ class AutopilotConfig:
     """Errors per step on the candidate's blocks above the current arm's rate by more: rolled back."""
     approval_wait_s: float = 3600.0
     """A promotion not approved within this long is dropped (the operator's version stays)."""
+    max_exploration_share: float = 0.005
+    """A trial starts only when its expected extra cost (its candidate's blocks times the slowdown,
+    at the worst slowdown: autopilot.exploration) is at most this share of its plan's attention time."""
+    assumed_cv: float = 0.10
+    """The block-to-block coefficient of variation that expected cost is measured at."""
     seed: int = 0
     """Where every trial's coin seed comes from (each trial's is derived from it and the trial's id)."""
     test: SequentialConfig = field(default_factory=SequentialConfig)
@@ -132,6 +137,10 @@ class AutopilotConfig:
         _finite("fallback_rate_excess", self.fallback_rate_excess, 0.0, 1e6)
         _finite("error_rate_excess", self.error_rate_excess, 0.0, 1e6)
         _finite("approval_wait_s", self.approval_wait_s, 1.0, 30 * 86400.0)
+        if not 0.0 < _finite("max_exploration_share", self.max_exploration_share, -1e300, 1e300) < 1.0:
+            raise InputError("max_exploration_share", "must be a finite number in (0, 1)")
+        if not 0.0 < _finite("assumed_cv", self.assumed_cv, -1e300, 1e300) <= 2.0:
+            raise InputError("assumed_cv", "must be a finite number in (0, 2]")
         _count("seed", self.seed, 0, (1 << 63) - 1)
         if not isinstance(self.test, SequentialConfig):
             raise InputError("test", "must be a SequentialConfig")

@@ -36,6 +36,7 @@ from flyserve.autopilot.sequential import (
 )
 
 if TYPE_CHECKING:  # numpy is imported where it is used
+    import numpy as np
     from numpy.random import Generator
 
 NOISE_MODELS = ("gpu", "gaussian")
@@ -73,6 +74,12 @@ class SyntheticBlocks:
 
     def pairs(self, rng: Generator, n: int) -> Iterator[tuple[float, float, float]]:
         """n pairs (current, candidate, covariate), drawn with the numpy Generator ``rng``."""
+        cur, cand, z = self.pair_arrays(rng, n)
+        return zip(cur.tolist(), cand.tolist(), z.tolist(), strict=True)
+
+    def pair_arrays(self, rng: Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The same n pairs as ``pairs`` as three numpy arrays (current, candidate, covariate): for
+        callers that work on all of a trial's pairs at once (exploration.py)."""
         import numpy as np
 
         sd = math.sqrt(math.log1p(self.cv * self.cv))
@@ -95,12 +102,7 @@ class SyntheticBlocks:
         cur_log = np.where(cand_first, second, first)
         cand_shape = np.where(cand_first, shape[0::2], shape[1::2])
         cur_shape = np.where(cand_first, shape[1::2], shape[0::2])
-        return zip(
-            np.exp(cur_log).tolist(),
-            np.exp(cand_log).tolist(),
-            (cand_shape - cur_shape).tolist(),
-            strict=True,
-        )
+        return np.exp(cur_log), np.exp(cand_log), cand_shape - cur_shape
 
 
 @dataclass(frozen=True)

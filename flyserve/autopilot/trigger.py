@@ -4,7 +4,8 @@ A trial is worth its cost (the candidate's blocks run at whatever speed it has) 
 thresholds measurably cost something: live regret above a bound over a window with enough priced
 samples, and advice predicting a saving above a minimum. It must also be safe to run: control not
 frozen, no operator change pending, no circuit open, no other trial running or awaiting approval,
-the cool-down after the last trial over, every knob the candidate moves inside the operator's
+the cool-down after the last trial over, a plan long enough that the trial's expected extra cost
+stays within its share of the plan's attention time (autopilot.exploration), every knob the candidate moves inside the operator's
 bounds, no restart-only knob moved, and nothing that would start a compile (the start-only check
 of control.snapshot.Trial, reused). Pure: ``check`` reads its arguments only.
 """
@@ -15,6 +16,7 @@ import hashlib
 from dataclasses import dataclass
 
 from flyserve.autopilot.actions import TrialSpec
+from flyserve.autopilot.exploration import MAX_SHARE, ExplorationEstimate, expected_exploration
 from flyserve.autopilot.inputs import AutopilotConfig, Observation
 from flyserve.autopilot.switchback import MAX_SEED
 from flyserve.control.snapshot import Trial
@@ -27,6 +29,7 @@ CIRCUIT_OPEN = "circuit open"
 BUSY = "trial running"
 AWAITING = "awaiting approval"
 COOLDOWN = "cool-down"
+EXPLORATION_COST = "exploration cost"
 TOO_FEW_SAMPLES = "too few priced samples"
 REGRET_BELOW = "regret below bound"
 NO_ADVICE = "no advice"
@@ -43,6 +46,7 @@ REFUSALS: tuple[str, ...] = (
     BUSY,
     AWAITING,
     COOLDOWN,
+    EXPLORATION_COST,
     TOO_FEW_SAMPLES,
     REGRET_BELOW,
     NO_ADVICE,
@@ -76,6 +80,30 @@ def seed_for(config_seed: int, trial_id: str) -> int:
     return int.from_bytes(digest[:8], "big") & MAX_SEED
 
 
+def exploration_estimate(config: AutopilotConfig) -> ExplorationEstimate | None:
+    """The expected extra cost of a trial at these settings (measured once per config, then
+    cached), or None when ``max_exploration_share`` is at or above MAX_SHARE, which no plan can
+    exceed (then nothing is measured). The first call takes about a second at the defaults: the
+    sidecar makes it on its autopilot thread, never on a request."""
+    if config.max_exploration_share >= MAX_SHARE:
+        return None
+    return expected_exploration(config.test, config.assumed_cv)
+
+
+def exploration_refusal(config: AutopilotConfig) -> Refusal | None:
+    """EXPLORATION_COST with the figures when the plan is too short for the bound, else None."""
+    est = exploration_estimate(config)
+    if est is None or est.share <= config.max_exploration_share:
+        return None
+    worst = est.worst
+    return Refusal(
+        EXPLORATION_COST,
+        f"expected {est.share:.2%} of the plan's attention time ({worst.cost_blocks:.1f} of "
+        f"{est.plan_blocks} blocks' worth, {worst.slowdown:.2%} slower, CV {est.cv:g}), bound "
+        f"{config.max_exploration_share:.2%}: raise --autopilot-max-blocks",
+    )
+
+
 def check(
     config: AutopilotConfig,
     obs: Observation,
@@ -96,6 +124,9 @@ def check(
         return Refusal(busy)
     if obs.now < cooldown_until:
         return Refusal(COOLDOWN, f"{cooldown_until - obs.now:.0f} s left")
+    costly = exploration_refusal(config)
+    if costly is not None:
+        return costly
     if obs.priced_samples < config.min_priced_samples:
         return Refusal(TOO_FEW_SAMPLES, f"{obs.priced_samples} < {config.min_priced_samples}")
     if obs.regret is None or obs.regret <= config.regret_bound:

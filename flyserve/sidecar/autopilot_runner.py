@@ -53,7 +53,7 @@ from flyserve.autopilot.actions import (
 )
 from flyserve.autopilot.inputs import AutopilotConfig, KnobBound, Mode, Observation
 from flyserve.autopilot.state import AutopilotState, Outcome
-from flyserve.autopilot.trigger import REFUSALS
+from flyserve.autopilot.trigger import REFUSALS, exploration_estimate
 from flyserve.control import ControlIOError, ControlPlane
 from flyserve.control.reports import Liveness, liveness
 from flyserve.control.snapshot import ConfigSnapshot
@@ -130,6 +130,7 @@ class AutopilotRunner:
         self._versions = self._pub.versions
         self._decisions: deque[DecisionView] = deque(maxlen=MAX_DECISIONS_KEPT)
         self._exploration = ExplorationCost()
+        self._expected_share: float | None = None
         self._arm_now = -1
         self._blocks = BlockReader()
         self._set_mode_gauge(mode)
@@ -166,7 +167,13 @@ class AutopilotRunner:
         """Blocks to the test, then one observation, each action carried out (public for tests).
         The advice is asked for before the lock is taken (a fit may take its deadline): GET
         /autopilot and the operator's changes never wait for it."""
-        live = self._live_inputs() if self._could_start(self._clock()) else NO_INPUTS
+        could_start = self._could_start(self._clock())
+        if could_start and self._expected_share is None:
+            # the trigger's exploration cost, measured once per config (about a second at the
+            # defaults, then cached): here, before the lock, never on a request's thread
+            est = exploration_estimate(self.config)
+            self._expected_share = None if est is None else est.share
+        live = self._live_inputs() if could_start else NO_INPUTS
         with self._lock:
             now = self._clock()
             reports = self._confirmed_reports(now)
@@ -446,4 +453,8 @@ class AutopilotRunner:
                 if owed is None
                 else {"trial": owed.trial_id, "kind": owed.kind, "reason": owed.why},
                 decisions=self._decisions,
+                exploration_bound={
+                    "expected_share": self._expected_share,
+                    "limit": self.config.max_exploration_share,
+                },
             )

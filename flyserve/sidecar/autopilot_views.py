@@ -128,10 +128,12 @@ def status_view(
     last_refusal: str | None,
     owed: dict[str, str] | None,
     decisions: Iterable[DecisionView],
+    exploration_bound: dict[str, float | None] | None = None,
 ) -> dict[str, Any]:
     """GET /autopilot's body: the mode, the state (off, rolling_back while a publish is owed,
     running, awaiting_approval, cooldown, idle), the trial, the proposal, the last refusal, the
-    owed publish and the decisions kept, newest first."""
+    owed publish, the decisions kept, newest first, and the exploration-cost bound (the expected
+    share of the configured plan, null until the autopilot's thread has measured it, and its limit)."""
     if st.mode is Mode.OFF:
         state = "off"
     elif owed is not None:
@@ -153,6 +155,7 @@ def status_view(
         "last_refusal": last_refusal,
         "owed_publish": owed,
         "last_decisions": [d.to_dict() for d in reversed(list(decisions))],
+        "exploration_bound": exploration_bound,
     }
 
 

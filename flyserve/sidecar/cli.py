@@ -25,6 +25,7 @@ class AUTOPILOT_DEFAULTS:
     regret_bound = 0.03
     min_saving = 0.005
     min_priced_samples = 1000
+    max_exploration_share = 0.005
 
 
 def sidecar(
@@ -229,6 +230,15 @@ def sidecar(
             "--autopilot-max-blocks", min=2, help="Blocks a trial may run (even): the test's budget, twice."
         ),
     ] = AUTOPILOT_DEFAULTS.plan_blocks,
+    autopilot_max_exploration_share: Annotated[
+        float,
+        typer.Option(
+            "--autopilot-max-exploration-share",
+            help="A trial starts only when its expected extra cost (the worse arm's blocks times its "
+            "slowdown) is at most this share of its plan's attention time, 0-1 exclusive "
+            '(docs/autopilot.md, "The exploration-cost bound").',
+        ),
+    ] = AUTOPILOT_DEFAULTS.max_exploration_share,
     autopilot_cooldown: Annotated[
         float, typer.Option("--autopilot-cooldown", min=0.0, help="Seconds with no new trial after one ends.")
     ] = AUTOPILOT_DEFAULTS.cooldown_s,
@@ -335,6 +345,13 @@ def sidecar(
             err=True,
         )
         raise typer.Exit(2)
+    if not 0.0 < autopilot_max_exploration_share < 1.0:  # nan too: it compares False both ways
+        err(
+            "error: --autopilot-max-exploration-share: must be more than 0 and less than 1, "
+            f"got {autopilot_max_exploration_share:g}",
+            err=True,
+        )
+        raise typer.Exit(2)
     if autopilot != "off" and costs is None:  # the trigger prices its samples by the cost table
         err("warning: no --costs: the autopilot starts no trial (too few priced samples)", err=True)
     bounds: dict[str, Any] = {}
@@ -387,6 +404,7 @@ def sidecar(
         autopilot_bounds=bounds,
         autopilot_block_steps=autopilot_block_steps,
         autopilot_max_blocks=autopilot_max_blocks,
+        autopilot_max_exploration_share=autopilot_max_exploration_share,
         autopilot_cooldown_s=autopilot_cooldown,
         autopilot_regret_bound=autopilot_regret_bound,
         autopilot_min_saving=autopilot_min_saving,

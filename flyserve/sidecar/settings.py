@@ -184,6 +184,13 @@ class SidecarSettings(BaseModel):
         le=MAX_BLOCKS,
         description="Blocks a trial may run (even: whole pairs): the sequential test's budget, twice.",
     )
+    autopilot_max_exploration_share: float = Field(
+        _AP.max_exploration_share,
+        gt=0,
+        lt=1,
+        description="A trial starts only when its expected extra cost (the worse arm's blocks times its "
+        "slowdown) is at most this share of its plan's attention time (docs/autopilot.md).",
+    )
     autopilot_cooldown_s: float = Field(
         _AP.cooldown_s, ge=0, le=7 * 86400, description="No new trial this long after one ends."
     )
@@ -226,6 +233,7 @@ class SidecarSettings(BaseModel):
             cooldown_s=self.autopilot_cooldown_s,
             block_steps=self.autopilot_block_steps,
             min_block_samples=self.autopilot_min_block_samples,
+            max_exploration_share=self.autopilot_max_exploration_share,
             test=replace(_AP.test, max_pairs=self.autopilot_max_blocks // 2),
         )
 

@@ -76,7 +76,7 @@ def _run(tmp: Path, prefill_over_unified: float) -> tuple[str, float | None, Pat
     sidecar_args = [
         "--profile", "gfx950", "--costs", "h200",
         "--autopilot", "auto", "--autopilot-bounds", str(_bounds(tmp)),
-        "--autopilot-block-steps", "16", "--autopilot-max-blocks", "400",
+        "--autopilot-block-steps", "16", "--autopilot-max-blocks", "3000",
         "--autopilot-min-priced-samples", "300", "--autopilot-window", "60s",
         "--autopilot-interval", "0.25",
     ]  # fmt: skip

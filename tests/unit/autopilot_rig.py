@@ -15,6 +15,7 @@ from typing import Any
 
 from flyserve.autopilot import controller as ap
 from flyserve.autopilot.actions import Action, Nothing, StartTrial, TrialSpec
+from flyserve.autopilot.exploration import MAX_SHARE
 from flyserve.autopilot.inputs import AutopilotConfig, BlockMeasurement, KnobBound, Mode, Observation
 from flyserve.autopilot.sequential import SequentialConfig
 from flyserve.autopilot.state import AutopilotState, Outcome
@@ -27,8 +28,18 @@ ADVICE = {"min_seq_len": 2048}
 """What the cost table favours: a candidate the blocks below make faster, slower or equal."""
 
 
+UNBOUNDED_EXPLORATION = MAX_SHARE
+"""A max_exploration_share no plan exceeds: these trials' short budgets (20 to 300 pairs) keep the
+tests quick; the bound itself is tested in test_autopilot_exploration.py."""
+
+
 def config(**kw: Any) -> AutopilotConfig:
-    args: dict[str, Any] = {"block_steps": 4, "cooldown_s": 60.0, "test": SequentialConfig(max_pairs=300)}
+    args: dict[str, Any] = {
+        "block_steps": 4,
+        "cooldown_s": 60.0,
+        "max_exploration_share": UNBOUNDED_EXPLORATION,
+        "test": SequentialConfig(max_pairs=300),
+    }
     args.update(kw)
     return AutopilotConfig(**args)
 

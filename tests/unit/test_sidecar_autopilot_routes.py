@@ -24,7 +24,16 @@ from flyserve.sidecar.settings import SidecarSettings
 
 TOKEN = "t" * 24
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-STATUS_KEYS = {"mode", "paused", "state", "trial", "proposal", "last_refusal", "last_decisions"}
+STATUS_KEYS = {
+    "mode",
+    "paused",
+    "state",
+    "trial",
+    "proposal",
+    "last_refusal",
+    "last_decisions",
+    "exploration_bound",
+}
 
 
 @pytest.fixture
@@ -43,6 +52,8 @@ def test_get_autopilot_is_open_and_off_by_default(client: TestClient) -> None:
     assert set(st) == STATUS_KEYS
     assert st["mode"] == "off" and st["state"] == "off" and st["trial"] is None and st["last_decisions"] == []
     assert "bounds" in st["last_refusal"]
+    # off: the autopilot's thread never ran, so the plan's expected share is not measured yet
+    assert st["exploration_bound"] == {"expected_share": None, "limit": 0.005}
 
 
 @pytest.mark.parametrize(
@@ -165,6 +176,7 @@ def test_the_sidecar_defaults_are_the_state_machines() -> None:
         "regret_bound",
         "min_saving",
         "min_priced_samples",
+        "max_exploration_share",
     ):
         assert getattr(AUTOPILOT_DEFAULTS, name) == getattr(cfg, name), name
 

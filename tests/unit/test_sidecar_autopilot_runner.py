@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from flyserve.autopilot.audit_log import read_audit_lines
+from flyserve.autopilot.exploration import MAX_SHARE
 from flyserve.autopilot.inputs import AutopilotConfig, KnobBound, Mode
 from flyserve.autopilot.replay import replay
 from flyserve.autopilot.sequential import SequentialConfig
@@ -50,6 +51,7 @@ def _config(**kw: Any) -> AutopilotConfig:
         "cooldown_s": 60.0,
         "min_priced_samples": 100,
         "min_block_samples": 2,
+        "max_exploration_share": MAX_SHARE,  # short plans, quick tests: no plan exceeds it
         "test": SequentialConfig(max_pairs=200),
     }
     args.update(kw)

@@ -19,6 +19,7 @@ from flyserve.sidecar.models.advice import (
 )
 from flyserve.sidecar.models.autopilot import (
     AutopilotDecisionView,
+    AutopilotExplorationBound,
     AutopilotModeRequest,
     AutopilotStatus,
     AutopilotTrialView,
@@ -51,6 +52,7 @@ __all__ = [
     "AdviceSampleRank",
     "AdviceShape",
     "AutopilotDecisionView",
+    "AutopilotExplorationBound",
     "AutopilotModeRequest",
     "AutopilotStatus",
     "AutopilotTrialView",

@@ -48,6 +48,17 @@ class AutopilotDecisionView(FrozenModel):
     )
 
 
+class AutopilotExplorationBound(FrozenModel):
+    """The exploration-cost bound the trigger holds a trial's plan to (docs/autopilot.md)."""
+
+    expected_share: float | None = Field(
+        description="The configured plan's expected extra cost (the worse arm's blocks times its "
+        "slowdown, at the worst slowdown) over its attention time; null until measured (the "
+        "autopilot's thread measures it once) or when the limit is one no plan can exceed."
+    )
+    limit: float = Field(description="--autopilot-max-exploration-share: no trial starts above it.")
+
+
 class AutopilotStatus(FrozenModel):
     """GET /autopilot."""
 
@@ -60,6 +71,9 @@ class AutopilotStatus(FrozenModel):
         description="Why no trial started at the last look (the trigger's words)."
     )
     last_decisions: list[AutopilotDecisionView] = Field(description="The last 20 decisions, newest first.")
+    exploration_bound: AutopilotExplorationBound | None = Field(
+        None, description="The exploration-cost bound: the configured plan's expected share, and its limit."
+    )
 
 
 class AutopilotModeRequest(BaseModel):
