@@ -31,6 +31,7 @@ STATUS_KEYS = {
     "trial",
     "proposal",
     "last_refusal",
+    "owed_publish",
     "last_decisions",
     "exploration_bound",
 }

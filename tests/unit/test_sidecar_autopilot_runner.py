@@ -29,6 +29,7 @@ from flyserve.control.snapshot import Trial
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.autopilot_runner import NO_BOUNDS, AutopilotRunner, UnknownTrial
 from flyserve.sidecar.autopilot_views import LiveInputs
+from flyserve.sidecar.models import AutopilotStatus
 from flyserve.telemetry import metrics as tm
 
 pytestmark = pytest.mark.slow
@@ -494,6 +495,10 @@ def test_a_failed_rollback_is_owed_and_retried_until_the_trial_is_gone(plane: Co
     st = runner.status()
     assert st["state"] == "rolling_back" and st["owed_publish"]["kind"] == "rollback"
     assert st["last_decisions"][0]["result_version"] is None
+    # GET /autopilot answers this body through its response model: the state and the owed publish
+    # must pass it as they are (the model once knew no rolling_back: a 500 while a publish was owed).
+    shown = AutopilotStatus.model_validate(st).model_dump()
+    assert shown["state"] == "rolling_back" and shown["owed_publish"] == st["owed_publish"]
     assert plane.snapshot().trial is not None
     clock.now += 1
     runner.tick()

@@ -59,16 +59,29 @@ class AutopilotExplorationBound(FrozenModel):
     limit: float = Field(description="--autopilot-max-exploration-share: no trial starts above it.")
 
 
+class AutopilotOwedPublish(FrozenModel):
+    """A version the runner must still publish (a rollback or promotion whose publish failed)."""
+
+    trial: str
+    kind: str = Field(description="rollback, promote or await-approval.")
+    reason: str
+
+
 class AutopilotStatus(FrozenModel):
     """GET /autopilot."""
 
     mode: ModeName
     paused: bool
-    state: Literal["idle", "cooldown", "running", "awaiting_approval", "off"]
+    state: Literal["idle", "cooldown", "running", "awaiting_approval", "rolling_back", "off"] = Field(
+        description="rolling_back: a rollback or promotion publish failed and is retried every tick."
+    )
     trial: AutopilotTrialView | None
     proposal: AutopilotTrialView | None = Field(description="Advise mode: the trial that would start.")
     last_refusal: str | None = Field(
         description="Why no trial started at the last look (the trigger's words)."
+    )
+    owed_publish: AutopilotOwedPublish | None = Field(
+        None, description="The publish the runner owes the engine (null: none): retried every tick."
     )
     last_decisions: list[AutopilotDecisionView] = Field(description="The last 20 decisions, newest first.")
     exploration_bound: AutopilotExplorationBound | None = Field(
