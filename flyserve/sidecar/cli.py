@@ -26,6 +26,7 @@ class AUTOPILOT_DEFAULTS:
     min_saving = 0.005
     min_priced_samples = 1000
     max_exploration_share = 0.005
+    p99_ratio_limit = 1.5
 
 
 def sidecar(
@@ -239,6 +240,16 @@ def sidecar(
             '(docs/autopilot.md, "The exploration-cost bound").',
         ),
     ] = AUTOPILOT_DEFAULTS.max_exploration_share,
+    autopilot_step_time_limit: Annotated[
+        float,
+        typer.Option(
+            "--autopilot-step-time-limit",
+            min=1.0,
+            max=100.0,
+            help="Step-time guardrail: a candidate block whose mean step time is above this many times "
+            "the current arm's rolls the trial back. Raise it where host stalls are common.",
+        ),
+    ] = AUTOPILOT_DEFAULTS.p99_ratio_limit,
     autopilot_cooldown: Annotated[
         float, typer.Option("--autopilot-cooldown", min=0.0, help="Seconds with no new trial after one ends.")
     ] = AUTOPILOT_DEFAULTS.cooldown_s,
@@ -405,6 +416,7 @@ def sidecar(
         autopilot_block_steps=autopilot_block_steps,
         autopilot_max_blocks=autopilot_max_blocks,
         autopilot_max_exploration_share=autopilot_max_exploration_share,
+        autopilot_step_time_limit=autopilot_step_time_limit,
         autopilot_cooldown_s=autopilot_cooldown,
         autopilot_regret_bound=autopilot_regret_bound,
         autopilot_min_saving=autopilot_min_saving,

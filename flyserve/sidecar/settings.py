@@ -191,6 +191,13 @@ class SidecarSettings(BaseModel):
         description="A trial starts only when its expected extra cost (the worse arm's blocks times its "
         "slowdown) is at most this share of its plan's attention time (docs/autopilot.md).",
     )
+    autopilot_step_time_limit: float = Field(
+        _AP.p99_ratio_limit,
+        ge=1,
+        le=100,
+        description="A candidate block whose mean step time is above this many times the current "
+        "arm's rolls the trial back (the step-time guardrail).",
+    )
     autopilot_cooldown_s: float = Field(
         _AP.cooldown_s, ge=0, le=7 * 86400, description="No new trial this long after one ends."
     )
@@ -234,6 +241,7 @@ class SidecarSettings(BaseModel):
             block_steps=self.autopilot_block_steps,
             min_block_samples=self.autopilot_min_block_samples,
             max_exploration_share=self.autopilot_max_exploration_share,
+            p99_ratio_limit=self.autopilot_step_time_limit,
             test=replace(_AP.test, max_pairs=self.autopilot_max_blocks // 2),
         )
 

@@ -178,6 +178,7 @@ def test_the_sidecar_defaults_are_the_state_machines() -> None:
         "min_saving",
         "min_priced_samples",
         "max_exploration_share",
+        "p99_ratio_limit",
     ):
         assert getattr(AUTOPILOT_DEFAULTS, name) == getattr(cfg, name), name
 
