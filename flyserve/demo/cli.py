@@ -7,7 +7,10 @@
    halves, printing a live summary of /dispatch-stats; between the halves it changes a threshold
    through the sidecar (PATCH /thresholds) and shows the prefill ratio move;
 5. prices what the thresholds cost (regret), asks the sidecar for advice, applies it and runs one
-   more round of traffic to show the regret after (flyserve.demo.advice);
+   more round of traffic to show the regret after (flyserve.demo.advice); with ``--autopilot`` the
+   autopilot does it instead: it trials the advice's change inside the engine, promotes or rolls
+   back on measured kernel times, and the report shows the trial, its statistic and the regret
+   before and after (flyserve.demo.autopilot);
 6. prints where the sidecar is (kept up for --hold seconds), shuts everything down (also on
    Ctrl-C) and optionally writes a JSON summary.
 
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,6 +39,10 @@ from typing import Annotated, Any
 import typer
 
 from flyserve.demo.advice import DEMO_COSTS, advice_phase, priced_seconds
+from flyserve.demo.autopilot import DEFAULT_ROUNDS as AUTOPILOT_ROUNDS
+from flyserve.demo.autopilot import TIMER_EVERY as AUTOPILOT_TIMER_EVERY
+from flyserve.demo.autopilot import TRIAL_WORKLOAD, autopilot_phase
+from flyserve.demo.autopilot import sidecar_args as autopilot_args
 from flyserve.demo.procs import Stack, get_json, stop_popen, wait_http
 from flyserve.demo.report import CPU_KERNEL_NOTE, closing_lines, live_line, phase_done_line, phase_figures
 from flyserve.terminal.printable import printable_block
@@ -59,7 +67,7 @@ class Sidecar:
     token: str
 
 
-def _start_sidecar(work: Path, state: Path, stack: Stack) -> Sidecar:
+def _start_sidecar(work: Path, state: Path, stack: Stack, extra: list[str]) -> Sidecar:
     """Publish the profile, write a token, start `flyserve sidecar` on a free port; wait for it."""
     from flyserve.control import ControlPlane
     from flyserve.vllm.launch import free_port
@@ -75,7 +83,7 @@ def _start_sidecar(work: Path, state: Path, stack: Stack) -> Sidecar:
     proc = subprocess.Popen(
         [sys.executable, "-m", "flyserve.cli", "sidecar", "--state-dir", str(state), "--port", str(port),
          "--profile", PROFILE, "--token-file", str(token_file), "--stale-after", "30", "--log-level", "warning",
-         "--costs", DEMO_COSTS],
+         "--costs", DEMO_COSTS, *extra],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     stack.push("sidecar", lambda: (stop_popen(proc), log.close()))
@@ -83,18 +91,19 @@ def _start_sidecar(work: Path, state: Path, stack: Stack) -> Sidecar:
     return Sidecar(url, token)
 
 
-def _start_vllm(model: Path, work: Path, state: Path, stack: Stack, echo: Any) -> Any:
+def _start_vllm(model: Path, work: Path, state: Path, stack: Stack, echo: Any, timer_every: int) -> Any:
     from flyserve.vllm.launch import VllmServer, flyserve_env
     from flyserve.vllm.runtime import SHAPE_LOG_ENV
 
     # The tiny model has 2 layers: time 1 forward in 16 (not the serving default, 1 in 256) so the
-    # kernel panel fills within the demo's minutes.
+    # kernel panel fills within the demo's minutes; every forward with --autopilot (a trial's block
+    # of 16 steps needs 8 timed ones).
     # Every step into the shape sample: the sidecar prices the demo's few hundred steps (regret, advice).
     # flyserve_env clears every FLYSERVE_* variable; a shape log asked for ($FLYSERVE_SHAPE_LOG: every
     # step's shape, path, reason and thresholds version) is the one kept, so a run can be checked batch by batch.
     asked = {SHAPE_LOG_ENV: os.environ[SHAPE_LOG_ENV]} if os.environ.get(SHAPE_LOG_ENV) else {}
     env = flyserve_env(
-        state, PROFILE, FLYSERVE_KERNEL_TIMER_EVERY="16", FLYSERVE_SHAPE_SAMPLE_EVERY="1", **asked
+        state, PROFILE, FLYSERVE_KERNEL_TIMER_EVERY=str(timer_every), FLYSERVE_SHAPE_SAMPLE_EVERY="1", **asked
     )
     server = VllmServer(model, SERVE_ARGS, env=env, log_path=work / "vllm.log")
     stack.push("vllm serve", server.stop)
@@ -105,13 +114,28 @@ def _start_vllm(model: Path, work: Path, state: Path, stack: Stack, echo: Any) -
     return server
 
 
-def _bench_command(server_url: str, model: Path, work: Path, request_rate: float) -> list[str]:
+@dataclass(frozen=True)
+class Workload:
+    """What `vllm bench serve` offers: prompt and output lengths, their spread, the arrivals' shape."""
+
+    input_len: int = 160
+    output_len: int = 12
+    range_ratio: float = 0.8
+    """Lengths uniform in [len * (1 - r), len * (1 + r)]: 32-288 prompt tokens by default."""
+    burstiness: float = 1.0
+    """1: Poisson arrivals; larger: more even."""
+
+
+def _bench_command(
+    server_url: str, model: Path, work: Path, request_rate: float, load: Workload
+) -> list[str]:
     from flyserve.vllm.launch import vllm_command
 
     return [
         *vllm_command(), "bench", "serve", "--backend", "vllm", "--base-url", server_url,
         "--model", "tiny", "--tokenizer", str(model), "--dataset-name", "random",
-        "--random-input-len", "160", "--random-output-len", "12", "--random-range-ratio", "0.8",
+        "--random-input-len", str(load.input_len), "--random-output-len", str(load.output_len),
+        "--random-range-ratio", str(load.range_ratio), "--burstiness", str(load.burstiness),
         "--request-rate", str(request_rate), "--max-concurrency", "8", "--ignore-eos",
         "--num-warmups", "0", "--disable-tqdm", "--save-result", "--result-dir", str(work),
         "--ready-check-timeout-sec", "30",
@@ -138,6 +162,7 @@ def _change_thresholds(sidecar: Sidecar, change: dict[str, Any], echo: Any) -> N
 def _run_phase(
     i: int, name: str, change: dict[str, Any] | None, *, bench_base: list[str], n: int, half: float,
     sidecar: Sidecar, work: Path, state: Path, stack: Stack, t_work: float, echo: Any,
+    extra_tick: Callable[[], None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One half of the workload: `vllm bench serve` with a live line every 3 s; the phase's figures."""
     from flyserve.vllm.launch import flyserve_env
@@ -159,6 +184,8 @@ def _run_phase(
             stats = get_json(f"{sidecar.url}/dispatch-stats")
             if stats:
                 echo(live_line(stats, base, time.monotonic() - t_work, name))
+            if extra_tick is not None:
+                extra_tick()
     timed_out = bench.poll() is None
     stop_popen(bench)
     end = get_json(f"{sidecar.url}/dispatch-stats") or base
@@ -207,6 +234,24 @@ def demo(
     keep: Annotated[
         bool, typer.Option("--keep", help="Keep the work directory (logs, state) afterwards.")
     ] = False,
+    autopilot: Annotated[
+        bool,
+        typer.Option(
+            "--autopilot",
+            help="End with an autopilot trial instead of the manual advice: it trials the advice's change "
+            "inside the engine and promotes or rolls it back on measured kernel times.",
+        ),
+    ] = False,
+    autopilot_rounds: Annotated[
+        int,
+        typer.Option(
+            "--autopilot-rounds",
+            min=1,
+            max=100,
+            help="With --autopilot: rounds of traffic (each as long as half of --duration) to wait for "
+            "the trial's decision; then the demo pauses the autopilot (the trial rolls back).",
+        ),
+    ] = AUTOPILOT_ROUNDS,
     hold: Annotated[
         float,
         typer.Option(
@@ -246,14 +291,14 @@ def demo(
         model = build_tiny_model(model_dir or _default_model_dir())
         echo(f"      {model}")
         echo(f"[2/5] publishing the '{PROFILE}' thresholds profile and starting the sidecar ...")
-        sidecar = _start_sidecar(work, state, stack)
+        sidecar = _start_sidecar(work, state, stack, autopilot_args(work) if autopilot else [])
         echo(f"      {sidecar.url}/dispatch-stats")
         echo("[3/5] starting vllm serve with the flyserve backend (about 20-60 s on 2 cores) ...")
-        server = _start_vllm(model, work, state, stack, echo)
+        server = _start_vllm(model, work, state, stack, echo, AUTOPILOT_TIMER_EVERY if autopilot else 16)
         echo(f"      {server.url}")
 
         half = duration / 2
-        bench_base = _bench_command(server.url, model, work, request_rate)
+        bench_base = _bench_command(server.url, model, work, request_rate, Workload())
         n = max(4, int(request_rate * half))
         echo(f"[4/5] workload: vllm bench serve, random dataset, {request_rate}/s, two halves of {half:.0f}s")
         echo(f"      {CPU_KERNEL_NOTE}")
@@ -268,14 +313,25 @@ def demo(
                 state=state, stack=stack, t_work=t_work, echo=echo,
             )  # fmt: skip
             phases.append(phase)
-        advised = advice_phase(
-            sidecar.url, sidecar.token, priced_at_start, echo=echo,
-            run_traffic=lambda: _run_phase(
-                2, "advised", None, bench_base=bench_base, n=n, half=half, sidecar=sidecar, work=work,
-                state=state, stack=stack, t_work=t_work, echo=echo,
-            ),
-        )  # fmt: skip
-        phases.append(advised)
+        if autopilot:
+            trial_base = _bench_command(server.url, model, work, request_rate, Workload(**TRIAL_WORKLOAD))
+            rounds, summary["autopilot"] = autopilot_phase(
+                sidecar.url, sidecar.token, priced_at_start, echo=echo, t0=t_work, max_rounds=autopilot_rounds,
+                run_round=lambda i, name, tick: _run_phase(
+                    i, name, None, bench_base=trial_base, n=n, half=half, sidecar=sidecar, work=work,
+                    state=state, stack=stack, t_work=t_work, echo=echo, extra_tick=tick,
+                ),
+            )  # fmt: skip
+            phases.extend(rounds)
+        else:
+            advised = advice_phase(
+                sidecar.url, sidecar.token, priced_at_start, echo=echo,
+                run_traffic=lambda: _run_phase(
+                    2, "advised", None, bench_base=bench_base, n=n, half=half, sidecar=sidecar, work=work,
+                    state=state, stack=stack, t_work=t_work, echo=echo,
+                ),
+            )  # fmt: skip
+            phases.append(advised)
         final = get_json(f"{sidecar.url}/dispatch-stats")
         summary.update(
             {
