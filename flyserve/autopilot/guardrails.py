@@ -20,12 +20,9 @@ def breached(
         return (rec.CIRCUIT_OPENED, 1.0, 1.0)
     if after.empty_in_row >= config.max_empty_blocks:
         return (rec.SAMPLES_STOPPED, float(after.empty_in_row), float(config.max_empty_blocks))
-    # A candidate block against the current arm's latest; or a current block against the candidate
-    # block that came before any current block did.
-    # Mean step times, not p99s: the ranks time a block's two boundaries, never each step.
-    slow, ref = (m.step_s, before.current_step_s) if m.arm == 1 else (before.waiting_step_s, m.step_s)
-    if slow is not None and ref is not None and ref > 0.0 and slow / ref > config.p99_ratio_limit:
-        return (rec.STEP_TIME, slow / ref, config.p99_ratio_limit)
+    ratio = step_ratio(before, m)
+    if ratio is not None and ratio > config.p99_ratio_limit and after.slow_in_row >= config.step_time_blocks:
+        return (rec.STEP_TIME, ratio, config.p99_ratio_limit)
     if after.candidate_steps > 0:
         base = after.current_steps or 1
         for name, cand, cur, excess in (
@@ -43,8 +40,23 @@ def breached(
     return None
 
 
+def step_ratio(t: RunningTrial, m: BlockMeasurement) -> float | None:
+    """The mean step time of the candidate block this block lets us judge, over the current arm's:
+    a candidate block against the current arm's latest; or a current block against the candidate
+    block that came before any current block did. None when no candidate block is judged.
+    Mean step times, not p99s: the ranks time a block's two boundaries, never each step."""
+    slow, ref = (m.step_s, t.current_step_s) if m.arm == 1 else (t.waiting_step_s, m.step_s)
+    if slow is None or ref is None or not ref > 0.0:
+        return None
+    return slow / ref
+
+
 def tally(config: AutopilotConfig, t: RunningTrial, m: BlockMeasurement) -> RunningTrial:
-    """The trial's tallies with this block in (steps, fallbacks, errors, step times, empty blocks)."""
+    """The trial's tallies with this block in (steps, fallbacks, errors, step times, empty blocks,
+    slow candidate blocks in a row: a judged candidate block within the limit ends the streak)."""
+    ratio = step_ratio(t, m)
+    if ratio is not None:
+        t = replace(t, slow_in_row=t.slow_in_row + 1 if ratio > config.p99_ratio_limit else 0)
     gap = m.block - t.next_block  # blocks never reported count as empty
     empty = m.corroborated_samples < config.min_block_samples or m.per_token is None
     empty_in_row = (t.empty_in_row + gap + 1) if empty else 0

@@ -108,6 +108,13 @@ class AutopilotConfig:
     p99_ratio_limit: float = 1.5
     """A candidate block's mean step time above this multiple of the current arm's latest: rolled
     back (the name is the settings' and audit records' key, kept from when it limited a p99)."""
+    step_time_blocks: int = 2
+    """Candidate blocks in a row above ``p99_ratio_limit`` before the step-time guardrail rolls
+    back. Measured on the CPU demo: single blocks of 32-64 steps measured 3.2x, 4.7x and over 10x
+    their neighbour's mean step time with no arm to blame (a host stall; an idle gap in the traffic
+    inside the block, which the rank's two boundary clocks count as step time). One block in a
+    row rolled three sound trials back; a candidate that truly slows the step breaches on every
+    block and runs one block more."""
     fallback_rate_excess: float = 0.01
     """Fallbacks per step on the candidate's blocks above the current arm's rate by more: rolled back."""
     error_rate_excess: float = 0.001
@@ -134,6 +141,7 @@ class AutopilotConfig:
         _count("max_empty_blocks", self.max_empty_blocks, 1, 1000)
         _finite("block_timeout_s", self.block_timeout_s, 1.0, 86400.0)
         _finite("p99_ratio_limit", self.p99_ratio_limit, 1.0, 100.0)
+        _count("step_time_blocks", self.step_time_blocks, 1, 64)
         _finite("fallback_rate_excess", self.fallback_rate_excess, 0.0, 1e6)
         _finite("error_rate_excess", self.error_rate_excess, 0.0, 1e6)
         _finite("approval_wait_s", self.approval_wait_s, 1.0, 30 * 86400.0)

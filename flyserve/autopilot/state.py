@@ -34,6 +34,8 @@ class RunningTrial:
     current_step_s: float | None = None
     waiting_step_s: float | None = None
     """A candidate block's mean step time seen before any current block to compare it with."""
+    slow_in_row: int = 0
+    """Candidate blocks judged in a row whose mean step time was above the step-time limit."""
     current_steps: int = 0
     current_fallbacks: int = 0
     current_errors: int = 0

@@ -31,6 +31,7 @@ from flyserve.autopilot.actions import (
 )
 from flyserve.autopilot.inputs import AutopilotConfig, InputError, KnobBound, Mode
 from flyserve.autopilot.sequential import SequentialConfig
+from flyserve.autopilot.switchback import SwitchbackPlan
 from flyserve.policy.thresholds import Thresholds
 
 
@@ -151,7 +152,7 @@ def test_the_budget_spent_is_inconclusive_and_rolls_back():
 # ---------------------------------------------------------------------- guardrails
 
 
-def test_a_candidate_block_with_a_mean_step_time_far_above_the_current_arms_rolls_back_at_that_block():
+def test_candidate_blocks_with_a_mean_step_time_far_above_the_current_arms_roll_back_at_the_second():
     run, spec = started()
     run.run_blocks(spec, 0.0, random.Random(5), until=6)
 
@@ -161,9 +162,39 @@ def test_a_candidate_block_with_a_mean_step_time_far_above_the_current_arms_roll
 
     action, b = run.run_blocks(spec, 0.0, random.Random(5), first=6, measure=slow_steps)
     assert isinstance(action, Rollback) and action.reason == rec.STEP_TIME
-    assert b in (6, 7)  # the first candidate block after the breach began
+    # pairs 3 and 4 (blocks 6-9) hold one candidate block each: the second of them breaches
+    assert b in (8, 9)
     g = decisions(run)[-1]["guardrail"]
     assert g == {"name": rec.STEP_TIME, "value": pytest.approx(2.0), "limit": 1.5}
+
+
+def test_with_one_block_in_a_row_the_first_slow_candidate_block_rolls_back():
+    run, spec = started(step_time_blocks=1)
+    run.run_blocks(spec, 0.0, random.Random(5), until=6)
+
+    def slow_steps(s, b, now, pt):  # type: ignore[no-untyped-def]
+        m = block(s, b, now, pt)
+        return replace(m, step_s=0.030 * (2.0 if m.arm == 1 else 1.0))
+
+    action, b = run.run_blocks(spec, 0.0, random.Random(5), first=6, measure=slow_steps)
+    assert isinstance(action, Rollback) and action.reason == rec.STEP_TIME
+    assert b in (6, 7)  # the first candidate block after the breach began
+
+
+def test_one_slow_candidate_block_alone_does_not_roll_back():
+    """A host stall, or an idle gap in the traffic inside one block (the rank's boundary clocks
+    count it as step time), slows one block with no arm to blame: the streak needs two."""
+    run, spec = started()
+    plan = SwitchbackPlan(spec.trial_id, spec.seed, 0, spec.block_steps, spec.blocks)
+    stalled = next(b for b in range(6, 40) if plan.arm_of_block(b) == 1)
+
+    def one_stall(s, b, now, pt):  # type: ignore[no-untyped-def]
+        m = block(s, b, now, pt)
+        return replace(m, step_s=0.030 * (12.0 if b == stalled else 1.0))
+
+    action, b = run.run_blocks(spec, 0.0, random.Random(5), until=40, measure=one_stall)
+    assert run.state.trial is not None, (action, b)  # still running: no guardrail rolled it back
+    assert all(d.get("guardrail") is None for d in decisions(run))
 
 
 def test_a_start_that_was_not_published_ends_the_trial_now_with_a_publish_decision():

@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from autopilot_rig import config, observation
 
 from flyserve.autopilot import trigger
 from flyserve.autopilot.actions import TrialSpec
 from flyserve.autopilot.inputs import InputError, KnobBound
 from flyserve.sidecar.autopilot_bounds import BoundsError, read_bounds
-from tests.unit.autopilot_rig import config, observation
 
 
 def test_a_switch_bound_reads_true_false_ends(tmp_path: Path) -> None:
