@@ -45,10 +45,17 @@ def step_ratio(t: RunningTrial, m: BlockMeasurement) -> float | None:
     a candidate block against the current arm's latest; or a current block against the candidate
     block that came before any current block did. None when no candidate block is judged.
     Mean step times, not p99s: the ranks time a block's two boundaries, never each step."""
-    slow, ref = (m.step_s, t.current_step_s) if m.arm == 1 else (t.waiting_step_s, m.step_s)
-    if slow is None or ref is None or not ref > 0.0:
+    slow, ref = (_timed(m.step_s), t.current_step_s) if m.arm == 1 else (t.waiting_step_s, _timed(m.step_s))
+    if slow is None or ref is None:
         return None
     return slow / ref
+
+
+def _timed(step_s: float | None) -> float | None:
+    """A block's mean step time, or None when it says nothing: a block of no wall time is not
+    measured (a reported 0 judged as a candidate's would end the streak; as the current arm's, it
+    would leave every later candidate block unjudged)."""
+    return step_s if step_s is not None and step_s > 0.0 else None
 
 
 def tally(config: AutopilotConfig, t: RunningTrial, m: BlockMeasurement) -> RunningTrial:
@@ -65,7 +72,7 @@ def tally(config: AutopilotConfig, t: RunningTrial, m: BlockMeasurement) -> Runn
             t,
             empty_in_row=empty_in_row,
             last_block_time=m.now,
-            current_step_s=m.step_s if m.step_s is not None else t.current_step_s,
+            current_step_s=_timed(m.step_s) or t.current_step_s,
             waiting_step_s=None,
             current_steps=t.current_steps + m.steps,
             current_fallbacks=t.current_fallbacks + m.fallbacks,
@@ -75,7 +82,7 @@ def tally(config: AutopilotConfig, t: RunningTrial, m: BlockMeasurement) -> Runn
         t,
         empty_in_row=empty_in_row,
         last_block_time=m.now,
-        waiting_step_s=m.step_s if t.current_step_s is None else None,
+        waiting_step_s=_timed(m.step_s) if t.current_step_s is None else None,
         candidate_steps=t.candidate_steps + m.steps,
         candidate_fallbacks=t.candidate_fallbacks + m.fallbacks,
         candidate_errors=t.candidate_errors + m.errors,

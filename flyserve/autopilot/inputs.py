@@ -106,15 +106,17 @@ class AutopilotConfig:
     block_timeout_s: float = 300.0
     """No block reported for this long during a trial: "samples stopped" too."""
     p99_ratio_limit: float = 1.5
-    """A candidate block's mean step time above this multiple of the current arm's latest: rolled
-    back (the name is the settings' and audit records' key, kept from when it limited a p99)."""
+    """Candidate blocks' mean step time above this multiple of the current arm's latest, in
+    ``step_time_blocks`` blocks in a row: rolled back (the name is the settings' and audit records'
+    key, kept from when it limited a p99)."""
     step_time_blocks: int = 2
     """Candidate blocks in a row above ``p99_ratio_limit`` before the step-time guardrail rolls
     back. Measured on the CPU demo: single blocks of 32-64 steps measured 3.2x, 4.7x and over 10x
     their neighbour's mean step time with no arm to blame (a host stall; an idle gap in the traffic
     inside the block, which the rank's two boundary clocks count as step time). One block in a
     row rolled three sound trials back; a candidate that truly slows the step breaches on every
-    block and runs one block more."""
+    block and runs one candidate block more (up to three blocks later). Not a sidecar flag, and
+    not in the audit's start record: replay checks the figure against the limit only."""
     fallback_rate_excess: float = 0.01
     """Fallbacks per step on the candidate's blocks above the current arm's rate by more: rolled back."""
     error_rate_excess: float = 0.001

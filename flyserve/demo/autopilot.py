@@ -16,6 +16,7 @@ on a GPU, and says nothing about gfx950.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,24 +24,29 @@ from typing import Any
 
 from flyserve.demo.advice import priced_seconds, regret_between
 from flyserve.demo.procs import get_json
+from flyserve.demo.workload import Workload
 
-BLOCK_STEPS = 32
-"""K: engine steps per block (about 3 s of the trial's traffic at ~0.1 s a step). vLLM times every
-step in the demo (FLYSERVE_KERNEL_TIMER_EVERY=1), so a block holds 32 kernel samples (8 needed to
-count). Measured: with K = 16 and the first halves' traffic a block held 16 to 463 tokens, the
-kernel time per token moved by up to 5x between blocks of the same arm and the step-time guardrail
-rolled the trial back on the traffic's burstiness after 5 pairs; with K = 64 and TRIAL_WORKLOAD
-every block held 5,000-6,200 tokens and its kernel time per token varied by about 7%."""
-TRIAL_WORKLOAD = {"input_len": 480, "output_len": 4, "range_ratio": 0.2, "burstiness": 50.0}
-"""The traffic while the trial runs: prompts of 384-576 tokens (two prefill chunks each at vLLM's
-256-token budget), few output tokens, arrivals almost even (vllm bench serve's --burstiness 50; 1 is
-Poisson). Measured with the first halves' traffic (32-288 prompt tokens, 12 out, Poisson): a block of
-64 steps held 380 to 1307 tokens, a fixed cost per timed forward (20-45 us) dominated the kernel
-time per token, and after 10 pairs the effect (-7%) was still inside a band open on one side."""
-STEP_TIME_LIMIT = 10.0
+BLOCK_STEPS = 128
+"""K: engine steps per block, about 2 s of WORKLOAD (~70 engine steps a second on two cores, about 4
+requests arriving in a block). vLLM times every step in the demo (FLYSERVE_KERNEL_TIMER_EVERY=1), so
+a block holds up to 128 kernel samples (8 needed to count). Measured on two cores: with K = 16 and
+the plain demo's traffic a block held 16 to 463 tokens and the kernel time per token of one arm's
+blocks moved by up to 5x; with K = 32 and WORKLOAD blocks held 32 to 879 tokens and 3 to 27 ms mean
+step times, and after 104 pairs the test's band on the effect was still -28% to +35%."""
+WORKLOAD = Workload(input_len=480, output_len=32, range_ratio=0.2, burstiness=50.0, max_concurrency=16)
+"""The traffic with --autopilot: prompts of 384-576 tokens (two prefill chunks each at vLLM's
+256-token budget) beside up to 15 requests decoding, arrivals almost even (vllm bench serve's
+--burstiness 50; 1 is Poisson), so that most prefill chunks share their batch with decode rows and
+two blocks of a pair see alike traffic. Measured with the plain demo's traffic (32-288 prompt
+tokens, 12 out, Poisson, 8 at once): a block of 16 steps held 16 to 463 tokens, and the kernel time
+per token of blocks of one arm moved by up to 5x."""
+STEP_TIME_LIMIT = 3.0
 """The step-time guardrail's ratio in the demo (the default is 1.5): vLLM, the benchmark client and
-the sidecar's advice fits share the CPU, and single blocks measured 3.2x and 4.7x their neighbour's
-mean step time with no arm to blame (two trials rolled back on that alone)."""
+the sidecar's advice fits share two cores, and the traffic in a block varies (with K = 32 blocks held
+32 to 879 tokens and mean step times of 3 to 27 ms with no arm to blame). Single blocks measured
+3.2x, 4.7x and over 10x their neighbour (a stall, an idle gap between rounds of traffic); the
+guardrail needs two candidate blocks in a row (AutopilotConfig.step_time_blocks), and at K = 32 two
+in a row still measured 6.5x and 4.1x: hence the longer blocks (BLOCK_STEPS) and this limit."""
 TIMER_EVERY = 1
 MIN_PRICED_SAMPLES = 200
 """The demo's steps are a few hundred a minute: the trigger's default (1000) would wait for minutes."""
@@ -48,7 +54,8 @@ INTERVAL_S = 0.5
 DEFAULT_ROUNDS = 8
 """Rounds of traffic (each as long as a half of the workload) the trial may take before the demo
 pauses the autopilot. The test's band is open until about 30 pairs at the default mixture (docs/
-autopilot.md, "Defaults and why"); at ~6 s a pair on two cores a decision takes some minutes."""
+autopilot.md, "Defaults and why"); at about 4 s a pair (K = 128 on two cores) a decision takes
+minutes, if the arms differ at all."""
 
 # The knobs the demo opens to the autopilot: every run-time knob the advice can move, over its
 # whole range (an operator would open less). prefill_enabled may go either way.
@@ -75,7 +82,7 @@ def sidecar_args(work: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _post(url: str, token: str, path: str, body: Any = None) -> dict[str, Any]:
+def _post(url: str, token: str, path: str, body: Any = None) -> None:
     import httpx
 
     r = httpx.post(
@@ -88,42 +95,56 @@ def _post(url: str, token: str, path: str, body: Any = None) -> dict[str, Any]:
     )
     if r.status_code != 200:
         raise RuntimeError(f"POST {path} answered {r.status_code}: {r.text[:300]}")
-    got: dict[str, Any] = r.json()
-    return got
 
 
 def _pct(x: float | None) -> str:
     return "n/a (nothing priced)" if x is None else f"{x:.1%}"
 
 
+# Whatever answers at the sidecar's URL wrote the bodies read here: every field is read by type, a
+# list where an object belongs reads as empty, a number that is not a finite one shows "-", a text
+# is cut short. An odd answer costs a line of the demo's report, never the demo.
+
+
+def _obj(x: object) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _text(x: object, limit: int = 160) -> str:
+    return str(x)[:limit]
+
+
 def _effect(x: object) -> str:
-    return f"{x:+.1%}" if isinstance(x, int | float) else "-"
+    ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and abs(x) < 1e6
+    return f"{x:+.1%}" if ok else "-"
 
 
 def trial_line(status: dict[str, Any], elapsed_s: float) -> str:
     """One line of the running autopilot: its state, the trial's arm, pairs and running statistic."""
     t = status.get("trial")
     if not isinstance(t, dict):
-        why = status.get("last_refusal") or ""
-        return f"[{elapsed_s:4.0f}s] autopilot {status.get('state')}" + (f": {why}" if why else "")
-    lo_hi = t.get("interval") or [None, None]
+        why = _text(status.get("last_refusal") or "")
+        return f"[{elapsed_s:4.0f}s] autopilot {_text(status.get('state'), 32)}" + (f": {why}" if why else "")
+    iv = t.get("interval")
+    lo, hi = iv if isinstance(iv, list) and len(iv) == 2 else (None, None)
     return (
-        f"[{elapsed_s:4.0f}s] trial {t.get('id')} {t.get('changed')}: {t.get('pairs')} pairs, arm now "
-        f"{'candidate' if t.get('arm_now') == 1 else 'current'}, effect {_effect(t.get('estimate'))} "
-        f"[{_effect(lo_hi[0])}, {_effect(lo_hi[1])}] ({t.get('verdict')})"
+        f"[{elapsed_s:4.0f}s] trial {_text(t.get('id'), 48)} {_text(t.get('changed'))}: "
+        f"{_text(t.get('pairs'), 12)} pairs, arm now {'candidate' if t.get('arm_now') == 1 else 'current'}, "
+        f"effect {_effect(t.get('estimate'))} [{_effect(lo)}, {_effect(hi)}] ({_text(t.get('verdict'), 32)})"
     )
 
 
 def decision_lines(decision: dict[str, Any], trial: dict[str, Any] | None) -> list[str]:
     """The decision in words: the verdict, why, on how many block pairs, the measured effect."""
-    changed = (trial or {}).get("changed")
+    changed = _obj(trial).get("changed")
     return [
-        f"[+] autopilot decision on trial {decision.get('trial_id')}"
-        + (f" {changed}" if changed else "")
-        + f": {decision.get('decision')} ({decision.get('reason')}) after {decision.get('pairs')} block pairs;",
+        f"[+] autopilot decision on trial {_text(decision.get('trial_id'), 48)}"
+        + (f" {_text(changed)}" if changed else "")
+        + f": {_text(decision.get('decision'), 32)} ({_text(decision.get('reason'), 80)}) after "
+        f"{_text(decision.get('pairs'), 12)} block pairs;",
         (
             f"    measured effect {_effect(decision.get('effect'))} kernel time per token (negative: the "
-            f"candidate was faster); thresholds now version {decision.get('result_version')}"
+            f"candidate was faster); thresholds now version {_text(decision.get('result_version'), 24)}"
         ),
     ]
 
@@ -137,7 +158,7 @@ class TrialWatch:
         self.trial: dict[str, Any] | None = None
 
     def poll(self) -> dict[str, Any]:
-        status = get_json(f"{self.url}/autopilot") or {}
+        status = _obj(get_json(f"{self.url}/autopilot"))
         if isinstance(status.get("trial"), dict):
             self.trial = status["trial"]
         return status
@@ -167,8 +188,8 @@ def autopilot_phase(
     max_rounds: int = DEFAULT_ROUNDS,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Regret so far; the autopilot on; rounds of traffic until its first decision (at most
-    ``max_rounds``, then a pause rolls the trial back); one more round under the result for the regret after. The rounds' phase dicts and
-    the report (trial, decision, regret before and after)."""
+    ``max_rounds``, then a pause rolls the trial back); one more round under the result for the
+    regret after. The rounds' phase dicts and the report (trial, decision, regret before and after)."""
     before = priced_seconds(sidecar_url)
     regret_before = regret_between(priced_at_start, before)
     echo(f"[+] what the thresholds cost so far (steps priced by the CPU table): regret {_pct(regret_before)}")
@@ -200,7 +221,7 @@ def autopilot_phase(
     at_decision = priced_seconds(sidecar_url)
     rounds.append(run_round(3 + len(rounds), "after-trial", watch.tick))
     report["regret_after"] = regret_between(at_decision, priced_seconds(sidecar_url))
-    report["thresholds_version"] = (get_json(f"{sidecar_url}/thresholds") or {}).get("version")
+    report["thresholds_version"] = _obj(get_json(f"{sidecar_url}/thresholds")).get("version")
     echo(
         f"[+] regret before the trial {_pct(regret_before)}; with the autopilot's result in force "
         f"(this round only) {_pct(report['regret_after'])}"

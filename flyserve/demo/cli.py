@@ -41,10 +41,12 @@ import typer
 from flyserve.demo.advice import DEMO_COSTS, advice_phase, priced_seconds
 from flyserve.demo.autopilot import DEFAULT_ROUNDS as AUTOPILOT_ROUNDS
 from flyserve.demo.autopilot import TIMER_EVERY as AUTOPILOT_TIMER_EVERY
-from flyserve.demo.autopilot import TRIAL_WORKLOAD, autopilot_phase
+from flyserve.demo.autopilot import WORKLOAD as AUTOPILOT_WORKLOAD
+from flyserve.demo.autopilot import autopilot_phase
 from flyserve.demo.autopilot import sidecar_args as autopilot_args
 from flyserve.demo.procs import Stack, get_json, stop_popen, wait_http
 from flyserve.demo.report import CPU_KERNEL_NOTE, closing_lines, live_line, phase_done_line, phase_figures
+from flyserve.demo.workload import Workload
 from flyserve.terminal.printable import printable_block
 from flyserve.vllm.launch import TINY_SERVE_ARGS
 
@@ -97,7 +99,7 @@ def _start_vllm(model: Path, work: Path, state: Path, stack: Stack, echo: Any, t
 
     # The tiny model has 2 layers: time 1 forward in 16 (not the serving default, 1 in 256) so the
     # kernel panel fills within the demo's minutes; every forward with --autopilot (a trial's block
-    # of 16 steps needs 8 timed ones).
+    # counts with 8 timed steps: flyserve.demo.autopilot.BLOCK_STEPS).
     # Every step into the shape sample: the sidecar prices the demo's few hundred steps (regret, advice).
     # flyserve_env clears every FLYSERVE_* variable; a shape log asked for ($FLYSERVE_SHAPE_LOG: every
     # step's shape, path, reason and thresholds version) is the one kept, so a run can be checked batch by batch.
@@ -114,18 +116,6 @@ def _start_vllm(model: Path, work: Path, state: Path, stack: Stack, echo: Any, t
     return server
 
 
-@dataclass(frozen=True)
-class Workload:
-    """What `vllm bench serve` offers: prompt and output lengths, their spread, the arrivals' shape."""
-
-    input_len: int = 160
-    output_len: int = 12
-    range_ratio: float = 0.8
-    """Lengths uniform in [len * (1 - r), len * (1 + r)]: 32-288 prompt tokens by default."""
-    burstiness: float = 1.0
-    """1: Poisson arrivals; larger: more even."""
-
-
 def _bench_command(
     server_url: str, model: Path, work: Path, request_rate: float, load: Workload
 ) -> list[str]:
@@ -136,7 +126,7 @@ def _bench_command(
         "--model", "tiny", "--tokenizer", str(model), "--dataset-name", "random",
         "--random-input-len", str(load.input_len), "--random-output-len", str(load.output_len),
         "--random-range-ratio", str(load.range_ratio), "--burstiness", str(load.burstiness),
-        "--request-rate", str(request_rate), "--max-concurrency", "8", "--ignore-eos",
+        "--request-rate", str(request_rate), "--max-concurrency", str(load.max_concurrency), "--ignore-eos",
         "--num-warmups", "0", "--disable-tqdm", "--save-result", "--result-dir", str(work),
         "--ready-check-timeout-sec", "30",
     ]  # fmt: skip
@@ -298,7 +288,8 @@ def demo(
         echo(f"      {server.url}")
 
         half = duration / 2
-        bench_base = _bench_command(server.url, model, work, request_rate, Workload())
+        load = AUTOPILOT_WORKLOAD if autopilot else Workload()
+        bench_base = _bench_command(server.url, model, work, request_rate, load)
         n = max(4, int(request_rate * half))
         echo(f"[4/5] workload: vllm bench serve, random dataset, {request_rate}/s, two halves of {half:.0f}s")
         echo(f"      {CPU_KERNEL_NOTE}")
@@ -314,11 +305,10 @@ def demo(
             )  # fmt: skip
             phases.append(phase)
         if autopilot:
-            trial_base = _bench_command(server.url, model, work, request_rate, Workload(**TRIAL_WORKLOAD))
             rounds, summary["autopilot"] = autopilot_phase(
                 sidecar.url, sidecar.token, priced_at_start, echo=echo, t0=t_work, max_rounds=autopilot_rounds,
                 run_round=lambda i, name, tick: _run_phase(
-                    i, name, None, bench_base=trial_base, n=n, half=half, sidecar=sidecar, work=work,
+                    i, name, None, bench_base=bench_base, n=n, half=half, sidecar=sidecar, work=work,
                     state=state, stack=stack, t_work=t_work, echo=echo, extra_tick=tick,
                 ),
             )  # fmt: skip

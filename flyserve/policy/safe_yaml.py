@@ -123,6 +123,10 @@ def load(text: str) -> Any:
         return loader.get_single_data()
     except RecursionError:
         raise _Refused("nested too deeply") from None
+    except (KeyError, ValueError, TypeError, OverflowError):
+        # PyYAML's own constructors raise these (not YAMLError) on an explicit tag whose text is
+        # not its type: `!!bool maybe` (KeyError), `!!int abc`, `!!float abc` (ValueError).
+        raise _Refused("a tagged value that is not of its tag's type (!!bool, !!int, !!float)") from None
     finally:
         loader.dispose()
 

@@ -88,7 +88,8 @@ def parse_bounds(data: object, *, source: str = "") -> Mapping[str, KnobBound]:
         end = _switch_end if knob in switches else _end
         low, high = end(name, "min", spec["min"], source), end(name, "max", spec["max"], source)
         if high < low:
-            raise BoundsError(f"{name}.max", f"must be at least min ({spec['min']})", source=source)
+            least = str(spec["min"]).lower() if knob in switches else spec["min"]  # YAML's false, not False
+            raise BoundsError(f"{name}.max", f"must be at least min ({least})", source=source)
         out[name] = KnobBound(low, high, boolean=knob in switches)
     return MappingProxyType(out)
 

@@ -246,8 +246,8 @@ def sidecar(
             "--autopilot-step-time-limit",
             min=1.0,
             max=100.0,
-            help="Step-time guardrail: a candidate block whose mean step time is above this many times "
-            "the current arm's rolls the trial back. Raise it where host stalls are common.",
+            help="Step-time guardrail: two candidate blocks in a row whose mean step time is above this "
+            "many times the current arm's roll the trial back. Raise it where host stalls are common.",
         ),
     ] = AUTOPILOT_DEFAULTS.p99_ratio_limit,
     autopilot_cooldown: Annotated[

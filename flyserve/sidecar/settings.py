@@ -195,8 +195,8 @@ class SidecarSettings(BaseModel):
         _AP.p99_ratio_limit,
         ge=1,
         le=100,
-        description="A candidate block whose mean step time is above this many times the current "
-        "arm's rolls the trial back (the step-time guardrail).",
+        description="Two candidate blocks in a row whose mean step time is above this many times the "
+        "current arm's roll the trial back (the step-time guardrail).",
     )
     autopilot_cooldown_s: float = Field(
         _AP.cooldown_s, ge=0, le=7 * 86400, description="No new trial this long after one ends."

@@ -80,7 +80,7 @@ def test_demo_autopilot_trials_the_advice_on_real_vllm_and_the_audit_replays_it(
     changed = {k: v[1] for k, v in trial["changed"].items()}
     if decision["decision"] == "promote":
         assert {k: getattr(in_force.thresholds, k) for k in changed} == changed
-        assert ap["regret_after"] is not None and ap["regret_after"] < ap["regret_before"]
+        assert ap["regret_after"] is not None  # priced by the table, over one round: reported, not ranked
     else:
         assert in_force.thresholds == operator.thresholds
     assert s["requests"]["failed"] == 0

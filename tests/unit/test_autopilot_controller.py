@@ -470,3 +470,39 @@ def test_every_record_of_a_long_trial_is_bounded_and_plain_json():
         assert len(text.encode()) <= rec.MAX_RECORD_BYTES
         assert parsed.parse_record(json.loads(text)) is not None
     assert Thresholds.parse({**OPERATOR.model_dump(), **ADVICE}) == spec.candidate
+
+
+def test_a_candidate_block_within_the_limit_ends_the_slow_streak():
+    """slow, within, slow: never two slow candidate blocks in a row, so no rollback."""
+    run, spec = started()
+    plan = SwitchbackPlan(spec.trial_id, spec.seed, 0, spec.block_steps, spec.blocks)
+    cand = [b for b in range(6, 60) if plan.arm_of_block(b) == 1]
+    slow = set(cand[0::2])  # every other candidate block slow
+
+    def alternating(s, b, now, pt):  # type: ignore[no-untyped-def]
+        m = block(s, b, now, pt)
+        return replace(m, step_s=0.030 * (3.0 if b in slow else 1.0))
+
+    run.run_blocks(spec, 0.0, random.Random(5), until=60, measure=alternating)
+    assert run.state.trial is not None
+    assert all(d.get("guardrail") is None for d in decisions(run))
+
+
+def test_a_block_that_reports_no_wall_time_neither_ends_a_streak_nor_blinds_the_guardrail():
+    """A step time of 0 says nothing: a candidate block's does not reset the streak, a current
+    block's does not become the reference (a ratio against 0 would judge nothing after it)."""
+    run, spec = started()
+    plan = SwitchbackPlan(spec.trial_id, spec.seed, 0, spec.block_steps, spec.blocks)
+    cand = [b for b in range(6, 60) if plan.arm_of_block(b) == 1]
+    zero_cand = cand[1]  # between two slow candidate blocks
+    zero_cur = next(b for b in range(6, 60) if plan.arm_of_block(b) == 0)
+
+    def odd(s, b, now, pt):  # type: ignore[no-untyped-def]
+        m = block(s, b, now, pt)
+        if b in (zero_cand, zero_cur):
+            return replace(m, step_s=0.0)
+        return replace(m, step_s=0.030 * (3.0 if m.arm == 1 and b >= cand[0] else 1.0))
+
+    action, b = run.run_blocks(spec, 0.0, random.Random(5), until=60, measure=odd)
+    assert isinstance(action, Rollback) and action.reason == rec.STEP_TIME
+    assert b == cand[2]  # cand[0] slow, cand[1] unmeasured, cand[2] slow: the second in a row
