@@ -123,6 +123,8 @@ def trial_line(status: dict[str, Any], elapsed_s: float) -> str:
     """One line of the running autopilot: its state, the trial's arm, pairs and running statistic."""
     t = status.get("trial")
     if not isinstance(t, dict):
+        if status.get("paused") is True:
+            return f"[{elapsed_s:4.0f}s] autopilot paused ({_text(status.get('state'), 32)})"
         why = _text(status.get("last_refusal") or "")
         return f"[{elapsed_s:4.0f}s] autopilot {_text(status.get('state'), 32)}" + (f": {why}" if why else "")
     iv = t.get("interval")

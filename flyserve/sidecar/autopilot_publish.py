@@ -6,7 +6,8 @@ so an operator's version published in between is never overwritten (a version co
 publish is kept as a category (PUBLISH_REFUSALS, never the error's text: it may name a path). A
 publish that ends a trial and failed for another reason is owed (OwedPublish): retried every tick
 while the current version still carries the trial, so a rejected candidate never stays in force
-for the rest of its plan. A sidecar that starts and finds a trial in force that it does not hold
+for the rest of its plan; so is the kill switch's, retried while the autopilot's own version
+(a promotion) is still in force. A sidecar that starts and finds a trial in force that it does not hold
 publishes the operator's thresholds back (``recover``; autopilot_baseline.py).
 """
 
@@ -31,6 +32,8 @@ PUBLISH_REFUSALS: tuple[tuple[type[Exception], str], ...] = (
 )
 """Why a publish failed, as the audit says it: a category, never the error's text (a path)."""
 CONFLICT = "version conflict"
+KILL = "kill"
+"""An owed publish of the kill switch: the last operator version over the autopilot's own."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class Publisher:
         trial) alone: (None, False) with no publish tried."""
         cur = self.control.snapshot() if not ends_trial else None
         if cur is not None and kill and cur.trial is None and cur.source != ACTOR:
+            self.refusal = ""  # nothing tried, nothing failed
             return None, False
         if_match = self.trial_version if ends_trial else self.versions.seen_version
         version = self.publish(thresholds, None, request, kind, if_match=if_match)
@@ -114,11 +118,16 @@ class Publisher:
         log.error("autopilot: %s of trial %s owed (%s): retried every tick", kind, trial_id, self.refusal)
 
     def settle_owed(self, cur: ConfigSnapshot) -> None:
-        """Retry an owed publish while the current version still carries its trial."""
+        """Retry an owed publish while the current version still carries its trial (a kill's: while
+        the version in force is still the autopilot's)."""
         owed = self.owed
         if owed is None:
             return
-        if cur.trial is None or cur.trial.trial_id != owed.trial_id:
+        if owed.kind == KILL:
+            still_owed = cur.trial is None and cur.source == ACTOR
+        else:
+            still_owed = cur.trial is not None and cur.trial.trial_id == owed.trial_id
+        if not still_owed:
             log.warning(
                 "autopilot: owed %s of trial %s dropped: version %d no longer carries it",
                 owed.kind,

@@ -67,7 +67,7 @@ from flyserve.sidecar.autopilot_blocks import (
     block_measurements,
     lagged_behind,
 )
-from flyserve.sidecar.autopilot_publish import CONFLICT, Publisher
+from flyserve.sidecar.autopilot_publish import CONFLICT, KILL, Publisher
 from flyserve.sidecar.autopilot_views import (
     NO_INPUTS,
     DecisionView,
@@ -350,6 +350,10 @@ class AutopilotRunner:
                     self._pub.owe(running, thresholds, request, kind)
             elif ends_trial:
                 self._pub.trial_version = None
+            elif kill and not published and self._pub.refusal and not conflict:
+                # the kill switch over a promotion, not published (the writers' lock, the disk):
+                # owed like a rollback, so the operator's version still comes back within a tick
+                self._pub.owe(action.trial_id, thresholds, request, KILL)
         elif isinstance(action, ProposeTrial):
             self._proposal = action.spec
         elif isinstance(action, Nothing):

@@ -263,6 +263,35 @@ def test_the_kill_switch_returns_the_operators_version_after_a_promotion(plane: 
     assert tm.AUTOPILOT_MODE.labels("off")._value.get() == 1.0
 
 
+def test_a_kill_switch_that_was_not_published_is_owed_and_lands_at_the_next_tick(plane: ControlPlane) -> None:
+    """The kill over a promotion, no trial running, when the writers' lock is busy: the operator's
+    version must still come back (retried every tick while the autopilot's own version is in force)."""
+    from flyserve.control import ControlIOError
+
+    clock = Clock()
+    runner = _runner(plane, clock)
+    runner.tick()
+    _drive(runner, Rank(plane, effect=0.2), clock)
+    assert plane.snapshot().thresholds.min_seq_len == CANDIDATE_MIN_SEQ_LEN and plane.snapshot().trial is None
+    publish = plane.publish_autopilot
+    failures = [1]
+
+    def busy(*a: Any, **k: Any) -> Any:
+        if failures[0]:
+            failures[0] -= 1
+            raise ControlIOError("writers' lock not acquired")
+        return publish(*a, **k)
+
+    plane.publish_autopilot = busy  # type: ignore[method-assign]
+    runner.kill()
+    assert plane.snapshot().thresholds.min_seq_len == CANDIDATE_MIN_SEQ_LEN  # not yet
+    assert runner.status()["owed_publish"]["kind"] == "kill"
+    clock.now += 1
+    runner.tick()
+    assert plane.snapshot().thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
+    assert runner.status()["owed_publish"] is None and runner.status()["mode"] == "off"
+
+
 @pytest.mark.parametrize("failure", ["version conflict", "candidate refused"])
 def test_a_start_that_is_not_published_ends_the_trial_at_once_audited_and_counted(
     plane: ControlPlane, monkeypatch: pytest.MonkeyPatch, failure: str
