@@ -291,7 +291,11 @@ def demo(
         load = AUTOPILOT_WORKLOAD if autopilot else Workload()
         bench_base = _bench_command(server.url, model, work, request_rate, load)
         n = max(4, int(request_rate * half))
-        echo(f"[4/5] workload: vllm bench serve, random dataset, {request_rate}/s, two halves of {half:.0f}s")
+        echo(
+            f"[4/5] workload: vllm bench serve, random dataset, {request_rate}/s, two halves of {half:.0f}s; "
+            f"prompts of {load.input_len} tokens +-{load.range_ratio:.0%}, {load.output_len} out, "
+            f"at most {load.max_concurrency} at once"
+        )
         echo(f"      {CPU_KERNEL_NOTE}")
         phases: list[dict[str, Any]] = []
         t_work = time.monotonic()
