@@ -48,6 +48,11 @@ the sidecar's advice fits share two cores, and the traffic in a block varies (wi
 guardrail needs two candidate blocks in a row (AutopilotConfig.step_time_blocks), and at K = 32 two
 in a row still measured 6.5x and 4.1x: hence the longer blocks (BLOCK_STEPS) and this limit."""
 TIMER_EVERY = 1
+PREFILL_REPEAT = 4
+"""The demo's planted slowdown (--autopilot-prefill-repeat): the CPU prefill stand-in computes each
+batch this many times. Without it the engine measured the two CPU kernels alike (123 pairs: -4.8%,
+band -11.6% to +2.5%; docs/autopilot.md) while the CPU cost table has them 5-10x apart, so no trial
+could promote anything."""
 MIN_PRICED_SAMPLES = 200
 """The demo's steps are a few hundred a minute: the trigger's default (1000) would wait for minutes."""
 INTERVAL_S = 0.5

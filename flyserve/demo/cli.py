@@ -40,6 +40,7 @@ import typer
 
 from flyserve.demo.advice import DEMO_COSTS, advice_phase, priced_seconds
 from flyserve.demo.autopilot import DEFAULT_ROUNDS as AUTOPILOT_ROUNDS
+from flyserve.demo.autopilot import PREFILL_REPEAT as AUTOPILOT_PREFILL_REPEAT
 from flyserve.demo.autopilot import TIMER_EVERY as AUTOPILOT_TIMER_EVERY
 from flyserve.demo.autopilot import WORKLOAD as AUTOPILOT_WORKLOAD
 from flyserve.demo.autopilot import autopilot_phase
@@ -93,7 +94,10 @@ def _start_sidecar(work: Path, state: Path, stack: Stack, extra: list[str]) -> S
     return Sidecar(url, token)
 
 
-def _start_vllm(model: Path, work: Path, state: Path, stack: Stack, echo: Any, timer_every: int) -> Any:
+def _start_vllm(
+    model: Path, work: Path, state: Path, stack: Stack, echo: Any, timer_every: int, prefill_repeat: int = 1
+) -> Any:
+    from flyserve.vllm.cpu_prefill import REPEAT_ENV
     from flyserve.vllm.launch import VllmServer, flyserve_env
     from flyserve.vllm.runtime import SHAPE_LOG_ENV
 
@@ -104,6 +108,8 @@ def _start_vllm(model: Path, work: Path, state: Path, stack: Stack, echo: Any, t
     # flyserve_env clears every FLYSERVE_* variable; a shape log asked for ($FLYSERVE_SHAPE_LOG: every
     # step's shape, path, reason and thresholds version) is the one kept, so a run can be checked batch by batch.
     asked = {SHAPE_LOG_ENV: os.environ[SHAPE_LOG_ENV]} if os.environ.get(SHAPE_LOG_ENV) else {}
+    if prefill_repeat > 1:  # the planted slowdown of --autopilot-prefill-repeat
+        asked[REPEAT_ENV] = str(prefill_repeat)
     env = flyserve_env(
         state, PROFILE, FLYSERVE_KERNEL_TIMER_EVERY=str(timer_every), FLYSERVE_SHAPE_SAMPLE_EVERY="1", **asked
     )
@@ -242,6 +248,17 @@ def demo(
             "the trial's decision; then the demo pauses the autopilot (the trial rolls back).",
         ),
     ] = AUTOPILOT_ROUNDS,
+    autopilot_prefill_repeat: Annotated[
+        int,
+        typer.Option(
+            "--autopilot-prefill-repeat",
+            min=1,
+            max=64,
+            help="With --autopilot: a planted slowdown: the CPU prefill stand-in computes each batch this "
+            "many times. In the engine the two CPU kernels cost about the same, so with 1 the trial has "
+            "nothing to find; the default gives it a real, measured difference to promote.",
+        ),
+    ] = AUTOPILOT_PREFILL_REPEAT,
     hold: Annotated[
         float,
         typer.Option(
@@ -284,7 +301,10 @@ def demo(
         sidecar = _start_sidecar(work, state, stack, autopilot_args(work) if autopilot else [])
         echo(f"      {sidecar.url}/dispatch-stats")
         echo("[3/5] starting vllm serve with the flyserve backend (about 20-60 s on 2 cores) ...")
-        server = _start_vllm(model, work, state, stack, echo, AUTOPILOT_TIMER_EVERY if autopilot else 16)
+        server = _start_vllm(
+            model, work, state, stack, echo, AUTOPILOT_TIMER_EVERY if autopilot else 16,
+            autopilot_prefill_repeat if autopilot else 1,
+        )  # fmt: skip
         echo(f"      {server.url}")
 
         half = duration / 2
@@ -297,6 +317,11 @@ def demo(
             f"at most {load.max_concurrency} at once"
         )
         echo(f"      {CPU_KERNEL_NOTE}")
+        if autopilot and autopilot_prefill_repeat > 1:
+            echo(
+                f"      planted: the CPU prefill stand-in computes each batch {autopilot_prefill_repeat} times "
+                "(--autopilot-prefill-repeat), so that the trial has a real difference to measure"
+            )
         phases: list[dict[str, Any]] = []
         t_work = time.monotonic()
         priced_at_start = priced_seconds(sidecar.url)

@@ -25,6 +25,11 @@ Test hooks (environment, read once per process):
                                      failure does on ROCm; flyserve.vllm.breaker.warm_up_failed)
   FLYSERVE_CPU_PREFILL_UNAVAILABLE=<why>  the path is declared unavailable at start (as a missing
                                      FlyDSL is on ROCm): every layer group reports 'unsupported'
+  FLYSERVE_CPU_PREFILL_REPEAT=<n>    a planted slowdown: this path computes each batch n times (1..64;
+                                     the output is the last, identical, result). `flyserve demo
+                                     --autopilot` sets it: in the engine the two CPU kernels measure
+                                     alike, so without it there is nothing for a trial to find
+                                     (docs/autopilot.md, "The demo on a real vLLM")
 """
 
 from __future__ import annotations
@@ -46,12 +51,15 @@ from vllm.v1.attention.backends.cpu_attn import (
 
 from flyserve.policy import PREFILL
 from flyserve.vllm.breaker import trip
+from flyserve.vllm.env_numbers import env_number
 
 COMPARE_ENV = "FLYSERVE_CPU_COMPARE"
 FAIL_AT_ENV = "FLYSERVE_CPU_PREFILL_FAIL_AT"
 FAIL_FILE_ENV = "FLYSERVE_CPU_PREFILL_FAIL_FILE"
 WARMUP_FAIL_ENV = "FLYSERVE_CPU_PREFILL_WARMUP_FAIL"
 UNAVAILABLE_ENV = "FLYSERVE_CPU_PREFILL_UNAVAILABLE"
+REPEAT_ENV = "FLYSERVE_CPU_PREFILL_REPEAT"
+MAX_REPEAT = 64
 KERNEL_NAME = "cpu-sdpa-prefill"
 
 
@@ -113,7 +121,10 @@ class _Compare:
 
 
 _COMPARE = _Compare(os.environ[COMPARE_ENV]) if os.environ.get(COMPARE_ENV) else None
-_FAIL_AT = int(os.environ.get(FAIL_AT_ENV) or 0)
+_FAIL_AT = env_number(FAIL_AT_ENV, 0, int, ok=lambda n: n >= 0, expect="an integer >= 0")
+_REPEAT = env_number(
+    REPEAT_ENV, 1, int, ok=lambda n: 1 <= n <= MAX_REPEAT, expect=f"an integer from 1 to {MAX_REPEAT}"
+)
 _FAIL_FILE = os.environ.get(FAIL_FILE_ENV) or None
 
 
@@ -159,7 +170,8 @@ class CpuPrefillImpl(CPUAttentionBackendImpl):
                 raise RuntimeError(f"injected failure ({FAIL_AT_ENV}={_FAIL_AT})")
             if _FAIL_FILE is not None and os.path.exists(_FAIL_FILE):
                 raise RuntimeError(f"injected failure ({FAIL_FILE_ENV} exists)")
-            self._sdpa_forward(layer, query, kv_cache, attn_metadata, output)
+            for _ in range(_REPEAT):
+                self._sdpa_forward(layer, query, kv_cache, attn_metadata, output)
         except Exception as exc:  # noqa: BLE001 - the circuit breaker: any kernel failure
             from flyserve.vllm.runtime import RankRuntime
 
