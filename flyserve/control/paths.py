@@ -74,6 +74,11 @@ class StateDir:
         return self.control_dir / "lock"
 
     @property
+    def trial_lease(self) -> Path:
+        """The autopilot's lease on the trial in force, renewed by the sidecar (control.trial_lease)."""
+        return self.control_dir / "autopilot-lease.json"
+
+    @property
     def audit_log(self) -> Path:
         """<state dir>/audit.jsonl, or $FLYSERVE_AUDIT_DIR/audit.jsonl: in Kubernetes the audit log
         lives on a disk volume of its own (deploy/base), not in the state directory's memory volume,

@@ -300,6 +300,21 @@ class ControlPlane(Publisher):
             "autopilot", build, actor=actor, source="autopilot", request=dict(request), if_match=if_match
         )
 
+    def end_trial(self, *, actor: str, request: Mapping[str, Any], if_match: int) -> ChangeResult:
+        """A new version (source 'rollback') that is version ``if_match`` without its trial: the
+        same thresholds, layers and circuit, so every rank is back on the trial's current arm at one
+        step. Only the autopilot's own publishes name a trial, so a version of any other source
+        ends one. A VersionConflict when ``if_match`` is no longer the current version (whoever
+        published since has already replaced the trial)."""
+        return self._change(
+            "rollback",
+            lambda cur: {},
+            actor=actor,
+            source="rollback",
+            request=dict(request),
+            if_match=if_match,
+        )
+
     # ------------------------------------------------------------------ watching
 
     def watch(self, *, poll_interval_s: float = 5.0, actor: str = "watcher", **kwargs: Any) -> Any:

@@ -249,6 +249,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
             app.state.advice_worker, settings.autopilot_window, priced=lambda: stats.pricing is not None
         ),
         interval_s=settings.autopilot_interval_s,
+        lease_s=settings.autopilot_lease_s,
         on_publish=app.state.advice_worker.invalidate,
     )
     app.state.stream_hub = StreamHub(

@@ -24,6 +24,10 @@ unconfirmed or forged report never counts) has passed it; its figures are those 
 (autopilot_blocks.py). A runner whose next block is older than the oldest a full report still
 holds has lost blocks: the trial ends inconclusive ("runner lagged"), not by a guardrail.
 
+The lease: every tick while a trial runs (and just before its version is published) the runner
+renews control/autopilot-lease.json; if the sidecar dies and stays down, the engine's side ends the
+trial ``lease_s`` later (control.trial_lease), long before its plan would end by itself.
+
 The baseline: the newest version published by an operator or by an autopilot promotion; a trial
 found in force at start is rolled back, audited (autopilot_baseline.py). What GET /autopilot shows
 and the trials metric counts: autopilot_views.py.
@@ -57,6 +61,8 @@ from flyserve.autopilot.trigger import REFUSALS, exploration_estimate
 from flyserve.control import ControlIOError, ControlPlane
 from flyserve.control.reports import Liveness, liveness
 from flyserve.control.snapshot import ConfigSnapshot
+from flyserve.control.trial_lease import DEFAULT_TTL_S as LEASE_TTL_S
+from flyserve.control.trial_lease import write_lease
 from flyserve.policy.thresholds import Thresholds
 from flyserve.sidecar.autopilot_baseline import ACTOR
 from flyserve.sidecar.autopilot_blocks import (
@@ -85,6 +91,8 @@ log = logging.getLogger("flyserve.sidecar")
 RESTART_ONLY = frozenset({"decode_path", "block_size"})
 MAX_DECISIONS_KEPT = 20
 NO_BOUNDS = "no --autopilot-bounds: the autopilot moves no knob"
+LEASE_TICKS = 5
+"""A trial's lease lasts at least this many ticks (control.trial_lease)."""
 
 
 class UnknownTrial(LookupError):
@@ -105,6 +113,7 @@ class AutopilotRunner:
         clock: Callable[[], float] = time.time,
         interval_s: float = 1.0,
         stale_after_s: float = 30.0,
+        lease_s: float = LEASE_TTL_S,
         on_publish: Callable[[], None] | None = None,
     ) -> None:
         self.control = control
@@ -114,6 +123,8 @@ class AutopilotRunner:
         self._clock = clock
         self.interval_s = float(interval_s)
         self.stale_after_s = float(stale_after_s)
+        # at least LEASE_TICKS ticks: a lease shorter than a few ticks would expire under a live runner
+        self.lease_s = max(float(lease_s), LEASE_TICKS * self.interval_s)
         self._lock = threading.RLock()
         self._periodic = PeriodicThread(
             self.tick,
@@ -192,6 +203,17 @@ class AutopilotRunner:
             if obs is not None:
                 self._apply(ap.observe(self.config, self._state, obs), now)
             self._update_arm(reports)
+            t = self._state.trial
+            if t is not None:
+                self._renew_lease(t.spec.trial_id, now)
+
+    def _renew_lease(self, trial_id: str, now: float) -> None:
+        """The running trial's lease (control.trial_lease): without it renewed, the engine's side
+        ends the trial ``lease_s`` after the last renewal."""
+        try:
+            write_lease(self.control.state_dir, trial_id, now=now, ttl_s=self.lease_s)
+        except OSError as exc:
+            log.error("autopilot: cannot renew the lease on trial %s: %s", trial_id, exc)
 
     def _operator_moved(self, obs: Observation) -> bool:
         t = self._state.trial
@@ -304,6 +326,7 @@ class AutopilotRunner:
                 "trial": spec.trial_id,
                 "changes": {k: list(v) for k, v in spec.changes.items()},
             }
+            self._renew_lease(spec.trial_id, now)  # before the trial is in force: never leaseless
             started = self._pub.publish(
                 self._current_arm(spec), spec.trial(), request, "trial", if_match=self._versions.seen_version
             )

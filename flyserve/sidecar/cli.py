@@ -8,6 +8,9 @@ from typing import Annotated, Any
 import typer
 
 from flyserve.control.options import StateDirArg
+from flyserve.control.trial_lease import DEFAULT_TTL_S as LEASE_TTL_S
+from flyserve.control.trial_lease import MAX_TTL_S as MAX_LEASE_TTL_S
+from flyserve.control.trial_lease import MIN_TTL_S as MIN_LEASE_TTL_S
 from flyserve.terminal.printable import install_log_filter, printable_block
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -279,6 +282,17 @@ def sidecar(
         float,
         typer.Option("--autopilot-interval", min=0.05, max=60.0, help="Seconds between autopilot ticks."),
     ] = 1.0,
+    autopilot_lease: Annotated[
+        float,
+        typer.Option(
+            "--autopilot-lease",
+            min=MIN_LEASE_TTL_S,
+            max=MAX_LEASE_TTL_S,
+            help="Seconds a running trial outlives a silent sidecar: the runner renews its lease every "
+            "tick, and once it is this old (or 5 ticks, if longer) the engine's side publishes the "
+            "version again without the trial.",
+        ),
+    ] = LEASE_TTL_S,
     log_level: Annotated[
         str, typer.Option("--log-level", help=f"uvicorn/flyserve log level: {', '.join(LOG_LEVELS)}.")
     ] = "info",
@@ -423,6 +437,7 @@ def sidecar(
         autopilot_min_priced_samples=autopilot_min_priced_samples,
         autopilot_window=autopilot_window,
         autopilot_interval_s=autopilot_interval,
+        autopilot_lease_s=autopilot_lease,
     )
     if token is None:
         err("warning: no token (--token-file or $FLYSERVE_SIDECAR_TOKEN): mutations are disabled", err=True)

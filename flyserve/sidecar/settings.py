@@ -20,6 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from flyserve.autopilot.inputs import AutopilotConfig, KnobBound
 from flyserve.autopilot.switchback import MAX_BLOCKS
+from flyserve.control.trial_lease import DEFAULT_TTL_S as LEASE_TTL_S
+from flyserve.control.trial_lease import MAX_TTL_S as MAX_LEASE_TTL_S
+from flyserve.control.trial_lease import MIN_TTL_S as MIN_LEASE_TTL_S
 from flyserve.files import safe_read
 
 log = logging.getLogger("flyserve.sidecar")
@@ -222,6 +225,13 @@ class SidecarSettings(BaseModel):
     )
     autopilot_interval_s: float = Field(
         1.0, gt=0, le=60, description="Seconds between the autopilot's ticks (its own thread)."
+    )
+    autopilot_lease_s: float = Field(
+        LEASE_TTL_S,
+        ge=MIN_LEASE_TTL_S,
+        le=MAX_LEASE_TTL_S,
+        description="A running trial's lease: not renewed for this long (at least 5 ticks), the engine's "
+        "side ends the trial (control.trial_lease).",
     )
 
     @field_validator("autopilot_max_blocks")

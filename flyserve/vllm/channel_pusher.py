@@ -41,9 +41,11 @@ from typing import Any
 
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import StateDir
+from flyserve.control.plane import ControlPlane
 from flyserve.control.rank_modes import ENGINE_CHANNEL
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
+from flyserve.control.trial_lease import end_expired_trial
 from flyserve.control.version_trust import live_anchor
 from flyserve.files.atomic import atomic_write
 from flyserve.vllm.channel_answers import Push, by_engine, small_answer, small_report
@@ -61,6 +63,8 @@ DEFAULT_POLL_S = 0.05
 """A stat of current.json every 50 ms: a few microseconds of the API server's loop each time, and
 a change reaches the workers within one poll plus one engine step."""
 STATUS_EVERY_S = 5.0
+LEASE_CHECK_EVERY_S = 1.0
+"""How often the autopilot's lease is looked at while a trial is in force (control.trial_lease)."""
 REPORT_EVERY_S = 2.0
 """One report RPC every 2 s: vLLM runs it between two steps on every worker (microseconds each)."""
 RETRY_MAX_S = 5.0
@@ -126,6 +130,9 @@ class ChannelPusher:
         self.engine_errors: dict[int, str] = {}  # engines whose last push failed, and why
         # Versions pushed but not yet confirmed by every engine: {version: {engine: record}}
         self._partial: dict[int, dict[int, dict[str, Any]]] = {}
+        self._trial_in_force = False  # the newest version pushed carries an autopilot trial
+        self._lease_at = 0.0
+        self._lease_keeper: ControlPlane | None = None
 
     # ------------------------------------------------------------------ one round
 
@@ -196,6 +203,7 @@ class ChannelPusher:
             batch = snaps[i : i + MAX_DOCS]
             await self._push(batch)
             self.pushed_version = batch[-1].version
+            self._trial_in_force = batch[-1].trial is not None
         self._seen = key
         if snaps:
             await asyncio.to_thread(self.write_status)
@@ -394,6 +402,18 @@ class ChannelPusher:
         except OSError as exc:
             log.error("flyserve engine channel: cannot write its status: %s", exc)
 
+    def end_trial_if_lease_expired(self) -> int | None:
+        """The autopilot's lease (control.trial_lease), kept here with the engine channel: a trial in
+        force whose sidecar stopped renewing it is published again without the trial; the next poll
+        pushes that version to every worker at one step. The new version, or None."""
+        if self._lease_keeper is None:
+            self._lease_keeper = ControlPlane(self.state_dir)
+        try:
+            return end_expired_trial(self._lease_keeper)
+        except Exception:  # the lease is a safety net: a fault in it never stops pushing
+            log.exception("flyserve engine channel: the autopilot lease check failed")
+            return None
+
     # ------------------------------------------------------------------ the task
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -422,6 +442,9 @@ class ChannelPusher:
                 except Exception as exc:  # noqa: BLE001 - reports are observability only
                     self.report_errors = {e: str(exc)[:300] for e in self.engines or (0,)}
                 await asyncio.to_thread(self.write_status)
+            if self._trial_in_force and time.monotonic() - self._lease_at >= LEASE_CHECK_EVERY_S:
+                self._lease_at = time.monotonic()
+                await asyncio.to_thread(self.end_trial_if_lease_expired)
             if time.monotonic() - self._status_at >= STATUS_EVERY_S:
                 await asyncio.to_thread(self.write_status)
             try:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
-from _live_sidecar import CLI, sidecar_beside_simulator, wait_for
+from _live_sidecar import CLI, read_rank_reports, sidecar_beside_simulator, wait_for
 
 from flyserve.autopilot.audit_records import GUARDRAILS
 from flyserve.policy.thresholds import START_ONLY_FIELDS, Thresholds
@@ -70,9 +71,8 @@ def _thresholds(url: str) -> dict[str, Any]:
     return httpx.get(url + "/thresholds", timeout=10).json()
 
 
-def _run(tmp: Path, prefill_over_unified: float) -> tuple[str, float | None, Path, dict[str, Any]]:
-    """One sidecar and simulator; returns (the decision, its effect estimate, the state directory,
-    GET /thresholds after it)."""
+def _args(tmp: Path, prefill_over_unified: float) -> tuple[list[str], list[str]]:
+    """The sidecar's and the simulator's arguments."""
     sidecar_args = [
         "--profile", "gfx950", "--costs", "h200",
         "--autopilot", "auto", "--autopilot-bounds", str(_bounds(tmp)),
@@ -85,6 +85,13 @@ def _run(tmp: Path, prefill_over_unified: float) -> tuple[str, float | None, Pat
         "--profile", "gfx950", "--costs", "h200", "--kernel-timer-every", "1",
         "--truth-costs", str(_truth(tmp, prefill_over_unified)), "--noise-cv", "0.1", "--noise-seed", "3",
     ]  # fmt: skip
+    return sidecar_args, simulate_args
+
+
+def _run(tmp: Path, prefill_over_unified: float) -> tuple[str, float | None, Path, dict[str, Any]]:
+    """One sidecar and simulator; returns (the decision, its effect estimate, the state directory,
+    GET /thresholds after it)."""
+    sidecar_args, simulate_args = _args(tmp, prefill_over_unified)
     with sidecar_beside_simulator(tmp, TOKEN, sidecar_args=sidecar_args, simulate_args=simulate_args) as both:
         url = both.sidecar.url
         started = wait_for(
@@ -140,3 +147,46 @@ def test_a_table_favoured_candidate_measured_10_percent_worse_is_rolled_back(tmp
     assert decision == "rollback" and effect is not None and effect > 0.0
     assert after["values"] == load_profile("gfx950").model_dump() and not _trial_in_force(state)
     _replay_agrees(state)
+
+
+def test_a_sidecar_killed_mid_trial_has_its_trial_ended_by_the_ranks_within_its_lease(tmp_path: Path) -> None:
+    """kill -9 of the sidecar while a trial runs, and no sidecar again: engine 0's rank 0 (file
+    polling) sees the trial's lease go unrenewed (control.trial_lease) and publishes the version
+    again without the trial, audited, which both ranks apply; the thresholds in force are the
+    operator's. The arms measure alike here (a truth ratio of 1), so the test cannot decide before
+    the kill."""
+    sidecar_args, simulate_args = _args(tmp_path, 1.0)
+    with sidecar_beside_simulator(
+        tmp_path, TOKEN, sidecar_args=[*sidecar_args, "--autopilot-lease", "2"], simulate_args=simulate_args
+    ) as both:
+        url, state = both.sidecar.url, both.sidecar.state
+        wait_for(
+            lambda: _status(url)["state"] == "running" and _status(url)["trial"],
+            timeout=60,
+            what="a trial to start",
+            every=0.25,
+        )
+        trial_id = _status(url)["trial"]["id"]
+        both.sidecar.proc.kill()
+        both.sidecar.proc.wait(timeout=30)
+        assert _trial_in_force(state), "the trial ended before the kill: nothing left to test"
+        killed_at = time.monotonic()
+        wait_for(lambda: not _trial_in_force(state), timeout=60, what="the trial to end without its sidecar")
+        took = time.monotonic() - killed_at
+        cur = json.loads((state / "control" / "current.json").read_text())
+        assert cur["actor"] == "autopilot-lease" and cur["source"] == "rollback"
+        assert Thresholds.model_validate(cur["thresholds"]) == load_profile("gfx950")
+        audit = [json.loads(line) for line in (state / "audit.jsonl").read_text().splitlines()]
+        ended = [a for a in audit if a.get("actor") == "autopilot-lease" and a.get("result") == "success"]
+        assert len(ended) == 1 and ended[0]["request"]["trial"] == trial_id, ended
+        assert "was not renewed" in ended[0]["request"]["reason"]
+        wait_for(
+            lambda: all(
+                r.get("applied_version") == cur["version"] and r.get("trial") is None
+                for r in read_rank_reports(state / "ranks").values()
+            ),
+            timeout=60,
+            what="both ranks to run the version without the trial",
+        )
+        # the lease is 2 s and the rank looks once a second: well under the 60 s the waits allow
+        assert took < 30, took

@@ -26,6 +26,7 @@ from flyserve.autopilot.replay import replay
 from flyserve.autopilot.sequential import SequentialConfig
 from flyserve.control import ControlPlane, RankControl
 from flyserve.control.snapshot import Trial
+from flyserve.control.trial_lease import read_lease
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.autopilot_runner import NO_BOUNDS, AutopilotRunner, UnknownTrial
 from flyserve.sidecar.autopilot_views import LiveInputs
@@ -430,6 +431,21 @@ def _started(plane: ControlPlane, **kw: Any) -> tuple[AutopilotRunner, Rank, Clo
     runner.tick()
     assert runner.status()["state"] == "running"
     return runner, rank, clock
+
+
+def test_the_runner_renews_the_lease_of_its_trial_every_tick(plane: ControlPlane) -> None:
+    """Its lease (control.trial_lease) is on file before the trial's version is published and is
+    renewed at every tick while the trial runs, good for at least 5 ticks."""
+    runner, rank, clock = _started(plane, interval_s=3.0)
+    trial_id = runner.status()["trial"]["id"]
+    lease = read_lease(plane.state_dir)
+    assert lease is not None and lease.trial == trial_id and lease.renewed == clock.now
+    assert lease.ttl_s == 15.0  # 5 ticks of 3 s, above the 10 s default
+    clock.now += 0.5
+    rank.run(4)
+    runner.tick()
+    renewed = read_lease(plane.state_dir)
+    assert renewed is not None and renewed.renewed == clock.now
 
 
 @pytest.mark.parametrize("surface", ["pause", "kill", "mode-off"])

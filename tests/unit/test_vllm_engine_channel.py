@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -381,3 +382,32 @@ def test_flyserve_routes_in_vllms_server_are_opt_in_and_keep_the_auth(
         )
     finally:
         p.routes_app.state.stats.stop()
+
+
+def test_the_pusher_ends_a_trial_whose_lease_expired_and_pushes_that_at_one_step(plane: ControlPlane) -> None:
+    """With the engine channel the ranks do not read the store: the pusher keeps the autopilot's
+    lease (control.trial_lease). A trial whose sidecar is gone is published again without the
+    trial, and the next round pushes that to every worker at one step."""
+    from flyserve.control.snapshot import Trial
+    from flyserve.control.trial_lease import ACTOR, write_lease
+
+    w = Workers(plane)
+    pusher = ChannelPusher(plane.state_dir, w.rpc)
+    asyncio.run(pusher.sync_once())
+    cur = plane.snapshot()
+    candidate = cur.thresholds.merged({"min_seq_len": cur.thresholds.min_seq_len + 512})
+    plane.publish_autopilot(cur.thresholds, trial=Trial("ap-1-1", 3, 4, 20, candidate), request={})
+    write_lease(plane.state_dir, "ap-1-1", now=time.time())
+    w.advance(2)
+    asyncio.run(pusher.sync_once())
+    assert all(rc.snapshot.trial is not None for rc in w.ranks)
+    assert pusher.end_trial_if_lease_expired() is None  # renewed just now
+    write_lease(plane.state_dir, "ap-1-1", now=time.time() - 60, ttl_s=10.0)  # the sidecar went away
+    ended = pusher.end_trial_if_lease_expired()
+    assert ended == 3 and plane.snapshot().trial is None and plane.snapshot().actor == ACTOR
+    w.advance(1)
+    assert asyncio.run(pusher.sync_once()) == 1
+    w.advance(1)
+    assert {(rc.snapshot.version, rc.snapshot.trial) for rc in w.ranks} == {(3, None)}
+    assert {rc.applied[-1] for rc in w.ranks} == {(3, w.step, w.step)}
+    assert not pusher._trial_in_force
