@@ -152,13 +152,15 @@ def test_the_budget_spent_is_inconclusive_and_rolls_back():
 # ---------------------------------------------------------------------- guardrails
 
 
+def slow_steps(s, b, now, pt):  # type: ignore[no-untyped-def]
+    """A block measurement whose candidate steps take twice the current arm's 30 ms."""
+    m = block(s, b, now, pt)
+    return replace(m, step_s=0.030 * (2.0 if m.arm == 1 else 1.0))
+
+
 def test_candidate_blocks_with_a_mean_step_time_far_above_the_current_arms_roll_back_at_the_second():
     run, spec = started()
     run.run_blocks(spec, 0.0, random.Random(5), until=6)
-
-    def slow_steps(s, b, now, pt):  # type: ignore[no-untyped-def]
-        m = block(s, b, now, pt)
-        return replace(m, step_s=0.030 * (2.0 if m.arm == 1 else 1.0))
 
     action, b = run.run_blocks(spec, 0.0, random.Random(5), first=6, measure=slow_steps)
     assert isinstance(action, Rollback) and action.reason == rec.STEP_TIME
@@ -171,10 +173,6 @@ def test_candidate_blocks_with_a_mean_step_time_far_above_the_current_arms_roll_
 def test_with_one_block_in_a_row_the_first_slow_candidate_block_rolls_back():
     run, spec = started(step_time_blocks=1)
     run.run_blocks(spec, 0.0, random.Random(5), until=6)
-
-    def slow_steps(s, b, now, pt):  # type: ignore[no-untyped-def]
-        m = block(s, b, now, pt)
-        return replace(m, step_s=0.030 * (2.0 if m.arm == 1 else 1.0))
 
     action, b = run.run_blocks(spec, 0.0, random.Random(5), first=6, measure=slow_steps)
     assert isinstance(action, Rollback) and action.reason == rec.STEP_TIME
