@@ -40,6 +40,7 @@ from flyserve.policy.thresholds import Thresholds
 
 # Reasons an operator-side event ends a trial (decision records, source "operator").
 PAUSED = "paused"
+OFF = "off"
 KILLED = "kill switch"
 MODE_CHANGED = "mode changed"
 FROZEN = "control frozen"
@@ -229,7 +230,7 @@ def observe(config: AutopilotConfig, state: AutopilotState, obs: Observation) ->
             )
         return Outcome(state, Nothing(trigger.BUSY))
     if state.mode is Mode.OFF:
-        return Outcome(state, Nothing("off"))
+        return Outcome(state, Nothing(OFF))
     if state.paused:
         return Outcome(state, Nothing(PAUSED))
     busy = trigger.AWAITING if state.awaiting is not None else None

@@ -381,7 +381,10 @@ class AutopilotRunner:
             self._proposal = action.spec
         elif isinstance(action, Nothing):
             code = action.reason.split(":", 1)[0]
-            if code in REFUSALS:
+            if action.reason in (ap.PAUSED, ap.OFF):
+                # why nothing starts now: not the refusal the trigger gave before the pause
+                self.last_refusal = action.reason
+            elif code in REFUSALS:
                 self.last_refusal = action.reason if self.bounds or code != "out of bounds" else NO_BOUNDS
         if self._state.trial is None and running is not None and not isinstance(action, StartTrial):
             self._pub.trial_version = None

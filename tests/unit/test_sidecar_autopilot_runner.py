@@ -409,8 +409,12 @@ def test_operator_surfaces_pause_resume_and_mode(plane: ControlPlane) -> None:
     runner = _runner(plane, clock)
     runner.tick()
     assert plane.snapshot().trial is not None
+    runner.tick()
+    assert runner.status()["last_refusal"] == "trial running"
     runner.pause()
     assert plane.snapshot().trial is None and runner.status()["paused"] is True
+    runner.tick()
+    assert runner.status()["last_refusal"] == "paused"  # not the trial's "trial running" any more
     runner.resume()
     runner.set_mode(Mode.ADVISE)
     clock.now += 120
