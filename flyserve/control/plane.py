@@ -31,6 +31,10 @@ margin used is max(step_margin, ceil(fastest rank's steps_per_s * lead_s)): time
 because vLLM's step rate varies from ~10/s (long prefills) to ~200/s (small decode batches)."""
 
 
+class _TrialNotInForce(Exception):
+    """end_trial found its version replaced under the writers' lock (not audited: nothing happened)."""
+
+
 class ControlPlane(Publisher):
     """Operator-side API over one state directory (used by the CLI, the sidecar and the watcher).
 
@@ -300,20 +304,26 @@ class ControlPlane(Publisher):
             "autopilot", build, actor=actor, source="autopilot", request=dict(request), if_match=if_match
         )
 
-    def end_trial(self, *, actor: str, request: Mapping[str, Any], if_match: int) -> ChangeResult:
+    def end_trial(self, *, actor: str, request: Mapping[str, Any], if_match: int) -> ChangeResult | None:
         """A new version (source 'rollback') that is version ``if_match`` without its trial: the
-        same thresholds, layers and circuit, so every rank is back on the trial's current arm at one
-        step. Only the autopilot's own publishes name a trial, so a version of any other source
-        ends one. A VersionConflict when ``if_match`` is no longer the current version (whoever
-        published since has already replaced the trial)."""
-        return self._change(
-            "rollback",
-            lambda cur: {},
-            actor=actor,
-            source="rollback",
-            request=dict(request),
-            if_match=if_match,
-        )
+        same thresholds, layers and circuit, so every rank leaves the trial at one step, back on the
+        version's own thresholds (the arm the trial runs over). Only the autopilot's own publishes
+        name a trial, so a version of any other source ends one.
+
+        None, with nothing published or audited, when ``if_match`` is no longer the current version
+        or carries no trial: whoever published since has replaced the trial already. Checked under
+        the writers' lock, so of two keepers that saw the same expired lease (two API servers, a
+        pusher and a rank) the second leaves no refused-change line in the audit."""
+
+        def build(cur: ConfigSnapshot) -> dict[str, Any]:
+            if cur.version != int(if_match) or cur.trial is None:
+                raise _TrialNotInForce
+            return {}
+
+        try:
+            return self._change("rollback", build, actor=actor, source="rollback", request=dict(request))
+        except _TrialNotInForce:
+            return None
 
     # ------------------------------------------------------------------ watching
 

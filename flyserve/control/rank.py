@@ -138,7 +138,7 @@ class RankControl(RankFilePolling):
         # nothing of the arm (a simulator paced by a schedule), so blocks report no step time.
         self._block_clock = block_clock
         self._block_start: _BlockStart | None = None
-        self._lease_keeper = None  # the ControlPlane that ends a trial whose lease expired (rank_daemon)
+        self._lease_keeper = None  # the LeaseKeeper that ends a trial whose lease expired (rank_daemon)
         self._start_trial(snap, snap.step_for(self.engine))
         self._enter_block(0)
         self._pending_step = self._boundary

@@ -20,13 +20,12 @@ from flyserve.autopilot.switchback import SwitchbackPlan
 from flyserve.control._metrics import count_late_applies
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import StateDir
-from flyserve.control.plane import ControlPlane
 from flyserve.control.rank_modes import ENGINE_CHANNEL
 from flyserve.control.reports import HOST, PIDNS, own_proc_start
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
 from flyserve.control.trial_blocks import TrialBlockMeter
-from flyserve.control.trial_lease import end_expired_trial
+from flyserve.control.trial_lease import LeaseKeeper
 from flyserve.control.version_trust import anchored_ceiling, live_anchor
 
 log = logging.getLogger("flyserve.control")
@@ -69,7 +68,7 @@ class RankFilePolling:
     _known_version: int
     _start_anchor: int | None
     _snapshot: ConfigSnapshot
-    _lease_keeper: ControlPlane | None
+    _lease_keeper: LeaseKeeper | None
     _effective: int
     _plan: SwitchbackPlan | None
     _boundary: int
@@ -110,22 +109,24 @@ class RankFilePolling:
     def poll(self) -> None:
         """One round of the background thread: pick up a new version, then report. Public for tests."""
         self._refresh()
-        self._end_trial_if_lease_expired()
         if self.report:
             self.write_report()
+        self._end_trial_if_lease_expired()
 
     def _end_trial_if_lease_expired(self) -> None:
         """With file polling, engine 0's rank 0 keeps the autopilot's lease (control.trial_lease):
         a trial in force whose sidecar stopped renewing it is published again without the trial,
         which every rank then applies at one step. With the engine channel the pusher does it. Reads
-        a file only while the version this rank runs carries a trial."""
+        a file only while the version this rank runs carries a trial; after the report, and never
+        longer than the keeper's short wait for the writers' lock (LeaseKeeper), so this thread
+        still picks up the next version in time."""
         if self.mode == ENGINE_CHANNEL or self.rank != 0 or self.engine != 0 or not self.report:
             return
         if self._snapshot.trial is None:
             return
         if self._lease_keeper is None:
-            self._lease_keeper = ControlPlane(self.state_dir)
-        end_expired_trial(self._lease_keeper)
+            self._lease_keeper = LeaseKeeper(self.state_dir)
+        self._lease_keeper.check()
 
     def _read_current_quiet(self, stat_key: tuple[int, int, int] | None = None) -> ConfigSnapshot | None:
         """current.json if this rank believes it, else None (logged once per file content seen).

@@ -29,10 +29,11 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from flyserve.autopilot.switchback import SwitchbackPlanError, check_trial_id
-from flyserve.control.errors import ControlIOError, VersionConflict
+from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import StateDir
 from flyserve.control.plane import ControlPlane
 from flyserve.control.snapshot import ConfigSnapshot
@@ -137,12 +138,23 @@ def expiry(cur: ConfigSnapshot, lease: Lease | None, *, now: float) -> str | Non
 def end_expired_trial(control: ControlPlane, *, now: float | None = None) -> int | None:
     """If the trial in force has lost its lease, publish its version without it; the new version's
     number, or None (nothing to end, someone else published first, or the store refused: logged)."""
+    try:
+        return _end_expired_trial(control, now)
+    except _CannotEnd:
+        return None
+
+
+class _CannotEnd(Exception):
+    """The store refused to read or publish (logged where raised)."""
+
+
+def _end_expired_trial(control: ControlPlane, now: float | None) -> int | None:
     now = time.time() if now is None else now
     try:
         cur = control.store.read_current()
     except ControlIOError as exc:
         log.error("autopilot lease: cannot read the version in force: %s", exc)
-        return None
+        raise _CannotEnd from None
     if cur is None or cur.trial is None:
         return None
     why = expiry(cur, read_lease(control.state_dir), now=now)
@@ -151,10 +163,45 @@ def end_expired_trial(control: ControlPlane, *, now: float | None = None) -> int
     request = {"autopilot": "rollback", "trial": cur.trial.trial_id, "reason": f"lease expired: {why}"[:200]}
     try:
         got = control.end_trial(actor=ACTOR, request=request, if_match=cur.version)
-    except VersionConflict:
-        return None  # a version published meanwhile has replaced the trial already
     except (ControlIOError, ThresholdsError, OSError) as exc:
         log.error("autopilot lease: cannot end trial %s: %s", cur.trial.trial_id, exc)
-        return None
+        raise _CannotEnd from None
+    if got is None:
+        return None  # a version published meanwhile has replaced the trial already
     log.warning("autopilot lease: %s: version %d ends the trial", why, got.snapshot.version)
     return got.snapshot.version
+
+
+KEEPER_LOCK_TIMEOUT_S = 0.5
+"""How long a keeper waits for the writers' lock. It runs on a rank's control thread (which must
+pick up the next version before its effective step) or in the engine channel's pusher (which must
+push it): neither may stall for the 10 s a CLI writer waits. A busy lock is tried again later."""
+KEEPER_RETRY_S = 10.0
+"""After a failed look (the lock busy, the state directory unwritable), the keeper tries again this
+much later: a writer wedged under the lock costs the keeper's thread 0.5 s per 10 s, not every poll,
+and leaves at most one abandoned lock waiter per 10 s (control.writers_lock)."""
+
+
+class LeaseKeeper:
+    """end_expired_trial for a process that watches the state directory for the engine (a rank's
+    control thread, the engine channel's pusher): a short wait for the writers' lock, a pause after
+    a failure, and never an exception: the lease is a safety net, a fault in it never costs the
+    thread its real work."""
+
+    def __init__(self, state_dir: StateDir, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.control = ControlPlane(state_dir, lock_timeout_s=KEEPER_LOCK_TIMEOUT_S)
+        self._clock = clock
+        self._retry_at = -math.inf
+
+    def check(self, *, now: float | None = None) -> int | None:
+        """One look: the version that ended an expired trial, or None."""
+        if self._clock() < self._retry_at:
+            return None
+        try:
+            return _end_expired_trial(self.control, now)
+        except _CannotEnd:
+            pass
+        except Exception:
+            log.exception("autopilot lease: the check failed")
+        self._retry_at = self._clock() + KEEPER_RETRY_S
+        return None

@@ -41,11 +41,10 @@ from typing import Any
 
 from flyserve.control.errors import ControlIOError
 from flyserve.control.paths import StateDir
-from flyserve.control.plane import ControlPlane
 from flyserve.control.rank_modes import ENGINE_CHANNEL
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.control.store import Store
-from flyserve.control.trial_lease import end_expired_trial
+from flyserve.control.trial_lease import LeaseKeeper
 from flyserve.control.version_trust import live_anchor
 from flyserve.files.atomic import atomic_write
 from flyserve.vllm.channel_answers import Push, by_engine, small_answer, small_report
@@ -132,7 +131,7 @@ class ChannelPusher:
         self._partial: dict[int, dict[int, dict[str, Any]]] = {}
         self._trial_in_force = False  # the newest version pushed carries an autopilot trial
         self._lease_at = 0.0
-        self._lease_keeper: ControlPlane | None = None
+        self._lease_keeper: LeaseKeeper | None = None
 
     # ------------------------------------------------------------------ one round
 
@@ -407,12 +406,8 @@ class ChannelPusher:
         force whose sidecar stopped renewing it is published again without the trial; the next poll
         pushes that version to every worker at one step. The new version, or None."""
         if self._lease_keeper is None:
-            self._lease_keeper = ControlPlane(self.state_dir)
-        try:
-            return end_expired_trial(self._lease_keeper)
-        except Exception:  # the lease is a safety net: a fault in it never stops pushing
-            log.exception("flyserve engine channel: the autopilot lease check failed")
-            return None
+            self._lease_keeper = LeaseKeeper(self.state_dir)
+        return self._lease_keeper.check()  # never raises, never waits long for the writers' lock
 
     # ------------------------------------------------------------------ the task
 

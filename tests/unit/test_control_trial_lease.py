@@ -5,8 +5,10 @@ a lease file that is not a lease is no lease, never a hang or a crash."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,11 @@ from flyserve.control.snapshot import ConfigSnapshot, Trial
 from flyserve.control.trial_lease import (
     ACTOR,
     DEFAULT_TTL_S,
+    KEEPER_LOCK_TIMEOUT_S,
+    KEEPER_RETRY_S,
     Lease,
     LeaseError,
+    LeaseKeeper,
     end_expired_trial,
     expiry,
     read_lease,
@@ -186,3 +191,71 @@ def test_file_polling_rank_0_of_engine_0_keeps_the_lease_and_no_other_rank_does(
         rc.poll()
         step = cur.step_for(rc.engine)
         assert rc.current(step).version == cur.version and rc.current(step).trial is None
+
+
+def test_the_second_of_two_keepers_publishes_nothing_and_audits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two keepers (two API servers' pushers) that saw the same expired lease: the first ends the
+    trial; the second, whose look predates that, finds it replaced under the writers' lock and
+    leaves no refused-change line in the audit (nothing happened)."""
+    plane, trial_version = _plane_with_trial(tmp_path)
+    first = ControlPlane(plane.state_dir, step_margin=1, lead_s=0.0)
+    real_read = plane.store.read_current
+
+    def read_then_the_other_keeper_ends_it(*args, **kwargs):
+        seen = real_read(*args, **kwargs)
+        monkeypatch.undo()
+        assert end_expired_trial(first, now=trial_version.time + 3600) == trial_version.version + 1
+        return seen
+
+    monkeypatch.setattr(plane.store, "read_current", read_then_the_other_keeper_ends_it)
+    lines_before = len(plane.store.read_audit())
+    assert end_expired_trial(plane, now=trial_version.time + 3600) is None
+    cur = plane.store.read_current()
+    assert cur is not None and cur.version == trial_version.version + 1 and cur.trial is None
+    new_lines = plane.store.read_audit()[lines_before:]
+    assert [line.get("result") for line in new_lines if line.get("actor") == ACTOR] == ["success"]
+
+
+def test_a_held_writers_lock_stalls_the_keeping_rank_briefly_and_it_tries_again_later(
+    tmp_path: Path,
+) -> None:
+    """A writer that holds the writers' lock (a wedged CLI, a slow disk) must not stall rank 0's
+    control thread for the 10 s a CLI writer waits: it would pick up the next version late. The
+    keeper waits KEEPER_LOCK_TIMEOUT_S, reports first, and tries again KEEPER_RETRY_S later."""
+    plane, trial_version = _plane_with_trial(tmp_path)
+    write_lease(plane.state_dir, TRIAL, now=trial_version.time - 3600, ttl_s=5.0)
+    rank0 = RankControl(plane.state_dir, 0)
+    ticks = [1000.0]
+    rank0._lease_keeper = LeaseKeeper(plane.state_dir, clock=lambda: ticks[0])
+    fd = os.open(plane.state_dir.lock_file, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        started = time.monotonic()
+        rank0.poll()
+        assert time.monotonic() - started < KEEPER_LOCK_TIMEOUT_S + 2.0
+        assert plane.store.read_current() == trial_version
+        assert [d for d, _ in plane.store.read_rank_reports(now=time.time())]  # the report came first
+        started = time.monotonic()
+        rank0.poll()  # within the retry pause: no wait at all
+        assert time.monotonic() - started < KEEPER_LOCK_TIMEOUT_S
+    finally:
+        os.close(fd)
+    rank0.poll()
+    assert plane.store.read_current() == trial_version
+    ticks[0] += KEEPER_RETRY_S
+    rank0.poll()
+    cur = plane.store.read_current()
+    assert cur is not None and cur.version == trial_version.version + 1 and cur.trial is None
+
+
+def test_a_fault_in_the_keeper_never_escapes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plane, trial_version = _plane_with_trial(tmp_path)
+    keeper = LeaseKeeper(plane.state_dir)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(keeper.control.store, "read_current", broken)
+    assert keeper.check(now=trial_version.time + 3600) is None
