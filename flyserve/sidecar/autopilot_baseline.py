@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from flyserve.control.snapshot import ConfigSnapshot
+from flyserve.control.trial_lease import ACTOR as LEASE_ACTOR
 from flyserve.policy.thresholds import Thresholds
 
 ACTOR = "autopilot"
@@ -41,7 +42,7 @@ class Baselines:
         self.seen_version = cur.version
         if first:
             newest = [cur, *reversed(history())]
-            self.operator = next(((s.version, s.thresholds) for s in newest if s.source != ACTOR), None)
+            self.operator = next(((s.version, s.thresholds) for s in newest if by_operator(s)), None)
             self.baseline = next(((s.version, s.thresholds) for s in newest if s.trial is None), None)
             if self.operator is None:
                 self.operator = (cur.version, cur.thresholds)
@@ -51,7 +52,11 @@ class Baselines:
         kind = self._published.get(cur.version)
         if kind == "promote":
             self.baseline = (cur.version, cur.thresholds)
-        elif kind is None and cur.source != ACTOR:
+        elif kind is None and cur.actor == LEASE_ACTOR:
+            # the engine's side ended a trial whose lease expired: the trial's version without
+            # the trial, so the thresholds it ran over, which need not be the operator's
+            self.baseline = (cur.version, cur.thresholds)
+        elif kind is None and by_operator(cur):
             self.operator = self.baseline = (cur.version, cur.thresholds)
 
     def published(self, snapshot: ConfigSnapshot, kind: str, *, changed: bool) -> None:
@@ -74,6 +79,12 @@ class Baselines:
         if self.operator is not None:
             self.baseline = self.operator
         return self.operator
+
+
+def by_operator(snap: ConfigSnapshot) -> bool:
+    """Whether an operator published ``snap``: not the autopilot, nor the keeper of its lease
+    (control.trial_lease), whose version repeats the thresholds of the trial it ended."""
+    return snap.source != ACTOR and snap.actor != LEASE_ACTOR
 
 
 def recovery(

@@ -21,7 +21,7 @@ from typing import Any
 from flyserve.control import ControlIOError, ControlPlane, VersionConflict
 from flyserve.control.snapshot import ConfigSnapshot
 from flyserve.policy.thresholds import Thresholds, ThresholdsError
-from flyserve.sidecar.autopilot_baseline import ACTOR, RESTART_REASON, Baselines, recovery
+from flyserve.sidecar.autopilot_baseline import RESTART_REASON, Baselines, by_operator, recovery
 
 log = logging.getLogger("flyserve.sidecar")
 
@@ -106,7 +106,7 @@ class Publisher:
         None, whether it was published). The kill switch leaves an operator's own version (no
         trial) alone: (None, False) with no publish tried."""
         cur = self.control.snapshot() if not ends_trial else None
-        if cur is not None and kill and cur.trial is None and cur.source != ACTOR:
+        if cur is not None and kill and cur.trial is None and by_operator(cur):
             self.refusal = ""  # nothing tried, nothing failed
             return None, False
         if_match = self.trial_version if ends_trial else self.versions.seen_version
@@ -124,7 +124,7 @@ class Publisher:
         if owed is None:
             return
         if owed.kind == KILL:
-            still_owed = cur.trial is None and cur.source == ACTOR
+            still_owed = cur.trial is None and not by_operator(cur)
         else:
             still_owed = cur.trial is not None and cur.trial.trial_id == owed.trial_id
         if not still_owed:

@@ -26,7 +26,7 @@ from flyserve.autopilot.replay import replay
 from flyserve.autopilot.sequential import SequentialConfig
 from flyserve.control import ControlPlane, RankControl
 from flyserve.control.snapshot import Trial
-from flyserve.control.trial_lease import read_lease
+from flyserve.control.trial_lease import end_expired_trial, read_lease
 from flyserve.policy.thresholds import ThresholdsError
 from flyserve.sidecar.autopilot_runner import NO_BOUNDS, AutopilotRunner, UnknownTrial
 from flyserve.sidecar.autopilot_views import LiveInputs
@@ -450,6 +450,33 @@ def test_the_runner_renews_the_lease_of_its_trial_every_tick(plane: ControlPlane
     runner.tick()
     renewed = read_lease(plane.state_dir)
     assert renewed is not None and renewed.renewed == clock.now
+
+
+def test_a_trial_ended_by_its_expired_lease_ends_here_and_the_kill_switch_still_returns_the_operators(
+    plane: ControlPlane,
+) -> None:
+    """After a promotion, a second trial runs over the promoted thresholds; the engine's side ends
+    it when its lease expires (a wedged sidecar). The runner ends its trial without publishing
+    anything, and the lease's version is not an operator's: the kill switch returns the operator's
+    thresholds, not the promoted ones the lease's version repeats."""
+    clock = Clock()
+    advice = [_advice()]
+    runner = _runner(plane, clock, live_inputs=lambda: advice[0])
+    runner.tick()
+    _drive(runner, Rank(plane, effect=0.2), clock)
+    assert plane.snapshot().thresholds.min_seq_len == CANDIDATE_MIN_SEQ_LEN
+    advice[0] = LiveInputs(0.08, 5000, {"min_seq_len": 2048}, 0.03)
+    clock.now += 120.0  # past the cool-down
+    runner.tick()
+    second = plane.snapshot()
+    assert second.trial is not None and second.thresholds.min_seq_len == CANDIDATE_MIN_SEQ_LEN
+    ended = end_expired_trial(plane, now=clock.now + 3600.0)
+    assert ended == second.version + 1
+    clock.now += 0.5
+    runner.tick()
+    assert runner.state.trial is None and plane.snapshot().version == ended  # nothing published since
+    runner.kill()
+    assert plane.snapshot().thresholds.min_seq_len == OPERATOR_MIN_SEQ_LEN
 
 
 @pytest.mark.parametrize("surface", ["pause", "kill", "mode-off"])
