@@ -10,10 +10,11 @@ arms for the rest of the plan.
 How: while a trial it runs is in force, the sidecar's runner renews ``control/autopilot-lease.json``
 every tick: ``{"trial": id, "renewed": wall time, "ttl_s": seconds}``. The processes that already
 watch the state directory for the engine (the engine channel's pusher in vLLM's API server; with
-file polling, the daemon of each engine's rank 0) call ``end_expired_trial`` once a poll: when the
-version in force carries a trial and its lease is missing, names another trial, was not renewed
-for ``ttl_s`` or is dated more than an hour ahead of now, they publish that version again
-without the trial (ControlPlane.end_trial, If-Match the version: a change published meanwhile wins),
+file polling, the control thread of engine 0's rank 0) look once a second through a LeaseKeeper:
+when the version in force carries a trial and its lease is missing, names another trial, was not
+renewed for ``ttl_s`` or is dated more than an hour ahead of now, they publish that version again
+without the trial (ControlPlane.end_trial: only if it is still the version in force under the
+writers' lock, so a change published meanwhile wins and the second of two keepers does nothing),
 audited with actor ``autopilot-lease`` and the reason. Every rank then leaves the trial at one step,
 as with any version. A missing lease counts from the version's publish time, so a trial is never
 ended in the moment between the sidecar publishing it and renewing its lease.
