@@ -26,13 +26,21 @@ from flyserve.demo.advice import priced_seconds, regret_between
 from flyserve.demo.procs import get_json
 from flyserve.demo.workload import Workload
 
-BLOCK_STEPS = 128
-"""K: engine steps per block, about 2 s of WORKLOAD (~70 engine steps a second on two cores, about 4
-requests arriving in a block). vLLM times every step in the demo (FLYSERVE_KERNEL_TIMER_EVERY=1), so
-a block holds up to 128 kernel samples (8 needed to count). Measured on two cores: with K = 16 and
-the plain demo's traffic a block held 16 to 463 tokens and the kernel time per token of one arm's
-blocks moved by up to 5x; with K = 32 and WORKLOAD blocks held 32 to 879 tokens and 3 to 27 ms mean
-step times, and after 104 pairs the test's band on the effect was still -28% to +35%."""
+BLOCK_STEPS = 32
+"""K: engine steps per block, about half a second of the trial rounds' traffic (~100 engine steps a
+second on two cores). vLLM times every step in the demo (FLYSERVE_KERNEL_TIMER_EVERY=1), so a block
+holds 32 kernel samples (8 needed to count). The test's band is open until about 30 pairs whatever
+the effect, so K sets how soon the demo can decide: a round of traffic gave about 4 pairs at K = 128
+and about 15 at K = 32.
+
+Measured on two cores with no planted slowdown: with K = 16 and the plain demo's traffic a block
+held 16 to 463 tokens and the kernel time per token of one arm's blocks moved by up to 5x; with
+K = 32 and WORKLOAD blocks held 32 to 879 tokens and 3 to 27 ms mean step times, and after 104 pairs
+the test's band on the effect was still -28% to +35%; K = 128 narrowed it to -11.6% to +2.5% after
+123 pairs, and found nothing. With the planted slowdown (PREFILL_REPEAT 4) the effect is -65% to
+-70% and a pair's log ratio has an sd of about 0.18 at K = 128 (23 pairs) and 0.48 at K = 32 (30
+pairs): far inside what 30 pairs resolve, so K = 32, and the demo promoted after 30 pairs, in two
+rounds (docs/autopilot.md, "The demo on a real vLLM")."""
 WORKLOAD = Workload(input_len=480, output_len=32, range_ratio=0.2, burstiness=50.0, max_concurrency=16)
 """The traffic with --autopilot: prompts of 384-576 tokens (two prefill chunks each at vLLM's
 256-token budget) beside up to 15 requests decoding, arrivals almost even (vllm bench serve's
@@ -46,8 +54,20 @@ the sidecar's advice fits share two cores, and the traffic in a block varies (wi
 32 to 879 tokens and mean step times of 3 to 27 ms with no arm to blame). Single blocks measured
 3.2x, 4.7x and over 10x their neighbour (a stall, an idle gap between rounds of traffic); the
 guardrail needs two candidate blocks in a row (AutopilotConfig.step_time_blocks), and at K = 32 two
-in a row still measured 6.5x and 4.1x: hence the longer blocks (BLOCK_STEPS) and this limit."""
+in a row still measured 6.5x and 4.1x: hence K = 128 then, and this limit. K = 32 is safe again with
+the trial rounds' traffic (ROUND_RATE_FACTOR, and no lone first request): the two rollbacks measured
+at K = 32 with the planted slowdown were both a candidate block over the idle gap between rounds
+(20x, its seconds counted as step time) followed by one against a current block of lone decode
+steps (3 ms a step: 8.3x at 2 requests a second, 3.4x after the benchmark's lone first request)."""
 TIMER_EVERY = 1
+ROUND_RATE_FACTOR = 3.0
+"""The trial rounds send requests this many times as fast as the demo's two halves (6 a second at
+the default --request-rate), and without the benchmark's lone first request (its ready check: vLLM
+has answered all along). At 2 a second the engine idled between requests and ran them mostly one at
+a time: a block of 32 steps was sometimes one request's lone decode steps (3 ms a step) and
+sometimes an idle gap's seconds (the ranks time a block's two boundaries), so the step-time
+guardrail compared traffic, not arms (STEP_TIME_LIMIT). Busier rounds also hold more steps: about
+1,500 a round of 15 s instead of 1,050."""
 PREFILL_REPEAT = 4
 """The demo's planted slowdown (--autopilot-prefill-repeat): the CPU prefill stand-in computes each
 batch this many times. Without it the engine measured the two CPU kernels alike (123 pairs: -4.8%,
@@ -56,11 +76,11 @@ could promote anything."""
 MIN_PRICED_SAMPLES = 200
 """The demo's steps are a few hundred a minute: the trigger's default (1000) would wait for minutes."""
 INTERVAL_S = 0.5
-DEFAULT_ROUNDS = 8
+DEFAULT_ROUNDS = 5
 """Rounds of traffic (each as long as a half of the workload) the trial may take before the demo
 pauses the autopilot. The test's band is open until about 30 pairs at the default mixture (docs/
-autopilot.md, "Defaults and why"); at about 4 s a pair (K = 128 on two cores) a decision takes
-minutes, if the arms differ at all."""
+autopilot.md, "Defaults and why"); at K = 32 a round of 15 s gives about 15 pairs (about 4 at
+K = 128), so 5 rounds hold about 60 pairs: the planted slowdown promoted after 30, in two rounds."""
 
 # The knobs the demo opens to the autopilot: every run-time knob the advice can move, over its
 # whole range (an operator would open less). prefill_enabled may go either way.
@@ -72,6 +92,16 @@ min_qblock_rows: {min: 0, max: 1000000}
 decode_rows_base: {min: 0, max: 1000000}
 decode_ctx_unit: {min: 1, max: 1000000}
 """
+
+
+def planted_line(prefill_repeat: int) -> str | None:
+    """The demo's disclosure of its planted slowdown, or None when there is none (repeat 1)."""
+    if prefill_repeat <= 1:
+        return None
+    return (
+        f"      planted: the CPU prefill stand-in computes each batch {prefill_repeat} times "
+        "(--autopilot-prefill-repeat), so that the trial has a real difference to measure"
+    )
 
 
 def sidecar_args(work: Path) -> list[str]:

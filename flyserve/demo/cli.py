@@ -41,9 +41,10 @@ import typer
 from flyserve.demo.advice import DEMO_COSTS, advice_phase, priced_seconds
 from flyserve.demo.autopilot import DEFAULT_ROUNDS as AUTOPILOT_ROUNDS
 from flyserve.demo.autopilot import PREFILL_REPEAT as AUTOPILOT_PREFILL_REPEAT
+from flyserve.demo.autopilot import ROUND_RATE_FACTOR as AUTOPILOT_ROUND_RATE_FACTOR
 from flyserve.demo.autopilot import TIMER_EVERY as AUTOPILOT_TIMER_EVERY
 from flyserve.demo.autopilot import WORKLOAD as AUTOPILOT_WORKLOAD
-from flyserve.demo.autopilot import autopilot_phase
+from flyserve.demo.autopilot import autopilot_phase, planted_line
 from flyserve.demo.autopilot import sidecar_args as autopilot_args
 from flyserve.demo.procs import Stack, get_json, stop_popen, wait_http
 from flyserve.demo.report import CPU_KERNEL_NOTE, closing_lines, live_line, phase_done_line, phase_figures
@@ -123,8 +124,10 @@ def _start_vllm(
 
 
 def _bench_command(
-    server_url: str, model: Path, work: Path, request_rate: float, load: Workload
+    server_url: str, model: Path, work: Path, request_rate: float, load: Workload, ready_check_s: int = 30
 ) -> list[str]:
+    """``vllm bench serve``'s command. ``ready_check_s`` 0 skips its first, lone request (a single
+    prompt sent before the others to check the server answers)."""
     from flyserve.vllm.launch import vllm_command
 
     return [
@@ -134,7 +137,7 @@ def _bench_command(
         "--random-range-ratio", str(load.range_ratio), "--burstiness", str(load.burstiness),
         "--request-rate", str(request_rate), "--max-concurrency", str(load.max_concurrency), "--ignore-eos",
         "--num-warmups", "0", "--disable-tqdm", "--save-result", "--result-dir", str(work),
-        "--ready-check-timeout-sec", "30",
+        "--ready-check-timeout-sec", str(ready_check_s),
     ]  # fmt: skip
 
 
@@ -244,8 +247,9 @@ def demo(
             "--autopilot-rounds",
             min=1,
             max=100,
-            help="With --autopilot: rounds of traffic (each as long as half of --duration) to wait for "
-            "the trial's decision; then the demo pauses the autopilot (the trial rolls back).",
+            help="With --autopilot: rounds of traffic (each as long as half of --duration, at "
+            f"{AUTOPILOT_ROUND_RATE_FACTOR:g} times --request-rate) to wait for the trial's decision; then the "
+            "demo pauses the autopilot (the trial rolls back).",
         ),
     ] = AUTOPILOT_ROUNDS,
     autopilot_prefill_repeat: Annotated[
@@ -317,11 +321,9 @@ def demo(
             f"at most {load.max_concurrency} at once"
         )
         echo(f"      {CPU_KERNEL_NOTE}")
-        if autopilot and autopilot_prefill_repeat > 1:
-            echo(
-                f"      planted: the CPU prefill stand-in computes each batch {autopilot_prefill_repeat} times "
-                "(--autopilot-prefill-repeat), so that the trial has a real difference to measure"
-            )
+        planted = planted_line(autopilot_prefill_repeat) if autopilot else None
+        if planted is not None:
+            echo(planted)
         phases: list[dict[str, Any]] = []
         t_work = time.monotonic()
         priced_at_start = priced_seconds(sidecar.url)
@@ -334,10 +336,17 @@ def demo(
             )  # fmt: skip
             phases.append(phase)
         if autopilot:
+            round_rate = request_rate * AUTOPILOT_ROUND_RATE_FACTOR
+            # No lone first request in a round: vLLM answered all along (flyserve.demo.autopilot.ROUND_RATE_FACTOR)
+            round_bench = _bench_command(server.url, model, work, round_rate, load, ready_check_s=0)
+            round_n = max(4, int(round_rate * half))
+            echo(
+                f"      the autopilot's rounds: {round_rate:g}/s, {half:.0f}s each (engine steps for its blocks)"
+            )
             rounds, summary["autopilot"] = autopilot_phase(
                 sidecar.url, sidecar.token, priced_at_start, echo=echo, t0=t_work, max_rounds=autopilot_rounds,
                 run_round=lambda i, name, tick: _run_phase(
-                    i, name, None, bench_base=bench_base, n=n, half=half, sidecar=sidecar, work=work,
+                    i, name, None, bench_base=round_bench, n=round_n, half=half, sidecar=sidecar, work=work,
                     state=state, stack=stack, t_work=t_work, echo=echo, extra_tick=tick,
                 ),
             )  # fmt: skip
