@@ -37,10 +37,11 @@ Measured on two cores with no planted slowdown: with K = 16 and the plain demo's
 held 16 to 463 tokens and the kernel time per token of one arm's blocks moved by up to 5x; with
 K = 32 and WORKLOAD blocks held 32 to 879 tokens and 3 to 27 ms mean step times, and after 104 pairs
 the test's band on the effect was still -28% to +35%; K = 128 narrowed it to -11.6% to +2.5% after
-123 pairs, and found nothing. With the planted slowdown (PREFILL_REPEAT 4) the effect is -65% to
--70% and a pair's log ratio has an sd of about 0.18 at K = 128 (23 pairs) and 0.48 at K = 32 (30
-pairs): far inside what 30 pairs resolve, so K = 32, and the demo promoted after 30 pairs, in two
-rounds (docs/autopilot.md, "The demo on a real vLLM")."""
+123 pairs, and found nothing. With the planted slowdown (PREFILL_REPEAT 4) the effect is -64% at
+K = 128 and -69% to -75% at K = 32, and a pair's log ratio has an sd of about 0.18 at K = 128 (23
+pairs) and 0.36 to 0.48 at K = 32 (28-30 pairs): far inside what 30 pairs resolve, so K = 32, and
+the demo promoted after 28-30 pairs, in two rounds, in each of 3 runs (docs/autopilot.md, "The demo
+on a real vLLM")."""
 WORKLOAD = Workload(input_len=480, output_len=32, range_ratio=0.2, burstiness=50.0, max_concurrency=16)
 """The traffic with --autopilot: prompts of 384-576 tokens (two prefill chunks each at vLLM's
 256-token budget) beside up to 15 requests decoding, arrivals almost even (vllm bench serve's
@@ -80,7 +81,7 @@ DEFAULT_ROUNDS = 5
 """Rounds of traffic (each as long as a half of the workload) the trial may take before the demo
 pauses the autopilot. The test's band is open until about 30 pairs at the default mixture (docs/
 autopilot.md, "Defaults and why"); at K = 32 a round of 15 s gives about 15 pairs (about 4 at
-K = 128), so 5 rounds hold about 60 pairs: the planted slowdown promoted after 30, in two rounds."""
+K = 128), so 5 rounds hold about 60 pairs: the planted slowdown promoted after 28-30, in two rounds."""
 
 # The knobs the demo opens to the autopilot: every run-time knob the advice can move, over its
 # whole range (an operator would open less). prefill_enabled may go either way.

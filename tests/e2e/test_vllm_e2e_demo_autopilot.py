@@ -6,8 +6,8 @@ force carries.
 Why it must promote: the demo plants a disclosed slowdown (the CPU prefill stand-in computes each
 batch PREFILL_REPEAT times; without it the engine measured the two CPU kernels alike, docs/
 autopilot.md "The demo on a real vLLM"), so the advice's change (prefill off) is faster by about
--65% to -70% per token, far beyond what 30 pairs resolve. The demo promoted after 30 pairs, in two
-rounds of traffic; the test allows three (about 15 pairs a round at K = 32)."""
+-65% to -75% per token, far beyond what 30 pairs resolve. The demo promoted after 28-30 pairs, in two
+rounds of traffic, in each of 3 runs; the test allows three (about 15 pairs a round at K = 32)."""
 
 from __future__ import annotations
 
