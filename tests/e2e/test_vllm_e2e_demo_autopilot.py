@@ -16,10 +16,14 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from flyserve.autopilot.audit_records import STEP_TIME
+from flyserve.autopilot.controller import PAUSED
 from flyserve.control import Store
 from flyserve.demo.autopilot import planted_line
 
@@ -36,8 +40,36 @@ def test_the_planted_slowdown_is_disclosed_only_when_there_is_one():
     assert planted_line(1) is None
 
 
-def test_demo_autopilot_promotes_the_advice_on_real_vllm_and_the_audit_replays_it(tiny_model, tmp_path):
-    summary_path = tmp_path / "summary.json"
+@dataclass
+class DemoRun:
+    """One `flyserve demo --autopilot` and what its kept state directory held afterwards."""
+
+    proc: subprocess.CompletedProcess[str]
+    out: str
+    summary: dict[str, Any]
+    replay: subprocess.CompletedProcess[str]
+    history: subprocess.CompletedProcess[str]
+    in_force: Any
+    operator: Any
+    rank_reports: list[dict[str, Any]]
+
+    @property
+    def host_noise(self) -> str | None:
+        """Why this run's outcome says nothing of the product, or None: the step-time guardrail (it
+        judges the host's step times too: a stall, an idle gap in the traffic, docs/autopilot.md
+        "Guardrails") or no decision within the rounds (a slower host gives fewer pairs a round).
+        No trial at all, a rollback by the test or any other guardrail is an outcome the test judges."""
+        d = (self.summary.get("autopilot") or {}).get("decision") or {}
+        if d.get("reason") == STEP_TIME:
+            return "the step-time guardrail"
+        if d.get("reason") == PAUSED:
+            return "no decision within the rounds (the demo's pause)"
+        return None
+
+
+def _demo(tiny_model: Path, tmp: Path) -> DemoRun:
+    tmp.mkdir()
+    summary_path = tmp / "summary.json"
     proc = subprocess.run(
         [sys.executable, "-m", "flyserve.cli", "demo", "--autopilot", "--duration", "30", "--autopilot-rounds", str(ROUNDS),
          "--model-dir", str(tiny_model), "--summary-json", str(summary_path), "--keep"],
@@ -63,6 +95,19 @@ def test_demo_autopilot_promotes_the_advice_on_real_vllm_and_the_audit_replays_i
         rank_reports = [json.loads(p.read_text()) for p in sorted((state / "ranks").glob("*.json"))]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return DemoRun(proc, out, s, replay, history, in_force, operator, rank_reports)
+
+
+def test_demo_autopilot_promotes_the_advice_on_real_vllm_and_the_audit_replays_it(tiny_model, tmp_path):
+    run = _demo(tiny_model, tmp_path / "first")
+    if run.host_noise is not None:
+        # One more run, and only for an outcome of the host, never for one of the test (bounded: two
+        # runs at most; the first outcome is printed for the log).
+        print(f"demo --autopilot: first run ended by {run.host_noise}; running it once more")
+        run = _demo(tiny_model, tmp_path / "second")
+    proc, out, s = run.proc, run.out, run.summary
+    replay, history = run.replay, run.history
+    in_force, operator, rank_reports = run.in_force, run.operator, run.rank_reports
 
     assert proc.returncode == 0, out[-4000:]
     assert "[+] autopilot on: POST /autopilot/mode" in out
