@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from flyserve.demo.procs import send_authenticated
+
 DEMO_COSTS = "cpu"
 PRICED = "flyserve_priced_attention_seconds_total"
 
@@ -52,8 +54,6 @@ def advice_phase(
 ) -> dict[str, Any]:
     """Regret so far, advice, PATCH, one more round of traffic, regret of that round. The phase dict
     ``run_traffic`` returns, with ``regret_before``, ``advice`` and ``regret_after`` added."""
-    import httpx
-
     from flyserve.sidecar.advice_client import fetch_advice
 
     before = priced_seconds(sidecar_url)
@@ -76,20 +76,8 @@ def advice_phase(
         echo(f"    {line}")
     if adv["patch"] is not None:
         p = adv["patch"]
-        r = httpx.request(
-            p["method"],
-            f"{sidecar_url}{p['path']}",
-            json=p["body"],
-            headers={**p["headers"], "Authorization": f"Bearer {token}"},
-            timeout=10,
-            trust_env=False,  # the token goes to the sidecar, never to $HTTP(S)_PROXY
-            follow_redirects=False,
-        )
-        if r.status_code != 200:
-            raise RuntimeError(f"PATCH /thresholds (advice) answered {r.status_code}: {r.text[:300]}")
-        echo(
-            f"    applied: version {r.json()['thresholds']['version']} (If-Match {p['headers']['If-Match']})"
-        )
+        got = send_authenticated(p["method"], f"{sidecar_url}{p['path']}", token, p["body"], p["headers"])
+        echo(f"    applied: version {got['thresholds']['version']} (If-Match {p['headers']['If-Match']})")
     phase = run_traffic()
     regret_after = regret_between(before, priced_seconds(sidecar_url))
     echo(f"[+] regret with the advice in force (this round only): {_pct(regret_after)}")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flyserve.demo.advice import priced_seconds, regret_between
-from flyserve.demo.procs import get_json
+from flyserve.demo.procs import get_json, send_authenticated
 from flyserve.demo.workload import Workload
 
 BLOCK_STEPS = 32
@@ -119,18 +119,7 @@ def sidecar_args(work: Path) -> list[str]:
 
 
 def _post(url: str, token: str, path: str, body: Any = None) -> None:
-    import httpx
-
-    r = httpx.post(
-        f"{url}{path}",
-        json=body,
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=10,
-        trust_env=False,  # the token goes to the sidecar, never to $HTTP(S)_PROXY
-        follow_redirects=False,
-    )
-    if r.status_code != 200:
-        raise RuntimeError(f"POST {path} answered {r.status_code}: {r.text[:300]}")
+    send_authenticated("POST", f"{url}{path}", token, body)
 
 
 def _pct(x: float | None) -> str:

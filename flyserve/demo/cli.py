@@ -46,7 +46,7 @@ from flyserve.demo.autopilot import TIMER_EVERY as AUTOPILOT_TIMER_EVERY
 from flyserve.demo.autopilot import WORKLOAD as AUTOPILOT_WORKLOAD
 from flyserve.demo.autopilot import autopilot_phase, planted_line
 from flyserve.demo.autopilot import sidecar_args as autopilot_args
-from flyserve.demo.procs import Stack, get_json, stop_popen, wait_http
+from flyserve.demo.procs import Stack, get_json, send_authenticated, stop_popen, wait_http
 from flyserve.demo.report import CPU_KERNEL_NOTE, closing_lines, live_line, phase_done_line, phase_figures
 from flyserve.demo.workload import Workload
 from flyserve.terminal.printable import printable_block
@@ -142,20 +142,9 @@ def _bench_command(
 
 
 def _change_thresholds(sidecar: Sidecar, change: dict[str, Any], echo: Any) -> None:
-    import httpx
-
     echo(f"[5/5] halfway: PATCH /thresholds {change} (through the sidecar, audited) ...")
-    r = httpx.patch(
-        f"{sidecar.url}/thresholds",
-        json=change,
-        headers={"Authorization": f"Bearer {sidecar.token}"},
-        timeout=10,
-        trust_env=False,  # the token goes to the sidecar, never to $HTTP(S)_PROXY
-        follow_redirects=False,
-    )
-    if r.status_code != 200:
-        raise RuntimeError(f"PATCH /thresholds answered {r.status_code}: {r.text[:300]}")
-    echo(f"      now version {r.json()['thresholds']['version']}: {r.json()['diff']}")
+    got = send_authenticated("PATCH", f"{sidecar.url}/thresholds", sidecar.token, change)
+    echo(f"      now version {got['thresholds']['version']}: {got['diff']}")
 
 
 def _run_phase(

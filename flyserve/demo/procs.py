@@ -56,6 +56,30 @@ def get_json(url: str, timeout: float = 5.0) -> dict | None:
         return None
 
 
+def send_authenticated(
+    method: str, url: str, token: str, body: Any = None, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One authenticated request to the demo's own sidecar: the token in the Authorization header,
+    never to $HTTP(S)_PROXY (trust_env off) nor to where a redirect points; the JSON answer of a
+    200, else a RuntimeError naming the method, the path and the status (the body cut to 300)."""
+    import httpx
+
+    r = httpx.request(
+        method,
+        url,
+        json=body,
+        headers={**(headers or {}), "Authorization": f"Bearer {token}"},
+        timeout=10,
+        trust_env=False,
+        follow_redirects=False,
+    )
+    if r.status_code != 200:
+        path = httpx.URL(url).path
+        raise RuntimeError(f"{method} {path} answered {r.status_code}: {r.text[:300]}")
+    doc = r.json()
+    return doc if isinstance(doc, dict) else {}
+
+
 def wait_http(url: str, proc: subprocess.Popen, timeout: float, what: str) -> None:
     """Poll ``url`` until it answers 200; raise if ``proc`` exits first or ``timeout`` passes."""
     t0 = time.monotonic()
