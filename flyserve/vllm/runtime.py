@@ -390,7 +390,9 @@ def _kernel_timer(rank: int, tracing: Any) -> Any:
     $FLYSERVE_KERNEL_TIMER_EVERY engine steps (default SERVING_TIMER_EVERY; 0 turns timing off)."""
     from flyserve.telemetry.gpu_timer import KernelTimer
 
-    every = int(os.environ.get(TIMER_EVERY_ENV) or SERVING_TIMER_EVERY)
-    if every <= 0:
+    every = env_number(
+        TIMER_EVERY_ENV, SERVING_TIMER_EVERY, int, ok=lambda n: n >= 0, expect="an integer >= 0 (0: off)"
+    )
+    if every == 0:
         return None
     return KernelTimer(rank, every_steps=every, tracing=tracing)

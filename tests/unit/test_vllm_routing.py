@@ -378,3 +378,19 @@ def test_shape_sample_rate_from_the_environment(state, monkeypatch):
         monkeypatch.setenv("FLYSERVE_SHAPE_SAMPLE_EVERY", bad)
         with pytest.raises(ValueError, match="FLYSERVE_SHAPE_SAMPLE_EVERY"):
             _shape_sample_every()
+
+
+def test_kernel_timer_rate_from_the_environment_is_checked_by_name(state, monkeypatch):
+    """A typo in $FLYSERVE_KERNEL_TIMER_EVERY stops the rank with the variable's name, as every
+    number a rank reads from its environment does (it was a bare int(): a ValueError with no name)."""
+    from flyserve.vllm.runtime import _kernel_timer
+
+    monkeypatch.setenv("FLYSERVE_KERNEL_TIMER_EVERY", "0")
+    assert _kernel_timer(0, None) is None  # 0: timing off
+    monkeypatch.setenv("FLYSERVE_KERNEL_TIMER_EVERY", "4")
+    assert _kernel_timer(0, None) is not None
+    for bad in ("-1", "sixteen", "9" * 5000):
+        monkeypatch.setenv("FLYSERVE_KERNEL_TIMER_EVERY", bad)
+        with pytest.raises(ValueError, match="FLYSERVE_KERNEL_TIMER_EVERY") as e:
+            _kernel_timer(0, None)
+        assert len(str(e.value)) < 200
