@@ -86,6 +86,15 @@ def compile_command(
     save_objects: str | None = typer.Option(
         None, "--save-objects", help="Write each code object here (.hsaco)."
     ),
+    jobs: int = typer.Option(
+        1,
+        "--jobs",
+        "-j",
+        min=1,
+        max=cc.MAX_JOBS,
+        help="Variants compiled at once, each in its own process (about 420 MB each): up to the cores "
+        "and memory this machine can spare. The report is the same for any number.",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     json_file: str | None = typer.Option(None, "--json-out", help="Also write the JSON report to this file."),
 ) -> None:
@@ -135,12 +144,12 @@ def compile_command(
     typer.echo(
         printable_block(
             f"{len(variants)} variants of {os.path.basename(os.path.abspath(kernels_path))} ({rev['label']}), "
-            "one process each (~420 MB, 5-30 s on 2 cores)"
+            f"one process each (~420 MB, 5-30 s on 2 cores), {jobs} at a time"
         ),
         err=True,
     )
     results = cc.run_variants(
-        variants, env, cached=bool(cache_dir), save_objects=save_objects, progress=_progress
+        variants, env, cached=bool(cache_dir), save_objects=save_objects, progress=_progress, jobs=jobs
     )
     cache = cc.cache_after_run(cache_dir, results, cc.deployment_of(geometry, pages), cc.key_of(info))
     rep = cc.report(geometry=geometry, info=info, kernels_path=kernels_path, results=results, cache_dir=cache_dir,

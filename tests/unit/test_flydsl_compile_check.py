@@ -218,6 +218,76 @@ def test_child_env_sets_flydsls_real_switch_names(tmp_path):
     assert env["PYTHONPATH"].split(":")[0] == str(REPO)  # the child imports this flyserve
 
 
+def _fake_children(monkeypatch, variants, jobs: int) -> list[int]:
+    """run_child replaced by a function (no process) that records how many children run at once.
+    With jobs > 1 the first wave waits until all of it is running (a barrier: the peak is jobs by
+    construction, not by timing), and the first variant ends only after the last one ended: the
+    children end out of the variants' order. A broken wait fails the test within 10 s."""
+    import threading
+
+    from flyserve.doctor.compile import runs
+
+    running = [0]
+    peak = [0]
+    lock = threading.Lock()
+    first_wave = threading.Barrier(min(jobs, len(variants)))
+    last_ended = threading.Event()
+    names = [v.name for v in variants]
+
+    def fake(payload, env, **kw):
+        i = names.index(payload["name"])
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        if jobs > 1 and i < jobs:
+            first_wave.wait(timeout=10)
+        if jobs > 1 and i == 0:
+            assert last_ended.wait(timeout=10), "the last variant never ended"
+        with lock:
+            running[0] -= 1
+        if i == len(names) - 1:
+            last_ended.set()
+        return {"outcome": "returned", "kernels": [_kernel()], "compiles": 1}, 0, "", 0.1
+
+    monkeypatch.setattr(runs, "run_child", fake)
+    return peak
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_jobs_compile_at_once_and_report_in_the_variants_order(monkeypatch, jobs):
+    variants = [v for v in cc.plan_variants(G, page_sizes=(64,), has_causal_lpt=True) if v.batch != "wrong"][
+        :4
+    ]
+    assert len(variants) == 4
+    peak = _fake_children(monkeypatch, variants, jobs)
+    calls: list[tuple[int, str, bool]] = []
+    results = cc.run_variants(
+        variants,
+        {},
+        cached=False,
+        jobs=jobs,
+        progress=lambda i, n, v, r: calls.append((i, v.name, r is None)),
+    )
+    assert [r.variant.name for r in results] == [v.name for v in variants]
+    assert all(r.status == "ok" for r in results)
+    assert peak[0] == jobs
+    # every variant says when it starts and when it ends, with its own index
+    assert sorted(calls) == sorted([(i, v.name, s) for i, v in enumerate(variants) for s in (True, False)])
+    for i, v in enumerate(variants):
+        assert calls.index((i, v.name, True)) < calls.index((i, v.name, False))
+    ends = [name for _, name, started in calls if not started]
+    if jobs == 1:
+        assert ends == [v.name for v in variants]
+    else:  # the first variant ended last, its result still first in the report
+        assert ends[-1] == variants[0].name
+
+
+@pytest.mark.parametrize("jobs", [0, -1, cc.MAX_JOBS + 1])
+def test_jobs_out_of_range_is_refused_naming_the_flag(jobs):
+    with pytest.raises(cc.CompileCheckError, match="--jobs"):
+        cc.run_variants([], {}, cached=False, jobs=jobs)
+
+
 @pytest.mark.slow  # 0.6 s on the 2-core VM (fast-tier tests take under 0.3 s)
 def test_cli_refuses_bad_arguments_before_starting_anything(tmp_path, monkeypatch):
     from flyserve.cli import app
@@ -235,6 +305,9 @@ def test_cli_refuses_bad_arguments_before_starting_anything(tmp_path, monkeypatc
     assert res.exit_code == 2 and "--run-only needs --cache-dir" in res.output
     res = run(app, ["flydsl", "compile", "--model-config", str(LLAMA), "--batch", "decode"])
     assert res.exit_code == 2 and "--batch ['decode']" in res.output
+    for jobs in ("0", str(cc.MAX_JOBS + 1), "two"):
+        res = run(app, ["flydsl", "compile", "--model-config", str(LLAMA), "--jobs", jobs])
+        assert res.exit_code == 2 and "--jobs" in res.output, res.output
 
 
 # ----------------------------------------------------------------------------- code objects

@@ -51,6 +51,7 @@ from flyserve.doctor.compile.results import VariantResult, judge, parse_child_ou
 from flyserve.doctor.compile.runs import (
     CHILD_ENV,
     CHILD_TIMEOUT_S,
+    MAX_JOBS,
     check_machine,
     child_env,
     key_of,
@@ -78,6 +79,7 @@ __all__ = [
     "FORMAT",
     "HF_DTYPES",
     "LIGHT_PAGE",
+    "MAX_JOBS",
     "SERVE_KV",
     "SERVE_Q",
     "SHORT_KV",

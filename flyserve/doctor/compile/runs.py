@@ -13,8 +13,10 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +120,10 @@ def key_of(info: dict[str, Any]) -> KeyInputs | None:
     return KeyInputs.from_record(info.get("key"))
 
 
+MAX_JOBS = 32
+"""The most children at once: each peaks at about 420 MB (measured), so 32 is 13 GB of memory."""
+
+
 def run_variants(
     variants: list[Variant],
     env: dict[str, str],
@@ -125,19 +131,38 @@ def run_variants(
     cached: bool,
     save_objects: str | None = None,
     progress: Callable[[int, int, Variant, VariantResult | None], None] | None = None,
+    jobs: int = 1,
 ) -> list[VariantResult]:
-    """Compile each variant in its own child, one at a time (measured: 410-420 MB peak, 5-27 s on 2 cores)."""
-    results = []
-    for i, v in enumerate(variants):
+    """Compile each variant in its own child, ``jobs`` children at a time (measured: 410-420 MB peak,
+    5-27 s each on 2 cores); the results come back in the variants' order whatever order the
+    children end in. ``progress`` is called from one thread at a time: (i, n, variant, None) when a
+    child starts, with its result when it ends. FlyDSL's disk cache takes concurrent writers (an
+    exclusive file lock per key and an atomic replace, 0.4.2 and 0.5.0 alike), so ``--cache-dir``
+    works with any ``jobs``."""
+    if not 1 <= jobs <= MAX_JOBS:
+        raise CompileCheckError(f"--jobs {jobs}: between 1 and {MAX_JOBS}")
+    lock = threading.Lock()
+
+    def one(i: int, v: Variant) -> VariantResult:
         if progress:
-            progress(i, len(variants), v, None)
+            with lock:
+                progress(i, len(variants), v, None)
         payload = v.as_dict()
         if save_objects:
             payload["save_objects"] = os.path.abspath(save_objects)
         child, rc, tail, wall = run_child(payload, env)
         status, summary = judge(v, child, rc=rc, stderr_tail=tail, cached=cached)
         r = VariantResult(v, status, summary, child or {}, wall)
-        results.append(r)
         if progress:
-            progress(i, len(variants), v, r)
-    return results
+            with lock:
+                progress(i, len(variants), v, r)
+        return r
+
+    if jobs == 1:
+        return [one(i, v) for i, v in enumerate(variants)]
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="flydsl-compile")
+    try:
+        futures = [pool.submit(one, i, v) for i, v in enumerate(variants)]
+        return [f.result() for f in futures]
+    finally:  # on Ctrl-C no queued variant starts; the running children end with their own signal
+        pool.shutdown(wait=True, cancel_futures=True)
