@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 
@@ -71,6 +71,16 @@ class Sidecar:
     token: str
 
 
+def _stop_then_close(proc: subprocess.Popen[bytes], log: IO[bytes]) -> Callable[[], None]:
+    """The stack's undo for a child writing to its own log: stop it, then close the log."""
+
+    def undo() -> None:
+        stop_popen(proc)
+        log.close()
+
+    return undo
+
+
 def _start_sidecar(work: Path, state: Path, stack: Stack, extra: list[str]) -> Sidecar:
     """Publish the profile, write a token, start `flyserve sidecar` on a free port; wait for it."""
     from flyserve.control import ControlPlane
@@ -90,7 +100,7 @@ def _start_sidecar(work: Path, state: Path, stack: Stack, extra: list[str]) -> S
          "--costs", DEMO_COSTS, *extra],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    stack.push("sidecar", lambda: (stop_popen(proc), log.close()))
+    stack.push("sidecar", _stop_then_close(proc, log))
     wait_http(f"{url}/dispatch-stats", proc, 60, "the sidecar")
     return Sidecar(url, token)
 
@@ -162,7 +172,7 @@ def _run_phase(
         [*bench_base, "--num-prompts", str(n), "--result-filename", fname, "--seed", str(i)],
         stdout=bench_log, stderr=subprocess.STDOUT, env=flyserve_env(state, PROFILE), start_new_session=True,
     )  # fmt: skip
-    stack.push(f"bench ({name})", lambda: (stop_popen(bench), bench_log.close()))
+    stack.push(f"bench ({name})", _stop_then_close(bench, bench_log))
     deadline = time.monotonic() + half + 90  # start-up of the bench client, and the tail
     last = 0.0
     while bench.poll() is None and time.monotonic() < deadline:

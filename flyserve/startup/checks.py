@@ -54,7 +54,7 @@ class _StderrHandler(logging.StreamHandler):
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         self.addFilter(LOG_FILTER)  # the line names a profile as given: escaped
 
-    @property  # type: ignore[override]
+    @property
     def stream(self):  # logging reads this attribute
         import sys
 

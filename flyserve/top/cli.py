@@ -25,7 +25,12 @@ def keys_from(fd: int) -> Iterator[Callable[[float], str | None]]:
     """A ``read(timeout) -> str | None`` of single keys from ``fd``, in cbreak mode when it is a tty
     (restored on exit). Without a tty no key ever arrives (Ctrl-C still ends the view)."""
     if not os.isatty(fd):
-        yield lambda timeout: (time.sleep(timeout), None)[1]
+
+        def no_key(timeout: float) -> str | None:
+            time.sleep(timeout)
+            return None
+
+        yield no_key
         return
     import termios
     import tty
