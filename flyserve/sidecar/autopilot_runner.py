@@ -93,6 +93,9 @@ MAX_DECISIONS_KEPT = 20
 NO_BOUNDS = "no --autopilot-bounds: the autopilot moves no knob"
 LEASE_TICKS = 5
 """A trial's lease lasts at least this many ticks (control.trial_lease)."""
+LEASE_ERROR_EVERY_S = 60.0
+"""A lease that cannot be renewed (disk full, read-only) is logged when it first fails, then at most
+once a minute while it keeps failing, and once when it is renewed again: not at every tick."""
 
 
 class UnknownTrial(LookupError):
@@ -125,6 +128,8 @@ class AutopilotRunner:
         self.stale_after_s = float(stale_after_s)
         # at least LEASE_TICKS ticks: a lease shorter than a few ticks would expire under a live runner
         self.lease_s = max(float(lease_s), LEASE_TICKS * self.interval_s)
+        self._lease_failing_since: float | None = None  # the first failed renewal of a failing run
+        self._lease_error_logged = 0.0
         self._lock = threading.RLock()
         self._periodic = PeriodicThread(
             self.tick,
@@ -213,7 +218,21 @@ class AutopilotRunner:
         try:
             write_lease(self.control.state_dir, trial_id, now=now, ttl_s=self.lease_s)
         except OSError as exc:
-            log.error("autopilot: cannot renew the lease on trial %s: %s", trial_id, exc)
+            first = self._lease_failing_since is None
+            if first or now - self._lease_error_logged >= LEASE_ERROR_EVERY_S:
+                since = "" if first else f" (failing for {now - (self._lease_failing_since or now):.0f} s)"
+                log.error("autopilot: cannot renew the lease on trial %s%s: %s", trial_id, since, exc)
+                self._lease_error_logged = now
+            if first:
+                self._lease_failing_since = now
+            return
+        if self._lease_failing_since is not None:
+            log.warning(
+                "autopilot: the lease on trial %s is renewed again after %.0f s of failed renewals",
+                trial_id,
+                now - self._lease_failing_since,
+            )
+            self._lease_failing_since = None
 
     def _operator_moved(self, obs: Observation) -> bool:
         t = self._state.trial

@@ -452,6 +452,45 @@ def test_the_runner_renews_the_lease_of_its_trial_every_tick(plane: ControlPlane
     assert renewed is not None and renewed.renewed == clock.now
 
 
+def test_a_lease_that_cannot_be_renewed_is_logged_once_a_minute_not_every_tick(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full or read-only disk fails every renewal: the first failure is an error, then one a
+    minute saying for how long, and a renewal that works again says so once."""
+    import logging
+
+    from flyserve.sidecar import autopilot_runner
+
+    runner, _, clock = _started(plane, interval_s=1.0)
+    trial_id = runner.status()["trial"]["id"]
+
+    def full(*args: Any, **kw: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(autopilot_runner, "write_lease", full)
+    caplog.set_level(logging.WARNING, logger="flyserve.sidecar")
+    start = clock.now
+    for tick in range(150):  # 150 ticks of 1 s
+        runner._renew_lease(trial_id, start + tick)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 3, errors  # at 0 s, 60 s and 120 s
+    assert all("No space left on device" in e and trial_id in e for e in errors)
+    assert (
+        "failing for" not in errors[0]
+        and "failing for 60 s" in errors[1]
+        and "failing for 120 s" in errors[2]
+    )
+    monkeypatch.undo()
+    caplog.clear()
+    runner._renew_lease(trial_id, start + 150)
+    runner._renew_lease(trial_id, start + 151)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"autopilot: the lease on trial {trial_id} is renewed again after 150 s of failed renewals"
+    ]
+    lease = read_lease(plane.state_dir)
+    assert lease is not None and lease.renewed == start + 151
+
+
 def test_a_trial_ended_by_its_expired_lease_ends_here_and_the_kill_switch_still_returns_the_operators(
     plane: ControlPlane,
 ) -> None:
