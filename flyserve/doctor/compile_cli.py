@@ -93,7 +93,7 @@ def compile_command(
         min=1,
         max=cc.MAX_JOBS,
         help="Variants compiled at once, each in its own process (about 420 MB each): up to the cores "
-        "and memory this machine can spare. The report is the same for any number.",
+        "and memory this machine can spare. Same statuses for any number; times grow with contention.",
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     json_file: str | None = typer.Option(None, "--json-out", help="Also write the JSON report to this file."),

@@ -282,6 +282,79 @@ def test_jobs_compile_at_once_and_report_in_the_variants_order(monkeypatch, jobs
         assert ends[-1] == variants[0].name
 
 
+class _FakeChild:
+    """What run_variants may kill: kill() wakes the fake child blocked on it."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.killed = threading.Event()
+
+    def poll(self) -> int | None:
+        return -9 if self.killed.is_set() else None
+
+    def kill(self) -> None:
+        self.killed.set()
+
+
+@pytest.mark.parametrize("where", ["child", "progress"])
+def test_the_first_error_abandons_the_run_kills_the_running_child_and_starts_no_other(monkeypatch, where):
+    """Two at a time over four variants: variant 0's child runs until killed; variant 1 fails (its
+    child, or the progress line of its start). The error comes out, variant 0's child is killed and
+    neither 2 nor 3 ever starts. A broken wait fails the test within 10 s."""
+    from flyserve.doctor.compile import runs
+
+    variants = [v for v in cc.plan_variants(G, page_sizes=(64,), has_causal_lpt=True) if v.batch != "wrong"][
+        :4
+    ]
+    names = [v.name for v in variants]
+    blocked = _FakeChild()
+    started: list[str] = []
+
+    def fake(payload, env, **kw):
+        i = names.index(payload["name"])
+        started.append(payload["name"])
+        if i == 0:
+            kw["started"](blocked)
+            assert blocked.killed.wait(timeout=10), "the running child was never killed"
+            return None, -9, "killed", 0.1
+        if where == "child":
+            raise RuntimeError("the compiler's child could not be started")
+        return {"outcome": "returned", "kernels": [_kernel()], "compiles": 1}, 0, "", 0.1
+
+    def progress(i, n, v, r):
+        if where == "progress" and i == 1:
+            raise RuntimeError("stderr is gone")
+
+    monkeypatch.setattr(runs, "run_child", fake)
+    with pytest.raises(RuntimeError, match="could not be started|stderr is gone"):
+        cc.run_variants(variants, {}, cached=False, jobs=2, progress=progress)
+    assert blocked.killed.is_set()
+    assert names[2] not in started and names[3] not in started
+
+
+def test_progress_is_never_entered_twice_at_once(monkeypatch):
+    import threading
+    import time
+
+    variants = [v for v in cc.plan_variants(G, page_sizes=(64,), has_causal_lpt=True) if v.batch != "wrong"][
+        :4
+    ]
+    _fake_children(monkeypatch, variants, 3)
+    inside = threading.Lock()
+    overlaps = []
+
+    def progress(i, n, v, r):
+        if not inside.acquire(blocking=False):
+            overlaps.append(v.name)
+            return
+        time.sleep(0.005)  # long enough for another thread to arrive
+        inside.release()
+
+    cc.run_variants(variants, {}, cached=False, jobs=3, progress=progress)
+    assert overlaps == []
+
+
 @pytest.mark.parametrize("jobs", [0, -1, cc.MAX_JOBS + 1])
 def test_jobs_out_of_range_is_refused_naming_the_flag(jobs):
     with pytest.raises(cc.CompileCheckError, match="--jobs"):

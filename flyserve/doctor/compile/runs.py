@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -87,12 +87,21 @@ def child_env(
     return env
 
 
-def run_child(payload: dict[str, Any] | None, env: dict[str, str], *, timeout: float = CHILD_TIMEOUT_S) -> tuple[dict[str, Any] | None, int, str, float]:  # fmt: skip
-    """(result, exit status, stderr tail, wall seconds) of one child process."""
+def run_child(
+    payload: dict[str, Any] | None,
+    env: dict[str, str],
+    *,
+    timeout: float = CHILD_TIMEOUT_S,
+    started: Callable[[subprocess.Popen[str]], None] | None = None,
+) -> tuple[dict[str, Any] | None, int, str, float]:
+    """(result, exit status, stderr tail, wall seconds) of one child process. ``started`` is handed
+    the child as soon as it runs (run_variants keeps them, to kill them when the run is abandoned)."""
     args = [sys.executable, "-m", "flyserve.doctor.compile_child"] + ([] if payload else ["--revision"])
     t0 = time.perf_counter()
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=env, text=True)  # fmt: skip
+    if started:
+        started(proc)
     try:
         out, err = proc.communicate(json.dumps(payload) if payload else "", timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -124,6 +133,10 @@ MAX_JOBS = 32
 """The most children at once: each peaks at about 420 MB (measured), so 32 is 13 GB of memory."""
 
 
+class _Abandoned(Exception):
+    """A queued variant not started: the run was abandoned (an error or Ctrl-C elsewhere)."""
+
+
 def run_variants(
     variants: list[Variant],
     env: dict[str, str],
@@ -136,33 +149,62 @@ def run_variants(
     """Compile each variant in its own child, ``jobs`` children at a time (measured: 410-420 MB peak,
     5-27 s each on 2 cores); the results come back in the variants' order whatever order the
     children end in. ``progress`` is called from one thread at a time: (i, n, variant, None) when a
-    child starts, with its result when it ends. FlyDSL's disk cache takes concurrent writers (an
-    exclusive file lock per key and an atomic replace, 0.4.2 and 0.5.0 alike), so ``--cache-dir``
-    works with any ``jobs``."""
+    child starts, with its result when it ends. The first error (or Ctrl-C) abandons the run: no
+    queued variant starts, the running children are killed, and that error is raised.
+
+    FlyDSL's disk cache takes concurrent writers (an exclusive file lock per key and an atomic
+    replace, 0.4.2 and 0.5.0 alike), so ``--cache-dir`` works with any ``jobs``; of two variants
+    sharing a key (warm-up and serve) whichever takes the lock first compiles, the other loads."""
     if not 1 <= jobs <= MAX_JOBS:
         raise CompileCheckError(f"--jobs {jobs}: between 1 and {MAX_JOBS}")
     lock = threading.Lock()
+    stop = threading.Event()
+    live: set[subprocess.Popen[str]] = set()
+
+    def started(proc: subprocess.Popen[str]) -> None:
+        with lock:
+            live.add(proc)
 
     def one(i: int, v: Variant) -> VariantResult:
-        if progress:
-            with lock:
-                progress(i, len(variants), v, None)
-        payload = v.as_dict()
-        if save_objects:
-            payload["save_objects"] = os.path.abspath(save_objects)
-        child, rc, tail, wall = run_child(payload, env)
-        status, summary = judge(v, child, rc=rc, stderr_tail=tail, cached=cached)
-        r = VariantResult(v, status, summary, child or {}, wall)
-        if progress:
-            with lock:
-                progress(i, len(variants), v, r)
-        return r
+        if stop.is_set():
+            raise _Abandoned(v.name)
+        try:
+            if progress:
+                with lock:
+                    progress(i, len(variants), v, None)
+            payload = v.as_dict()
+            if save_objects:
+                payload["save_objects"] = os.path.abspath(save_objects)
+            child, rc, tail, wall = run_child(payload, env, started=started)
+            status, summary = judge(v, child, rc=rc, stderr_tail=tail, cached=cached)
+            r = VariantResult(v, status, summary, child or {}, wall)
+            if progress and not stop.is_set():  # an abandoned run's killed children say nothing
+                with lock:
+                    progress(i, len(variants), v, r)
+            return r
+        except BaseException:
+            stop.set()
+            raise
 
-    if jobs == 1:
-        return [one(i, v) for i, v in enumerate(variants)]
+    def abandon() -> None:
+        stop.set()
+        with lock:
+            procs = list(live)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
     pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="flydsl-compile")
     try:
         futures = [pool.submit(one, i, v) for i, v in enumerate(variants)]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        first = next((f.exception() for f in futures if f.done() and not f.cancelled() and f.exception()
+                      and not isinstance(f.exception(), _Abandoned)), None)  # fmt: skip
+        if first is not None:
+            raise first
         return [f.result() for f in futures]
-    finally:  # on Ctrl-C no queued variant starts; the running children end with their own signal
+    except BaseException:
+        abandon()
+        raise
+    finally:
         pool.shutdown(wait=True, cancel_futures=True)
