@@ -197,11 +197,13 @@ def run_variants(
     pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="flydsl-compile")
     try:
         futures = [pool.submit(one, i, v) for i, v in enumerate(variants)]
-        wait(futures, return_when=FIRST_EXCEPTION)
-        first = next((f.exception() for f in futures if f.done() and not f.cancelled() and f.exception()
-                      and not isinstance(f.exception(), _Abandoned)), None)  # fmt: skip
-        if first is not None:
-            raise first
+        pending = set(futures)
+        while pending:  # a queued variant can be abandoned a moment before the failure it follows lands
+            _, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
+            real = [e for e in failed if not isinstance(e, _Abandoned)]
+            if real:
+                raise real[0]
         return [f.result() for f in futures]
     except BaseException:
         abandon()
