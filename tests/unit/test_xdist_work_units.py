@@ -3,12 +3,16 @@ one work unit, any other test is its own, and the longest modules are dealt firs
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from _support import (
     HEAVY_AT_ONCE,
     LONGEST_FIRST,
     REPO,
+    indices_to_run,
     is_heavy,
     next_unit,
     shares_a_fixture,
@@ -72,3 +76,29 @@ def test_heavy_units_wait_for_a_slot_while_light_ones_run() -> None:
     assert next_unit(queue, heavy_running=HEAVY_AT_ONCE - 1) == OFFLINE
     assert next_unit(queue, heavy_running=HEAVY_AT_ONCE) == light
     assert next_unit(list(e2e), heavy_running=HEAVY_AT_ONCE) == OFFLINE  # no light left: never idle
+
+
+def test_a_node_id_collected_more_than_once_is_sent_at_every_index() -> None:
+    fuzz = "tests/unit/test_sidecar_fuzz.py::test_no_server_errors_and_schema_conformance"
+    other = "tests/unit/test_policy_rules.py::test_x"
+    collection = [other, fuzz, fuzz, "tests/unit/test_policy_rules.py::test_y", fuzz]
+    assert indices_to_run(collection, {fuzz}) == [1, 2, 4]
+    assert indices_to_run(collection, {fuzz, other}) == [0, 1, 2, 4]
+    assert indices_to_run(collection, set()) == []
+
+
+@pytest.mark.slow  # two xdist workers running the schemathesis module: about 25 s on the 2-core VM
+def test_two_workers_run_every_operation_of_the_schema_fuzz() -> None:
+    """schemathesis' items of one test share a node id (one item per API operation): two workers
+    pass as many of them as one process collects, not one."""
+    fuzz = "tests/unit/test_sidecar_fuzz.py"
+
+    def pytest_run(*args: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, fuzz],
+                           cwd=REPO, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        return r.stdout
+
+    collected = [line for line in pytest_run("--collect-only").splitlines() if line.startswith(fuzz + "::")]
+    assert len(collected) > 1 and len(set(collected)) == 1  # the shared node id this is about
+    assert f"{len(collected)} passed" in pytest_run("-n", "2")
